@@ -1,0 +1,199 @@
+// blasst: Skip-Softmax sparse attention (BLASST), public C++ API.
+//
+// The contract is ../shared/SPEC.md (mirrored in docs/spec.md). Layout conventions:
+//   Q [B, Lq, Hq, d], K [B, Lk, Hk, d], V [B, Lk, Hk, dv], O [B, Lq, Hq, dv], LSE [B, Hq, Lq].
+//   Ragged batches: Q [Tq, Hq, d], K/V [Tk, Hk, d], O [Tq, Hq, dv], LSE [Hq, Tq] with
+//   cu_seqlens_q / cu_seqlens_k (batch + 1 int32 offsets).
+// Every entry point validates its inputs and throws blasst::Error with a message that names the
+// offending argument; nothing here is undefined behaviour on bad input.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace blasst {
+
+// Every invalid argument, malformed file or unsupported configuration is reported as an Error.
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+enum class DType : std::uint8_t { f32, f16, bf16, f64 };
+enum class DeviceKind : std::uint8_t { cpu, cuda };
+enum class MaskKind : std::uint8_t { full, causal };
+enum class Phase : std::uint8_t { prefill, decode };
+// SPEC §2a: the order in which a vote group visits its key tiles.
+enum class VisitOrder : std::uint8_t { natural, max_first };
+
+std::size_t dtype_size(DType t);
+const char* to_string(DType t);
+const char* to_string(MaskKind m);
+const char* to_string(Phase p);
+const char* to_string(VisitOrder o);
+// Parse the names above ("f32", "bf16", "causal", "prefill", "max_first", ...); throws Error.
+DType parse_dtype(const std::string& s);
+Phase parse_phase(const std::string& s);
+VisitOrder parse_visit_order(const std::string& s);
+
+// A strided view (rank 1..4) of memory owned by the caller. Strides are in elements.
+struct Tensor {
+  void* data = nullptr;
+  DType dtype = DType::f32;
+  DeviceKind device = DeviceKind::cpu;
+  int rank = 0;
+  std::int64_t shape[4] = {0, 0, 0, 0};
+  std::int64_t stride[4] = {0, 0, 0, 0};
+
+  // Row-major contiguous view.
+  static Tensor contiguous(void* data, DType dtype, std::initializer_list<std::int64_t> shape,
+                           DeviceKind device = DeviceKind::cpu);
+  std::int64_t numel() const;
+  bool defined() const { return data != nullptr; }
+  bool is_contiguous() const;
+};
+
+// Prefill / full-sequence attention (SPEC §1).
+struct AttentionProblem {
+  Tensor q, k, v;  // see the layout conventions above
+  Tensor out;      // written; dtype f32, f64, or the dtype of q
+  Tensor lse;      // optional (data == nullptr: not written); f32 or f64; natural log
+  // Ragged batch: batch + 1 offsets each, in the memory space of the tensors. Both or neither.
+  const std::int32_t* cu_seqlens_q = nullptr;
+  const std::int32_t* cu_seqlens_k = nullptr;
+  std::int64_t batch = 0;  // number of sequences when ragged; ignored otherwise
+  MaskKind mask = MaskKind::full;
+  std::optional<double> scale;  // default 1/sqrt(d)
+};
+
+// Decode: few query tokens per sequence against a KV cache (SPEC §1 with Lq = q_len <= 8).
+struct DecodeProblem {
+  Tensor q;  // [B, q_len, Hq, d]
+  // Contiguous cache: [B, Lmax, Hk, d]. Paged cache: [num_pages, page_size, Hk, d] with a page
+  // table [B, max_pages_per_seq] (int32 page indices, row stride page_table_stride).
+  Tensor k_cache, v_cache;
+  const std::int32_t* page_table = nullptr;
+  std::int64_t page_table_stride = 0;
+  const std::int32_t* seqlens_k = nullptr;  // [B] cached lengths; nullptr: all Lmax (contiguous)
+  Tensor out;                               // [B, q_len, Hq, dv]
+  Tensor lse;                               // optional [B, Hq, q_len]
+  // With q_len > 1 (speculative decoding) query i sees key j iff j <= i + Lk - q_len.
+  MaskKind mask = MaskKind::causal;
+  std::optional<double> scale;
+};
+
+// factor = a * exp(b * target_sparsity) (SPEC §3, §6).
+struct Calibration {
+  double a = 0.0;
+  double b = 0.0;
+};
+
+// How tiles are grouped for the skip vote (SPEC §2). The reference takes these as parameters;
+// each kernel reports the granularity it actually used in SkipStats.
+struct VoteGranularity {
+  int tile_keys = 128;      // keys per tile
+  int rows = 64;            // consecutive query rows (positions) of one head per vote group
+  int heads = 1;            // query heads of one KV group voting together (1, or g = Hq/Hk)
+  std::int64_t split_tiles = 0;  // split-KV layout: key tiles per split, 0 = unsplit
+  VisitOrder order = VisitOrder::natural;
+};
+
+// Skip-Softmax settings. Default-constructed: skipping off, the exact dense path.
+struct SkipConfig {
+  bool enabled = false;
+  // Sources of the threshold, in order of precedence (SPEC §3):
+  std::optional<double> threshold;          // lambda itself
+  std::optional<double> factor;             // raw threshold_scale_factor: lambda = factor / Lk
+  std::optional<Calibration> calibration;   // factor = a * exp(b * target_sparsity)
+  double target_sparsity = 0.5;
+  // Vote granularity for the reference; kernels use their own documented one (rows/heads) but
+  // honour tile_keys, split_tiles and order where they support them.
+  VoteGranularity vote;
+
+  static SkipConfig dense() { return {}; }
+  static SkipConfig from_threshold(double lambda);
+  static SkipConfig from_factor(double factor);
+  static SkipConfig from_calibration(Calibration c, double target_sparsity);
+};
+
+// Throws Error unless the configuration is usable (NaN/inf/<=0 threshold or factor, target
+// outside [0, 1], tile_keys < 1, ...).
+void validate(const SkipConfig& cfg);
+// lambda for a sequence with Lk keys (SPEC §3). A value >= 1 means "dense for this sequence".
+// Throws Error on invalid configuration or Lk < 1.
+double resolve_lambda(const SkipConfig& cfg, std::int64_t Lk);
+
+// SPEC §5 delta histogram: fixed bins of width 1/16 (natural-log units) over [kLo, 0), plus an
+// underflow bin (delta < kLo) and a top bin (delta >= 0). Counts of delta < e are exact at every
+// bin edge e = kLo + i * kWidth, so sparsity_at(exp(e)) is exact there.
+struct DeltaHistogram {
+  static constexpr double kLo = -64.0;
+  static constexpr double kWidth = 1.0 / 16.0;
+  static constexpr int kBins = 1024;  // regular bins; counts has kBins + 2 entries
+  std::vector<std::uint64_t> counts = std::vector<std::uint64_t>(kBins + 2, 0);
+
+  // Index in counts for a delta (NaN counts as the top bin: never skipped).
+  static int bin_of(double delta);
+  void add(double delta) { ++counts[static_cast<std::size_t>(bin_of(delta))]; }
+  void merge(const DeltaHistogram& o);
+  std::uint64_t total() const;
+  // #{delta < ln(lambda)} / total, exact when ln(lambda) is a bin edge, else interpolated
+  // linearly inside the bin.
+  double sparsity_at(double lambda) const;
+  // Smallest lambda with sparsity_at(lambda) >= s (inverse of the curve); s in [0, 1].
+  double lambda_for(double s) const;
+};
+
+// Statistics of one call (SPEC §5). Counts are (vote group, key tile) pairs.
+struct SkipStats {
+  VoteGranularity granularity;  // what was actually used
+  std::string counted_at;       // human-readable vote group, e.g. "64 rows x 1 head"
+  // Per head: query heads when granularity.heads == 1, otherwise KV heads.
+  std::vector<std::int64_t> visited;
+  std::vector<std::int64_t> skipped;
+  std::vector<double> lambda;       // per sequence (>= 1: that sequence ran dense)
+  std::vector<DeltaHistogram> hist; // per head, when RunOptions::collect_histogram
+  std::vector<float> deltas;        // every visited pair's delta (reference only, record_deltas)
+
+  std::int64_t total_visited() const;
+  std::int64_t total_skipped() const;
+  double sparsity() const;  // total_skipped / total_visited (0 when nothing was visited)
+};
+
+struct RunOptions {
+  bool collect_stats = false;      // fill SkipStats visited/skipped/lambda
+  bool collect_histogram = false;  // also the per-head delta histograms (implies collect_stats)
+  bool record_deltas = false;      // reference only: also every delta (implies collect_stats)
+  bool fp64 = false;               // reference: accumulate in float64 (oracle mode)
+  int num_threads = 0;             // reference: 0 = hardware concurrency
+  void* stream = nullptr;          // cudaStream_t for the CUDA path
+  // CUDA path with host tensors: stage them through device memory (CLI, demo). Device tensors
+  // never need this.
+  DeviceKind device = DeviceKind::cpu;
+};
+
+// One entry point per phase. Dispatch: tensors on the GPU (or options.device == cuda with host
+// tensors) go to the sm_90a kernels, CPU tensors to the reference engine.
+void attention(const AttentionProblem& p, const SkipConfig& skip = {}, const RunOptions& opt = {},
+               SkipStats* stats = nullptr);
+void decode(const DecodeProblem& p, const SkipConfig& skip = {}, const RunOptions& opt = {},
+            SkipStats* stats = nullptr);
+
+// True when the library was built with the CUDA kernels and a Hopper GPU is visible.
+bool cuda_available();
+std::string cuda_device_name();  // "" when none
+
+namespace reference {
+// The CPU oracle (SPEC §1-§5), always available.
+void attention(const AttentionProblem& p, const SkipConfig& skip = {}, const RunOptions& opt = {},
+               SkipStats* stats = nullptr);
+void decode(const DecodeProblem& p, const SkipConfig& skip = {}, const RunOptions& opt = {},
+            SkipStats* stats = nullptr);
+}  // namespace reference
+
+}  // namespace blasst

@@ -1,0 +1,28 @@
+// Public entry points: choose the reference engine or the CUDA kernels.
+#include "blasst/blasst.hpp"
+#include "cuda/cuda_dispatch.hpp"
+
+namespace blasst {
+
+namespace {
+bool wants_cuda(const Tensor& q, const RunOptions& opt) {
+  return q.device == DeviceKind::cuda || opt.device == DeviceKind::cuda;
+}
+}  // namespace
+
+void attention(const AttentionProblem& p, const SkipConfig& skip, const RunOptions& opt,
+               SkipStats* stats) {
+  if (wants_cuda(p.q, opt)) return detail::cuda_attention(p, skip, opt, stats);
+  reference::attention(p, skip, opt, stats);
+}
+
+void decode(const DecodeProblem& p, const SkipConfig& skip, const RunOptions& opt,
+            SkipStats* stats) {
+  if (wants_cuda(p.q, opt)) return detail::cuda_decode(p, skip, opt, stats);
+  reference::decode(p, skip, opt, stats);
+}
+
+bool cuda_available() { return detail::cuda_built() && detail::cuda_device_present(); }
+std::string cuda_device_name() { return cuda_available() ? detail::cuda_device_name_impl() : std::string(); }
+
+}  // namespace blasst

@@ -1,0 +1,49 @@
+// Internal: validated, resolved problem descriptions shared by the reference and the kernels.
+// validate_* throw blasst::Error naming the offending argument (shape, dtype, stride, device,
+// cu_seqlens, page table, ...). Implemented in src/core/problem.cpp.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "blasst/blasst.hpp"
+
+namespace blasst::detail {
+
+struct ResolvedAttention {
+  std::int64_t batch = 0;              // sequences
+  std::int64_t hq = 0, hk = 0, d = 0, dv = 0;
+  std::int64_t group = 1;              // hq / hk
+  bool ragged = false;
+  // Per sequence (host copies even when the problem's offsets live on the device):
+  std::vector<std::int64_t> q_start, q_len, k_start, k_len;
+  std::int64_t max_q_len = 0, max_k_len = 0;
+  double scale = 0.0;
+  MaskKind mask = MaskKind::full;
+  DeviceKind device = DeviceKind::cpu;
+  DType dtype = DType::f32;            // dtype of q/k/v (all equal)
+};
+
+struct ResolvedDecode {
+  std::int64_t batch = 0, q_len = 0;
+  std::int64_t hq = 0, hk = 0, d = 0, dv = 0, group = 1;
+  bool paged = false;
+  std::int64_t page_size = 0, num_pages = 0, max_pages_per_seq = 0;
+  std::vector<std::int64_t> k_len;     // per sequence (host copy)
+  std::int64_t max_k_len = 0;
+  double scale = 0.0;
+  MaskKind mask = MaskKind::causal;
+  DeviceKind device = DeviceKind::cpu;
+  DType dtype = DType::f32;
+};
+
+// `device` says where the tensors must live; offsets/page tables on the device are copied to the
+// host through copy_to_host (set by the CUDA layer; nullptr on CPU-only builds).
+ResolvedAttention validate_attention(const AttentionProblem& p, DeviceKind device);
+ResolvedDecode validate_decode(const DecodeProblem& p, DeviceKind device);
+
+// Copies n bytes from device memory to host; installed by the CUDA layer when it is built.
+using DeviceToHostCopy = void (*)(void* dst, const void* src, std::size_t n);
+extern DeviceToHostCopy copy_to_host;
+
+}  // namespace blasst::detail

@@ -1,0 +1,52 @@
+// Internal CUDA helpers shared by the kernels' host code: checked calls and a device buffer.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <string>
+#include <utility>
+
+#include "blasst/blasst.hpp"
+
+namespace blasst::detail {
+
+[[noreturn]] inline void throw_cuda(cudaError_t e, const char* what, const char* file, int line) {
+  throw Error(std::string("CUDA error in ") + what + " (" + file + ":" + std::to_string(line) +
+              "): " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
+}
+
+#define BLASST_CUDA_CHECK(expr)                                                      \
+  do {                                                                               \
+    cudaError_t blasst_err_ = (expr);                                                \
+    if (blasst_err_ != cudaSuccess) ::blasst::detail::throw_cuda(blasst_err_, #expr, \
+                                                                 __FILE__, __LINE__); \
+  } while (0)
+
+// Owning device allocation (cudaMalloc); moves, never copies.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(std::size_t bytes) : bytes_(bytes) {
+    if (bytes) BLASST_CUDA_CHECK(cudaMalloc(&ptr_, bytes));
+  }
+  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(std::exchange(o.ptr_, nullptr)),
+                                            bytes_(std::exchange(o.bytes_, 0)) {}
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    if (this != &o) { reset(); ptr_ = std::exchange(o.ptr_, nullptr); bytes_ = std::exchange(o.bytes_, 0); }
+    return *this;
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() { reset(); }
+  void reset() { if (ptr_) cudaFree(ptr_); ptr_ = nullptr; bytes_ = 0; }
+  void* get() const { return ptr_; }
+  template <class T> T* as() const { return static_cast<T*>(ptr_); }
+  std::size_t bytes() const { return bytes_; }
+
+ private:
+  void* ptr_ = nullptr;
+  std::size_t bytes_ = 0;
+};
+
+}  // namespace blasst::detail

@@ -1,0 +1,22 @@
+// Internal: the boundary between the host library and the CUDA kernels. Implemented in
+// src/cuda/*.cu when CUDA is built, and by src/cuda/cuda_stub.cpp (throws Error) otherwise.
+#pragma once
+
+#include <string>
+
+#include "blasst/blasst.hpp"
+
+namespace blasst::detail {
+
+bool cuda_built();              // compiled with the kernels
+bool cuda_device_present();     // a usable sm_90 device is visible
+std::string cuda_device_name_impl();
+
+// Tensors either on the device (p.q.device == cuda), or on the host with opt.device == cuda, in
+// which case the implementation stages them through device memory and synchronises.
+void cuda_attention(const AttentionProblem& p, const SkipConfig& skip, const RunOptions& opt,
+                    SkipStats* stats);
+void cuda_decode(const DecodeProblem& p, const SkipConfig& skip, const RunOptions& opt,
+                 SkipStats* stats);
+
+}  // namespace blasst::detail

@@ -1,0 +1,17 @@
+// CPU-only builds: the CUDA entry points exist and say clearly that no kernels were built.
+#include "cuda/cuda_dispatch.hpp"
+
+namespace blasst::detail {
+
+bool cuda_built() { return false; }
+bool cuda_device_present() { return false; }
+std::string cuda_device_name_impl() { return {}; }
+
+void cuda_attention(const AttentionProblem&, const SkipConfig&, const RunOptions&, SkipStats*) {
+  throw Error("blasst was built without CUDA: device tensors and --device cuda are unavailable");
+}
+void cuda_decode(const DecodeProblem&, const SkipConfig&, const RunOptions&, SkipStats*) {
+  throw Error("blasst was built without CUDA: device tensors and --device cuda are unavailable");
+}
+
+}  // namespace blasst::detail
