@@ -67,6 +67,10 @@ struct AttentionProblem {
   const std::int32_t* cu_seqlens_q = nullptr;
   const std::int32_t* cu_seqlens_k = nullptr;
   std::int64_t batch = 0;  // number of sequences when ragged; ignored otherwise
+  // Upper bounds of the per-sequence lengths. With device-resident offsets, giving both keeps the
+  // call free of host synchronisation (CUDA-graph capturable); 0 = read the offsets (a copy).
+  std::int64_t max_seqlen_q = 0;
+  std::int64_t max_seqlen_k = 0;
   MaskKind mask = MaskKind::full;
   std::optional<double> scale;  // default 1/sqrt(d)
 };
@@ -80,6 +84,8 @@ struct DecodeProblem {
   const std::int32_t* page_table = nullptr;
   std::int64_t page_table_stride = 0;
   const std::int32_t* seqlens_k = nullptr;  // [B] cached lengths; nullptr: all Lmax (contiguous)
+  // Upper bound of seqlens_k; with device-resident seqlens it avoids a synchronising copy.
+  std::int64_t max_seqlen_k = 0;
   Tensor out;                               // [B, q_len, Hq, dv]
   Tensor lse;                               // optional [B, Hq, q_len]
   // With q_len > 1 (speculative decoding) query i sees key j iff j <= i + Lk - q_len.

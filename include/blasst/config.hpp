@@ -1,0 +1,63 @@
+// SPEC §7: the sparse_attention_config block that model checkpoints carry in config.json.
+// Implemented in src/config/. Every malformed or unsupported file raises blasst::Error naming the
+// file and the JSON path of the problem (e.g. "cfg.json: config_groups.group_0.threshold_scale_factor.prefill.a: expected a number").
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "blasst/blasst.hpp"
+
+namespace blasst::config {
+
+// The only formula understood; any other string is rejected, never guessed.
+inline constexpr const char* kFormula = "a * exp(b * target_sparsity)";
+
+struct ThresholdScaleFactor {
+  std::optional<double> scalar;            // raw factor; wins over target_sparsity
+  std::optional<Calibration> prefill;      // factor = a * exp(b * s)
+  std::optional<Calibration> decode;
+};
+
+struct ConfigGroup {
+  std::string name;                        // key in config_groups, e.g. "group_0"
+  std::string algorithm = "skip_softmax";  // the only algorithm supported
+  ThresholdScaleFactor threshold_scale_factor;
+  std::optional<double> target_sparsity_prefill;
+  std::optional<double> target_sparsity_decode;
+  std::optional<double> disabled_until_timestep;  // SPEC §4, in [0, 1]
+  std::vector<std::string> ignore;         // fnmatch patterns matched against layer names
+  // blasst extension for per-layer calibration: fnmatch patterns of the layers this group applies
+  // to (empty = every layer). Groups are tried in file order; the first that applies wins.
+  std::vector<std::string> layers;
+};
+
+struct SparseAttentionConfig {
+  std::vector<ConfigGroup> groups;
+};
+
+// Parse either a whole config.json (the block under "sparse_attention_config") or the bare block.
+// A config.json without the key yields std::nullopt (that component stays dense).
+std::optional<SparseAttentionConfig> parse(const std::string& json_text,
+                                           const std::string& source_name = "<string>");
+std::optional<SparseAttentionConfig> load_file(const std::string& path);
+// Multi-component models: a model directory whose subfolders (transformer/, transformer_2/, ...)
+// each hold a config.json. Returns (component name, config) for components that have a block.
+std::vector<std::pair<std::string, SparseAttentionConfig>> load_model_dir(const std::string& dir);
+
+// Serialise as {"sparse_attention_config": {...}}; round-trips through parse().
+std::string to_json(const SparseAttentionConfig& cfg);
+// Insert/replace the block in an existing config.json (other keys preserved), or create the file.
+void write_into(const std::string& config_json_path, const SparseAttentionConfig& cfg);
+
+// The skip settings for one layer and phase. target overrides the file's target_sparsity. A layer
+// matched by an ignore pattern, or by no group, gets SkipConfig{} (dense). Throws Error when the
+// applicable group lacks what the phase needs (no scalar factor and no fit for that phase).
+SkipConfig resolve(const SparseAttentionConfig& cfg, const std::string& layer_name, Phase phase,
+                   std::optional<double> target_sparsity = std::nullopt);
+// The disabled_until_timestep of the group that applies to the layer (nullopt: no gating).
+std::optional<double> disabled_until_timestep(const SparseAttentionConfig& cfg,
+                                              const std::string& layer_name);
+
+}  // namespace blasst::config
