@@ -1,0 +1,288 @@
+// Enums, Tensor helpers, SkipConfig / threshold resolution (SPEC §3), the delta histogram and the
+// statistics (SPEC §5).
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <string>
+
+#include "blasst/blasst.hpp"
+
+namespace blasst {
+
+std::size_t dtype_size(DType t) {
+  switch (t) {
+    case DType::f32: return 4;
+    case DType::f16: return 2;
+    case DType::bf16: return 2;
+    case DType::f64: return 8;
+  }
+  throw Error("dtype: invalid value " + std::to_string(static_cast<int>(t)));
+}
+
+const char* to_string(DType t) {
+  switch (t) {
+    case DType::f32: return "f32";
+    case DType::f16: return "f16";
+    case DType::bf16: return "bf16";
+    case DType::f64: return "f64";
+  }
+  return "invalid";
+}
+
+const char* to_string(MaskKind m) {
+  switch (m) {
+    case MaskKind::full: return "full";
+    case MaskKind::causal: return "causal";
+  }
+  return "invalid";
+}
+
+const char* to_string(Phase p) {
+  switch (p) {
+    case Phase::prefill: return "prefill";
+    case Phase::decode: return "decode";
+  }
+  return "invalid";
+}
+
+const char* to_string(VisitOrder o) {
+  switch (o) {
+    case VisitOrder::natural: return "natural";
+    case VisitOrder::max_first: return "max_first";
+  }
+  return "invalid";
+}
+
+DType parse_dtype(const std::string& s) {
+  if (s == "f32" || s == "float32" || s == "fp32") return DType::f32;
+  if (s == "f16" || s == "float16" || s == "fp16" || s == "half") return DType::f16;
+  if (s == "bf16" || s == "bfloat16") return DType::bf16;
+  if (s == "f64" || s == "float64" || s == "fp64") return DType::f64;
+  throw Error("dtype: unknown name '" + s + "' (expected f32, f16, bf16 or f64)");
+}
+
+Phase parse_phase(const std::string& s) {
+  if (s == "prefill") return Phase::prefill;
+  if (s == "decode") return Phase::decode;
+  throw Error("phase: unknown name '" + s + "' (expected prefill or decode)");
+}
+
+VisitOrder parse_visit_order(const std::string& s) {
+  if (s == "natural") return VisitOrder::natural;
+  if (s == "max_first" || s == "max-first") return VisitOrder::max_first;
+  throw Error("visit order: unknown name '" + s + "' (expected natural or max_first)");
+}
+
+// ---- Tensor ------------------------------------------------------------------------------------
+
+Tensor Tensor::contiguous(void* data, DType dtype, std::initializer_list<std::int64_t> shape,
+                          DeviceKind device) {
+  if (shape.size() < 1 || shape.size() > 4)
+    throw Error("Tensor::contiguous: rank must be 1..4, got " + std::to_string(shape.size()));
+  Tensor t;
+  t.data = data;
+  t.dtype = dtype;
+  t.device = device;
+  t.rank = static_cast<int>(shape.size());
+  int i = 0;
+  for (std::int64_t s : shape) {
+    if (s < 0) throw Error("Tensor::contiguous: negative dimension " + std::to_string(s));
+    t.shape[i++] = s;
+  }
+  std::int64_t st = 1;
+  for (int j = t.rank - 1; j >= 0; --j) {
+    t.stride[j] = st;
+    // Saturate instead of overflowing; validation rejects such tensors by size anyway.
+    if (t.shape[j] > 0 && st > std::numeric_limits<std::int64_t>::max() / t.shape[j])
+      st = std::numeric_limits<std::int64_t>::max();
+    else
+      st *= std::max<std::int64_t>(t.shape[j], 1);
+  }
+  return t;
+}
+
+std::int64_t Tensor::numel() const {
+  if (rank <= 0) return 0;
+  std::int64_t n = 1;
+  for (int i = 0; i < rank && i < 4; ++i) {
+    if (shape[i] <= 0) return 0;
+    if (__builtin_mul_overflow(n, shape[i], &n))
+      throw Error("Tensor::numel: element count overflows int64");
+  }
+  return n;
+}
+
+bool Tensor::is_contiguous() const {
+  std::int64_t st = 1;
+  for (int j = rank - 1; j >= 0; --j) {
+    if (shape[j] != 1 && stride[j] != st) return false;
+    st *= shape[j];
+  }
+  return true;
+}
+
+// ---- SkipConfig and the threshold (SPEC §3) ----------------------------------------------------
+
+SkipConfig SkipConfig::from_threshold(double lambda) {
+  SkipConfig c;
+  c.enabled = true;
+  c.threshold = lambda;
+  return c;
+}
+
+SkipConfig SkipConfig::from_factor(double factor) {
+  SkipConfig c;
+  c.enabled = true;
+  c.factor = factor;
+  return c;
+}
+
+SkipConfig SkipConfig::from_calibration(Calibration cal, double target_sparsity) {
+  SkipConfig c;
+  c.enabled = true;
+  c.calibration = cal;
+  c.target_sparsity = target_sparsity;
+  return c;
+}
+
+namespace {
+std::string num(double x) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.17g", x);
+  return buf;
+}
+}  // namespace
+
+void validate(const SkipConfig& cfg) {
+  const VoteGranularity& v = cfg.vote;
+  if (v.tile_keys < 1) throw Error("skip.vote.tile_keys must be >= 1, got " + std::to_string(v.tile_keys));
+  if (v.rows < 1) throw Error("skip.vote.rows must be >= 1, got " + std::to_string(v.rows));
+  if (v.heads < 1) throw Error("skip.vote.heads must be >= 1, got " + std::to_string(v.heads));
+  if (v.split_tiles < 0)
+    throw Error("skip.vote.split_tiles must be >= 0, got " + std::to_string(v.split_tiles));
+  if (v.order != VisitOrder::natural && v.order != VisitOrder::max_first)
+    throw Error("skip.vote.order: invalid value " + std::to_string(static_cast<int>(v.order)));
+  if (cfg.threshold) {
+    const double t = *cfg.threshold;
+    if (!std::isfinite(t) || t <= 0.0)
+      throw Error("skip.threshold must be finite and > 0, got " + num(t));
+  }
+  if (cfg.factor) {
+    const double f = *cfg.factor;
+    if (!std::isfinite(f) || f <= 0.0)
+      throw Error("skip.factor (threshold_scale_factor) must be finite and > 0, got " + num(f));
+  }
+  if (cfg.calibration) {
+    const Calibration& c = *cfg.calibration;
+    if (!std::isfinite(c.a) || c.a <= 0.0)
+      throw Error("skip.calibration.a must be finite and > 0, got " + num(c.a));
+    if (!std::isfinite(c.b)) throw Error("skip.calibration.b must be finite, got " + num(c.b));
+  }
+  if (!std::isfinite(cfg.target_sparsity) || cfg.target_sparsity < 0.0 || cfg.target_sparsity > 1.0)
+    throw Error("skip.target_sparsity must lie in [0, 1], got " + num(cfg.target_sparsity));
+  if (cfg.enabled && !cfg.threshold && !cfg.factor && !cfg.calibration)
+    throw Error("skip: enabled but no threshold, factor or calibration given");
+}
+
+double resolve_lambda(const SkipConfig& cfg, std::int64_t Lk) {
+  validate(cfg);
+  if (Lk < 1) throw Error("resolve_lambda: Lk must be >= 1, got " + std::to_string(Lk));
+  double lambda;
+  if (cfg.threshold) {
+    lambda = *cfg.threshold;
+  } else if (cfg.factor) {
+    lambda = *cfg.factor / static_cast<double>(Lk);
+  } else if (cfg.calibration) {
+    const double factor = cfg.calibration->a * std::exp(cfg.calibration->b * cfg.target_sparsity);
+    if (!std::isfinite(factor) || factor <= 0.0)
+      throw Error("skip.calibration: factor a*exp(b*target_sparsity) = " + num(factor) +
+                  " is not a finite positive number");
+    lambda = factor / static_cast<double>(Lk);
+  } else {
+    throw Error("resolve_lambda: no threshold, factor or calibration in the skip configuration");
+  }
+  if (!std::isfinite(lambda) || lambda <= 0.0)
+    throw Error("resolve_lambda: lambda = " + num(lambda) + " is not a finite positive number");
+  return lambda;  // >= 1: dense for this sequence (SPEC §3)
+}
+
+// ---- DeltaHistogram (SPEC §5) ------------------------------------------------------------------
+
+int DeltaHistogram::bin_of(double delta) {
+  if (std::isnan(delta) || delta >= 0.0) return kBins + 1;
+  if (delta < kLo) return 0;
+  // kLo and kWidth are powers of two: (delta - kLo) / kWidth is exact for float deltas.
+  const int i = static_cast<int>(std::floor((delta - kLo) / kWidth));
+  return 1 + std::min(std::max(i, 0), kBins - 1);
+}
+
+void DeltaHistogram::merge(const DeltaHistogram& o) {
+  if (counts.size() != static_cast<std::size_t>(kBins + 2)) counts.assign(kBins + 2, 0);
+  if (o.counts.size() != counts.size()) throw Error("DeltaHistogram::merge: malformed histogram");
+  for (std::size_t i = 0; i < counts.size(); ++i) counts[i] += o.counts[i];
+}
+
+std::uint64_t DeltaHistogram::total() const {
+  std::uint64_t t = 0;
+  for (auto c : counts) t += c;
+  return t;
+}
+
+double DeltaHistogram::sparsity_at(double lambda) const {
+  if (std::isnan(lambda)) throw Error("DeltaHistogram::sparsity_at: lambda is NaN");
+  const std::uint64_t tot = total();
+  if (tot == 0 || lambda <= 0.0) return 0.0;
+  const double x = std::log(lambda);
+  double pos = (x - kLo) / kWidth;  // in bins above kLo
+  const double r = std::round(pos);
+  if (std::abs(pos - r) < 1e-9) pos = r;  // lambda = exp(edge) lands exactly on the edge
+  if (pos < 0.0) return 0.0;              // below the histogram's range: nothing resolvable
+  if (pos >= kBins)                       // ln(lambda) >= 0: everything below 0
+    return static_cast<double>(tot - counts[kBins + 1]) / static_cast<double>(tot);
+  const int k = static_cast<int>(std::floor(pos));
+  double below = static_cast<double>(counts[0]);
+  for (int i = 0; i < k; ++i) below += static_cast<double>(counts[1 + i]);
+  below += (pos - k) * static_cast<double>(counts[1 + k]);
+  return below / static_cast<double>(tot);
+}
+
+double DeltaHistogram::lambda_for(double s) const {
+  if (std::isnan(s) || s < 0.0 || s > 1.0)
+    throw Error("DeltaHistogram::lambda_for: sparsity must lie in [0, 1], got " + num(s));
+  const std::uint64_t tot = total();
+  if (tot == 0) return std::numeric_limits<double>::infinity();
+  const double need = s * static_cast<double>(tot);
+  double below = static_cast<double>(counts[0]);
+  if (below >= need) return std::exp(kLo);  // reached at (or below) the histogram's lower end
+  for (int k = 0; k < kBins; ++k) {
+    const double c = static_cast<double>(counts[1 + k]);
+    if (below + c >= need && c > 0) {
+      const double frac = (need - below) / c;
+      return std::exp(kLo + (k + frac) * kWidth);
+    }
+    below += c;
+  }
+  return std::numeric_limits<double>::infinity();  // unreachable with lambda < 1
+}
+
+// ---- SkipStats ---------------------------------------------------------------------------------
+
+std::int64_t SkipStats::total_visited() const {
+  std::int64_t t = 0;
+  for (auto v : visited) t += v;
+  return t;
+}
+
+std::int64_t SkipStats::total_skipped() const {
+  std::int64_t t = 0;
+  for (auto v : skipped) t += v;
+  return t;
+}
+
+double SkipStats::sparsity() const {
+  const std::int64_t v = total_visited();
+  return v == 0 ? 0.0 : static_cast<double>(total_skipped()) / static_cast<double>(v);
+}
+
+}  // namespace blasst

@@ -1,0 +1,594 @@
+// The CPU oracle (SPEC §1-§5): streaming online-softmax attention over key tiles with the
+// Skip-Softmax vote, for prefill (attention) and decode (contiguous or paged KV cache).
+//
+// Work unit = one vote group: `vote.rows` consecutive query rows x `vote.heads` query heads of one
+// KV group of one sequence. Each group owns its rows, so groups run independently on threads.
+// Per group and visited tile (in the visit order): scores S = scale * Q K^T (fp32 or fp64), the
+// tile maxima, delta = max_r (tile_max_r - m_r) with m_r before the tile, the skip test
+// float(delta) < ln(lambda), then the usual online-softmax update when not skipped.
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <exception>
+#include <limits>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "blasst/blasst.hpp"
+#include "blasst/half.hpp"
+#include "core/problem.hpp"
+
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+// AVX2 clone of the two inner kernels (no FMA: identical rounding on every x86-64 machine).
+#define BLASST_KERNEL __attribute__((target_clones("avx2", "default")))
+#else
+#define BLASST_KERNEL
+#endif
+
+namespace blasst {
+namespace {
+
+using i64 = std::int64_t;
+
+// ---- addressing of every layout the two entry points accept -----------------------------------
+struct View {
+  i64 batch = 0, hq = 0, hk = 0, g = 1, d = 0, dv = 0;
+  MaskKind mask = MaskKind::full;
+  bool decode = false;
+  double scale = 1.0;
+  std::vector<i64> q_len, k_len;
+  // Element offsets: q/out row (b, i, h) = base[b] + i * s_i + h * s_h; lse (b, h, i) likewise.
+  std::vector<i64> q_base, o_base, lse_base, k_base, v_base;
+  i64 q_si = 0, q_sh = 0, o_si = 0, o_sh = 0, lse_si = 0, lse_sh = 0;
+  i64 k_sj = 0, k_sh = 0, v_sj = 0, v_sh = 0;
+  // Paged cache: key j of sequence b lives in page page_table[b * pt_stride + j / page_size].
+  const std::int32_t* page_table = nullptr;
+  i64 pt_stride = 0, page_size = 0, k_sp = 0, v_sp = 0;
+  const void *qd = nullptr, *kd = nullptr, *vd = nullptr;
+  void *od = nullptr, *lsed = nullptr;
+  DType in_t = DType::f32, out_t = DType::f32, lse_t = DType::f32;
+
+  i64 k_off(i64 b, i64 j, i64 kh) const {
+    if (page_table) {
+      const i64 pg = page_table[b * pt_stride + j / page_size];
+      return pg * k_sp + (j % page_size) * k_sj + kh * k_sh;
+    }
+    return k_base[b] + j * k_sj + kh * k_sh;
+  }
+  i64 v_off(i64 b, i64 j, i64 kh) const {
+    if (page_table) {
+      const i64 pg = page_table[b * pt_stride + j / page_size];
+      return pg * v_sp + (j % page_size) * v_sj + kh * v_sh;
+    }
+    return v_base[b] + j * v_sj + kh * v_sh;
+  }
+};
+
+// The dtype switch sits outside the element loop.
+template <class Acc>
+void load_row(Acc* dst, const void* base, i64 off, DType t, i64 n) {
+  switch (t) {
+    case DType::f32: {
+      const float* s = static_cast<const float*>(base) + off;
+      for (i64 i = 0; i < n; ++i) dst[i] = static_cast<Acc>(s[i]);
+      break;
+    }
+    case DType::f64: {
+      const double* s = static_cast<const double*>(base) + off;
+      for (i64 i = 0; i < n; ++i) dst[i] = static_cast<Acc>(s[i]);
+      break;
+    }
+    case DType::f16: {
+      const std::uint16_t* s = static_cast<const std::uint16_t*>(base) + off;
+      for (i64 i = 0; i < n; ++i) dst[i] = static_cast<Acc>(f16_to_float(s[i]));
+      break;
+    }
+    case DType::bf16: {
+      const std::uint16_t* s = static_cast<const std::uint16_t*>(base) + off;
+      for (i64 i = 0; i < n; ++i) dst[i] = static_cast<Acc>(bf16_to_float(s[i]));
+      break;
+    }
+  }
+}
+
+template <class Acc>
+void store_row(void* base, i64 off, DType t, const Acc* src, i64 n) {
+  switch (t) {
+    case DType::f32: {
+      float* s = static_cast<float*>(base) + off;
+      for (i64 i = 0; i < n; ++i) s[i] = static_cast<float>(src[i]);
+      break;
+    }
+    case DType::f64: {
+      double* s = static_cast<double*>(base) + off;
+      for (i64 i = 0; i < n; ++i) s[i] = static_cast<double>(src[i]);
+      break;
+    }
+    case DType::f16: {
+      std::uint16_t* s = static_cast<std::uint16_t*>(base) + off;
+      for (i64 i = 0; i < n; ++i) s[i] = float_to_f16(static_cast<float>(src[i]));
+      break;
+    }
+    case DType::bf16: {
+      std::uint16_t* s = static_cast<std::uint16_t*>(base) + off;
+      for (i64 i = 0; i < n; ++i) s[i] = float_to_bf16(static_cast<float>(src[i]));
+      break;
+    }
+  }
+}
+
+constexpr int kRB = 4;   // rows per register block
+constexpr int kCB = 16;  // columns per register block
+
+i64 round_up(i64 x, i64 m) { return (x + m - 1) / m * m; }
+
+// S[r][j] = sum_c Q[r][c] * Kt[c][j] for r < rows (multiple of kRB), j < cols (multiple of kCB).
+// Each output is a sequential sum over c, so the result does not depend on the vector width.
+template <class Acc>
+BLASST_KERNEL void qk_kernel(const Acc* __restrict Q, const Acc* __restrict Kt, Acc* __restrict S,
+                             i64 rows, i64 d, i64 cols) {
+  for (i64 r = 0; r < rows; r += kRB) {
+    for (i64 j = 0; j < cols; j += kCB) {
+      Acc acc[kRB][kCB] = {};
+      for (i64 c = 0; c < d; ++c) {
+        const Acc* k = Kt + c * cols + j;
+        for (int i = 0; i < kRB; ++i) {
+          const Acc q = Q[(r + i) * d + c];
+          for (int jj = 0; jj < kCB; ++jj) acc[i][jj] += q * k[jj];
+        }
+      }
+      for (int i = 0; i < kRB; ++i)
+        for (int jj = 0; jj < kCB; ++jj) S[(r + i) * cols + j + jj] = acc[i][jj];
+    }
+  }
+}
+
+// O[r][c] += sum_{j < nk} P[r][j] * V[j][c]; O has dvp (multiple of kCB) columns, P has pcols.
+template <class Acc>
+BLASST_KERNEL void pv_kernel(const Acc* __restrict P, const Acc* __restrict V, Acc* __restrict O,
+                             i64 rows, i64 nk, i64 pcols, i64 dvp) {
+  for (i64 r = 0; r < rows; r += kRB) {
+    for (i64 c = 0; c < dvp; c += kCB) {
+      Acc acc[kRB][kCB];
+      for (int i = 0; i < kRB; ++i)
+        for (int cc = 0; cc < kCB; ++cc) acc[i][cc] = O[(r + i) * dvp + c + cc];
+      for (i64 j = 0; j < nk; ++j) {
+        const Acc* v = V + j * dvp + c;
+        for (int i = 0; i < kRB; ++i) {
+          const Acc p = P[(r + i) * pcols + j];
+          for (int cc = 0; cc < kCB; ++cc) acc[i][cc] += p * v[cc];
+        }
+      }
+      for (int i = 0; i < kRB; ++i)
+        for (int cc = 0; cc < kCB; ++cc) O[(r + i) * dvp + c + cc] = acc[i][cc];
+    }
+  }
+}
+
+struct Task {
+  i64 b, kh, h0, r0, nr;  // sequence, KV head, first query head, first row, rows
+};
+
+struct Settings {
+  VoteGranularity vote;
+  bool stats = false, hist = false, deltas = false;
+  std::vector<bool> skip_on;      // per sequence: lambda < 1 and skipping enabled
+  std::vector<double> ln_lambda;  // per sequence
+  i64 nstat = 0;                  // per-head counters: query heads or KV heads
+};
+
+struct ThreadStats {
+  std::vector<std::int64_t> visited, skipped;
+  std::vector<DeltaHistogram> hist;
+};
+
+// The visit order of the tiles 0..n_vis-1 of one vote group (SPEC §2a).
+void visit_order(const Settings& st, i64 n_vis, i64 own, std::vector<i64>& order) {
+  order.clear();
+  if (n_vis <= 0) return;
+  if (st.vote.order == VisitOrder::natural) {
+    for (i64 t = 0; t < n_vis; ++t) order.push_back(t);
+    return;
+  }
+  own = std::clamp<i64>(own, 0, n_vis - 1);
+  order.push_back(0);  // sink tile
+  if (own != 0) order.push_back(own);
+  for (i64 dist = 1; dist < n_vis; ++dist) {
+    const i64 lo = own - dist, hi = own + dist;
+    if (lo > 0) order.push_back(lo);
+    if (hi < n_vis && hi != 0) order.push_back(hi);
+  }
+}
+
+template <class Acc>
+class Engine {
+ public:
+  Engine(const View& v, const Settings& s) : v_(v), s_(s) {}
+
+  void run(const Task& t, ThreadStats& ts, std::vector<float>* deltas) {
+    const i64 T = s_.vote.tile_keys;
+    const i64 Lq = v_.q_len[t.b], Lk = v_.k_len[t.b];
+    const i64 nh = t.nr > 0 ? s_.vote.heads : 0;
+    const i64 R = nh * t.nr, Rp = round_up(std::max<i64>(R, 1), kRB);
+    const i64 d = v_.d, dv = v_.dv, dvp = round_up(dv, kCB), Tp = round_up(T, kCB);
+    const Acc scale = static_cast<Acc>(v_.scale);
+    const Acc ninf = -std::numeric_limits<Acc>::infinity();
+
+    Q_.assign(static_cast<size_t>(Rp * d), Acc(0));
+    lim_.resize(R);
+    i64 group_lim = -1;
+    for (i64 hh = 0; hh < nh; ++hh)
+      for (i64 i = 0; i < t.nr; ++i) {
+        const i64 ri = hh * t.nr + i, pos = t.r0 + i;
+        load_row(&Q_[ri * d], v_.qd, v_.q_base[t.b] + pos * v_.q_si + (t.h0 + hh) * v_.q_sh, v_.in_t, d);
+        // Keys j <= lim are visible (causal: bottom-right aligned).
+        lim_[ri] = v_.mask == MaskKind::causal ? pos + Lk - Lq : Lk - 1;
+        lim_[ri] = std::min(lim_[ri], Lk - 1);
+        group_lim = std::max(group_lim, lim_[ri]);
+      }
+    const i64 ntiles = (Lk + T - 1) / T;
+    const i64 n_vis = group_lim < 0 ? 0 : std::min(ntiles, group_lim / T + 1);
+    // Own tile for max_first: decode and causal: the last visible (diagonal) tile; full
+    // attention: the tile holding key r0 * Lk / Lq.
+    i64 own = n_vis - 1;
+    if (!v_.decode && v_.mask == MaskKind::full && Lq > 0) own = (t.r0 * Lk / Lq) / T;
+    visit_order(s_, n_vis, own, order_);
+
+    const bool skip_on = s_.skip_on[t.b];
+    const double ln_lambda = s_.ln_lambda[t.b];
+    const i64 sidx = s_.vote.heads == 1 ? t.h0 : t.kh;
+    const i64 split = s_.vote.split_tiles;
+
+    // Merged state (M, L, OO) and the current split's state (m, l, O).
+    M_.assign(R, ninf);
+    L_.assign(R, Acc(0));
+    OO_.assign(static_cast<size_t>(R * dvp), Acc(0));
+    m_.assign(R, ninf);
+    l_.assign(R, Acc(0));
+    O_.assign(static_cast<size_t>(Rp * dvp), Acc(0));
+    Kt_.assign(static_cast<size_t>(d * Tp), Acc(0));
+    Vt_.assign(static_cast<size_t>(Tp * dvp), Acc(0));
+    S_.assign(static_cast<size_t>(Rp * Tp), Acc(0));
+    tmax_.resize(R);
+    krow_.resize(std::max(d, dv));
+
+    i64 cur_split = -1;
+    for (const i64 tile : order_) {
+      if (split > 0 && tile / split != cur_split) {
+        // Natural order: splits are visited one after the other; each starts from m = -inf.
+        if (cur_split >= 0) merge_split(R, dvp);
+        cur_split = tile / split;
+      }
+      const i64 j0 = tile * T, nk = std::min(T, Lk - j0);
+      // K tile, transposed to [d][Tp]; keys beyond nk stay zero (masked below).
+      for (i64 jj = 0; jj < nk; ++jj) {
+        load_row(krow_.data(), v_.kd, v_.k_off(t.b, j0 + jj, t.kh), v_.in_t, d);
+        for (i64 c = 0; c < d; ++c) Kt_[c * Tp + jj] = krow_[c];
+      }
+      for (i64 jj = nk; jj < Tp; ++jj)
+        for (i64 c = 0; c < d; ++c) Kt_[c * Tp + jj] = Acc(0);
+      qk_kernel<Acc>(Q_.data(), Kt_.data(), S_.data(), Rp, d, Tp);
+
+      Acc delta = ninf;
+      for (i64 ri = 0; ri < R; ++ri) {
+        Acc* s = &S_[ri * Tp];
+        const i64 nvis = std::clamp<i64>(lim_[ri] - j0 + 1, 0, nk);  // visible keys of this row
+        Acc mx = ninf;
+        for (i64 jj = 0; jj < nvis; ++jj) {
+          s[jj] *= scale;
+          mx = std::max(mx, s[jj]);
+        }
+        for (i64 jj = nvis; jj < Tp; ++jj) s[jj] = ninf;
+        tmax_[ri] = mx;
+        if (mx != ninf) delta = std::max(delta, mx - m_[ri]);  // m = -inf: +inf, never skipped
+      }
+      // The decision uses the delta rounded to float, exactly as recorded (SPEC §5 one-pass curve).
+      const float delta_f = static_cast<float>(delta);
+      if (s_.stats) {
+        ++ts.visited[sidx];
+        if (s_.hist) ts.hist[sidx].add(static_cast<double>(delta_f));
+        if (deltas) deltas->push_back(delta_f);
+      }
+      if (skip_on && static_cast<double>(delta_f) < ln_lambda) {
+        if (s_.stats) ++ts.skipped[sidx];
+        continue;  // a skipped tile changes nothing
+      }
+
+      for (i64 jj = 0; jj < nk; ++jj)
+        load_row(&Vt_[jj * dvp], v_.vd, v_.v_off(t.b, j0 + jj, t.kh), v_.in_t, dv);
+      for (i64 ri = 0; ri < R; ++ri) {
+        Acc* s = &S_[ri * Tp];
+        if (tmax_[ri] == ninf) {  // nothing visible for this row in this tile
+          for (i64 jj = 0; jj < nk; ++jj) s[jj] = Acc(0);
+          continue;
+        }
+        const Acc mnew = std::max(m_[ri], tmax_[ri]);
+        const Acc alpha = m_[ri] == ninf ? Acc(0) : std::exp(m_[ri] - mnew);
+        Acc sum = 0;
+        for (i64 jj = 0; jj < nk; ++jj) {
+          const Acc p = s[jj] == ninf ? Acc(0) : std::exp(s[jj] - mnew);
+          s[jj] = p;
+          sum += p;
+        }
+        if (alpha != Acc(1)) {
+          Acc* o = &O_[ri * dvp];
+          for (i64 c = 0; c < dv; ++c) o[c] *= alpha;
+        }
+        l_[ri] = l_[ri] * alpha + sum;
+        m_[ri] = mnew;
+      }
+      pv_kernel<Acc>(S_.data(), Vt_.data(), O_.data(), Rp, nk, Tp, dvp);
+    }
+    merge_split(R, dvp);
+
+    // Finalise and write O and LSE.
+    orow_.resize(dv);
+    for (i64 hh = 0; hh < nh; ++hh)
+      for (i64 i = 0; i < t.nr; ++i) {
+        const i64 ri = hh * t.nr + i, pos = t.r0 + i, h = t.h0 + hh;
+        Acc lse;
+        if (L_[ri] > Acc(0)) {
+          const Acc inv = Acc(1) / L_[ri];
+          for (i64 c = 0; c < dv; ++c) orow_[c] = OO_[ri * dvp + c] * inv;
+          lse = M_[ri] + std::log(L_[ri]);
+        } else {  // fully masked row: O = 0, LSE = -inf, never NaN
+          std::fill(orow_.begin(), orow_.end(), Acc(0));
+          lse = ninf;
+        }
+        store_row(v_.od, v_.o_base[t.b] + pos * v_.o_si + h * v_.o_sh, v_.out_t, orow_.data(), dv);
+        if (v_.lsed)
+          store_row(v_.lsed, v_.lse_base[t.b] + h * v_.lse_sh + pos * v_.lse_si, v_.lse_t, &lse, 1);
+      }
+  }
+
+ private:
+  // Exact merge of the current split's (m, l, O) into (M, L, OO), then reset the split state.
+  void merge_split(i64 R, i64 dvp) {
+    const Acc ninf = -std::numeric_limits<Acc>::infinity();
+    for (i64 ri = 0; ri < R; ++ri) {
+      if (m_[ri] != ninf) {
+        const Acc mn = std::max(M_[ri], m_[ri]);
+        const Acc a = M_[ri] == ninf ? Acc(0) : std::exp(M_[ri] - mn);
+        const Acc b = std::exp(m_[ri] - mn);
+        L_[ri] = L_[ri] * a + l_[ri] * b;
+        for (i64 c = 0; c < dvp; ++c) OO_[ri * dvp + c] = OO_[ri * dvp + c] * a + O_[ri * dvp + c] * b;
+        M_[ri] = mn;
+      }
+      m_[ri] = ninf;
+      l_[ri] = Acc(0);
+      for (i64 c = 0; c < dvp; ++c) O_[ri * dvp + c] = Acc(0);
+    }
+  }
+
+  const View& v_;
+  const Settings& s_;
+  std::vector<Acc> Q_, Kt_, Vt_, S_, O_, OO_, m_, l_, M_, L_, tmax_, krow_, orow_;
+  std::vector<i64> lim_, order_;
+};
+
+std::string counted_at(const VoteGranularity& g) {
+  std::string s = std::to_string(g.rows) + (g.rows == 1 ? " row x " : " rows x ") +
+                  std::to_string(g.heads) + (g.heads == 1 ? " head" : " heads") + " x " +
+                  std::to_string(g.tile_keys) + " keys, " + to_string(g.order) + " order";
+  if (g.split_tiles > 0) s += ", split every " + std::to_string(g.split_tiles) + " tiles";
+  return s;
+}
+
+void run_all(const View& v, const SkipConfig& skip, const RunOptions& opt, SkipStats* stats) {
+  validate(skip);
+  const VoteGranularity& vote = skip.vote;
+  if (v.g % vote.heads != 0)
+    throw Error("skip.vote.heads = " + std::to_string(vote.heads) +
+                " must divide the query heads per KV head g = Hq / Hk = " + std::to_string(v.g));
+  if (vote.order == VisitOrder::max_first && vote.split_tiles > 0)
+    throw Error("skip.vote: max_first order with split_tiles > 0 (seeded splits) is not implemented "
+                "in the reference");
+  if (opt.num_threads < 0) throw Error("num_threads must be >= 0, got " + std::to_string(opt.num_threads));
+
+  Settings st;
+  st.vote = vote;
+  st.hist = opt.collect_histogram;
+  st.deltas = opt.record_deltas && stats;
+  st.stats = (opt.collect_stats || opt.collect_histogram || opt.record_deltas) && stats;
+  st.hist = st.hist && st.stats;
+  st.nstat = vote.heads == 1 ? v.hq : v.hk;
+  st.skip_on.assign(v.batch, false);
+  st.ln_lambda.assign(v.batch, -std::numeric_limits<double>::infinity());
+  std::vector<double> lambdas(v.batch, 1.0);
+  if (skip.enabled) {
+    for (i64 b = 0; b < v.batch; ++b) {
+      // A sequence without keys has nothing to skip; its lambda is reported as infinite.
+      lambdas[b] = v.k_len[b] > 0 ? resolve_lambda(skip, v.k_len[b])
+                                  : std::numeric_limits<double>::infinity();
+      st.skip_on[b] = lambdas[b] < 1.0;
+      if (st.skip_on[b]) st.ln_lambda[b] = std::log(lambdas[b]);
+    }
+  }
+
+  std::vector<Task> tasks;
+  for (i64 b = 0; b < v.batch; ++b)
+    for (i64 kh = 0; kh < v.hk; ++kh)
+      for (i64 hs = 0; hs < v.g / vote.heads; ++hs)
+        for (i64 r0 = 0; r0 < v.q_len[b]; r0 += vote.rows)
+          tasks.push_back({b, kh, kh * v.g + hs * vote.heads, r0, std::min<i64>(vote.rows, v.q_len[b] - r0)});
+
+  std::vector<std::vector<float>> task_deltas(st.deltas ? tasks.size() : 0);
+  unsigned nthreads = opt.num_threads > 0 ? static_cast<unsigned>(opt.num_threads)
+                                          : std::max(1u, std::thread::hardware_concurrency());
+  nthreads = static_cast<unsigned>(std::min<std::size_t>(nthreads, std::max<std::size_t>(tasks.size(), 1)));
+  std::vector<ThreadStats> tstats(nthreads);
+  for (auto& ts : tstats) {
+    if (st.stats) {
+      ts.visited.assign(st.nstat, 0);
+      ts.skipped.assign(st.nstat, 0);
+    }
+    if (st.hist) ts.hist.assign(st.nstat, DeltaHistogram{});
+  }
+  std::atomic<std::size_t> next{0};
+  std::exception_ptr err;
+  std::mutex err_mu;
+  auto worker = [&](unsigned w) {
+    try {
+      if (opt.fp64) {
+        Engine<double> e(v, st);
+        for (std::size_t i; (i = next.fetch_add(1)) < tasks.size();)
+          e.run(tasks[i], tstats[w], st.deltas ? &task_deltas[i] : nullptr);
+      } else {
+        Engine<float> e(v, st);
+        for (std::size_t i; (i = next.fetch_add(1)) < tasks.size();)
+          e.run(tasks[i], tstats[w], st.deltas ? &task_deltas[i] : nullptr);
+      }
+    } catch (...) {
+      std::lock_guard<std::mutex> lk(err_mu);
+      if (!err) err = std::current_exception();
+      next.store(tasks.size());
+    }
+  };
+  if (nthreads <= 1) {
+    worker(0);
+  } else {
+    std::vector<std::thread> th;
+    for (unsigned w = 0; w < nthreads; ++w) th.emplace_back(worker, w);
+    for (auto& x : th) x.join();
+  }
+  if (err) std::rethrow_exception(err);
+
+  if (stats) {
+    *stats = SkipStats{};
+    stats->granularity = vote;
+    stats->counted_at = counted_at(vote);
+    stats->lambda = lambdas;
+    if (st.stats) {
+      stats->visited.assign(st.nstat, 0);
+      stats->skipped.assign(st.nstat, 0);
+      if (st.hist) stats->hist.assign(st.nstat, DeltaHistogram{});
+      for (auto& ts : tstats)
+        for (i64 h = 0; h < st.nstat; ++h) {
+          stats->visited[h] += ts.visited[h];
+          stats->skipped[h] += ts.skipped[h];
+          if (st.hist) stats->hist[h].merge(ts.hist[h]);
+        }
+      if (st.deltas) {
+        std::size_t n = 0;
+        for (auto& d : task_deltas) n += d.size();
+        stats->deltas.reserve(n);
+        for (auto& d : task_deltas) stats->deltas.insert(stats->deltas.end(), d.begin(), d.end());
+      }
+    }
+  }
+}
+
+}  // namespace
+
+namespace reference {
+
+void attention(const AttentionProblem& p, const SkipConfig& skip, const RunOptions& opt,
+               SkipStats* stats) {
+  const detail::ResolvedAttention r = detail::validate_attention(p, DeviceKind::cpu);
+  View v;
+  v.batch = r.batch;
+  v.hq = r.hq;
+  v.hk = r.hk;
+  v.g = r.group;
+  v.d = r.d;
+  v.dv = r.dv;
+  v.mask = r.mask;
+  v.scale = r.scale;
+  v.q_len = r.q_len;
+  v.k_len = r.k_len;
+  v.qd = p.q.data;
+  v.kd = p.k.data;
+  v.vd = p.v.data;
+  v.od = p.out.data;
+  v.lsed = p.lse.data;
+  v.in_t = r.dtype;
+  v.out_t = p.out.dtype;
+  v.lse_t = p.lse.dtype;
+  const int o = r.ragged ? 0 : 1;  // sequence dimension
+  v.q_si = p.q.stride[o];
+  v.q_sh = p.q.stride[o + 1];
+  v.o_si = p.out.stride[o];
+  v.o_sh = p.out.stride[o + 1];
+  v.k_sj = p.k.stride[o];
+  v.k_sh = p.k.stride[o + 1];
+  v.v_sj = p.v.stride[o];
+  v.v_sh = p.v.stride[o + 1];
+  if (p.lse.defined()) {
+    v.lse_sh = p.lse.stride[o];
+    v.lse_si = p.lse.stride[o + 1];
+  }
+  for (i64 b = 0; b < r.batch; ++b) {
+    if (r.ragged) {
+      v.q_base.push_back(r.q_start[b] * v.q_si);
+      v.o_base.push_back(r.q_start[b] * v.o_si);
+      v.lse_base.push_back(r.q_start[b] * v.lse_si);
+      v.k_base.push_back(r.k_start[b] * v.k_sj);
+      v.v_base.push_back(r.k_start[b] * v.v_sj);
+    } else {
+      v.q_base.push_back(b * p.q.stride[0]);
+      v.o_base.push_back(b * p.out.stride[0]);
+      v.lse_base.push_back(p.lse.defined() ? b * p.lse.stride[0] : 0);
+      v.k_base.push_back(b * p.k.stride[0]);
+      v.v_base.push_back(b * p.v.stride[0]);
+    }
+  }
+  run_all(v, skip, opt, stats);
+}
+
+void decode(const DecodeProblem& p, const SkipConfig& skip, const RunOptions& opt,
+            SkipStats* stats) {
+  const detail::ResolvedDecode r = detail::validate_decode(p, DeviceKind::cpu);
+  View v;
+  v.decode = true;
+  v.batch = r.batch;
+  v.hq = r.hq;
+  v.hk = r.hk;
+  v.g = r.group;
+  v.d = r.d;
+  v.dv = r.dv;
+  v.mask = r.mask;
+  v.scale = r.scale;
+  v.q_len.assign(r.batch, r.q_len);
+  v.k_len = r.k_len;
+  v.qd = p.q.data;
+  v.kd = p.k_cache.data;
+  v.vd = p.v_cache.data;
+  v.od = p.out.data;
+  v.lsed = p.lse.data;
+  v.in_t = r.dtype;
+  v.out_t = p.out.dtype;
+  v.lse_t = p.lse.dtype;
+  v.q_si = p.q.stride[1];
+  v.q_sh = p.q.stride[2];
+  v.o_si = p.out.stride[1];
+  v.o_sh = p.out.stride[2];
+  v.k_sj = p.k_cache.stride[1];
+  v.k_sh = p.k_cache.stride[2];
+  v.v_sj = p.v_cache.stride[1];
+  v.v_sh = p.v_cache.stride[2];
+  if (p.lse.defined()) {
+    v.lse_sh = p.lse.stride[1];
+    v.lse_si = p.lse.stride[2];
+  }
+  if (r.paged) {
+    v.page_table = p.page_table;
+    v.pt_stride = r.max_pages_per_seq;
+    v.page_size = r.page_size;
+    v.k_sp = p.k_cache.stride[0];
+    v.v_sp = p.v_cache.stride[0];
+  }
+  for (i64 b = 0; b < r.batch; ++b) {
+    v.q_base.push_back(b * p.q.stride[0]);
+    v.o_base.push_back(b * p.out.stride[0]);
+    v.lse_base.push_back(p.lse.defined() ? b * p.lse.stride[0] : 0);
+    v.k_base.push_back(r.paged ? 0 : b * p.k_cache.stride[0]);
+    v.v_base.push_back(r.paged ? 0 : b * p.v_cache.stride[0]);
+  }
+  run_all(v, skip, opt, stats);
+}
+
+}  // namespace reference
+}  // namespace blasst
