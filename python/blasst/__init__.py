@@ -1,0 +1,31 @@
+"""blasst: Skip-Softmax sparse attention (BLASST) over a C++/CUDA core.
+
+    import blasst
+    out = blasst.attention(q, k, v, causal=True, skip=blasst.SkipSoftmax(threshold=1e-3))
+    out = blasst.decode(q, k_cache, v_cache, page_table=pt, seqlens=lens, max_seqlen_k=4096)
+
+Tensors: torch, numpy or cupy (DLPack) in the layout Q [B, Lq, Hq, d], K/V [B, Lk, Hk, d]. CPU
+tensors run the reference engine, CUDA tensors the sm_90a kernels on the current stream.
+torch is optional: it is imported only when torch tensors are used. See docs/python.md.
+"""
+import sys as _sys
+
+from . import _core
+from . import diffusion
+from ._api import (attention, built_with_cuda, cuda_available, cuda_device_name, decode,
+                   set_num_threads)
+from ._skip import SkipSoftmax, SkipStats, SparseAttentionConfig, load_config
+
+__version__ = _core.__version__
+
+__all__ = [
+    "attention", "decode", "SkipSoftmax", "SkipStats", "SparseAttentionConfig", "load_config",
+    "cuda_available", "cuda_device_name", "built_with_cuda", "set_num_threads", "diffusion",
+]
+
+# With torch already loaded, register the custom ops now so that torch.compile finds them.
+if "torch" in _sys.modules:
+    from ._api import _load_torch_ops as _lto
+
+    _lto()
+    del _lto

@@ -1,0 +1,345 @@
+"""Skip-Softmax settings (SPEC §3), statistics (SPEC §5) and configuration files (SPEC §7)."""
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any, Mapping, Optional, Tuple, Union
+
+from . import _core
+
+_ORDERS = ("natural", "max_first")
+
+
+def _check_unit_interval(name: str, value: Optional[float]) -> Optional[float]:
+    if value is None:
+        return None
+    v = float(value)
+    if not math.isfinite(v) or v < 0.0 or v > 1.0:
+        raise ValueError(f"{name}: must be a number in [0, 1], got {value!r}")
+    return v
+
+
+class SkipSoftmax:
+    """Skip-Softmax settings for one attention call site (SPEC §2, §3).
+
+    Give exactly one threshold source:
+      * ``threshold=lam``: lambda itself, in (0, 1);
+      * ``factor=f``: a raw threshold_scale_factor, lambda = f / Lk per sequence;
+      * ``calibration=(a, b)`` with ``target_sparsity=s``: factor = a * exp(b * s).
+
+    ``tile_keys``, ``vote_rows``, ``vote_heads``, ``split_tiles`` and ``order`` ("natural" or
+    "max_first") set the vote granularity and visit order the CPU reference uses; the kernels use
+    their own documented vote groups (reported in the statistics). ``disabled_until_timestep``
+    gates skipping on the diffusion timestep published through ``blasst.diffusion`` (SPEC §4).
+    ``SkipSoftmax.dense()`` is the exact dense path.
+    """
+
+    __slots__ = ("_cfg", "_disabled_until", "_key")
+
+    def __init__(self, *, threshold: Optional[float] = None, factor: Optional[float] = None,
+                 calibration: Optional[Tuple[float, float]] = None,
+                 target_sparsity: Optional[float] = None, tile_keys: int = 128,
+                 vote_rows: int = 64, vote_heads: int = 1, split_tiles: int = 0,
+                 order: str = "natural", disabled_until_timestep: Optional[float] = None):
+        given = [n for n, v in (("threshold", threshold), ("factor", factor),
+                                ("calibration", calibration)) if v is not None]
+        if len(given) != 1:
+            raise ValueError(
+                "SkipSoftmax: give exactly one of threshold=, factor= or calibration=(a, b) "
+                f"with target_sparsity= (got {', '.join(given) or 'none'}); "
+                "use SkipSoftmax.dense() for the dense path")
+        if calibration is not None:
+            try:
+                a, b = (float(x) for x in calibration)
+            except (TypeError, ValueError):
+                raise ValueError(
+                    f"SkipSoftmax: calibration must be a pair (a, b), got {calibration!r}") from None
+            if target_sparsity is None:
+                raise ValueError("SkipSoftmax: calibration=(a, b) needs target_sparsity=")
+            cfg = _core.SkipConfig.from_calibration(a, b, float(target_sparsity))
+        else:
+            if target_sparsity is not None:
+                raise ValueError("SkipSoftmax: target_sparsity= applies only with calibration=(a, b)")
+            if threshold is not None:
+                cfg = _core.SkipConfig.from_threshold(float(threshold))
+            else:
+                cfg = _core.SkipConfig.from_factor(float(factor))
+        self._init(cfg, tile_keys, vote_rows, vote_heads, split_tiles, order,
+                   disabled_until_timestep)
+
+    def _init(self, cfg, tile_keys, vote_rows, vote_heads, split_tiles, order, disabled_until):
+        if order not in _ORDERS:
+            raise ValueError(f"SkipSoftmax: order must be one of {_ORDERS}, got {order!r}")
+        for name, val in (("tile_keys", tile_keys), ("vote_rows", vote_rows),
+                          ("vote_heads", vote_heads), ("split_tiles", split_tiles)):
+            if isinstance(val, bool) or not isinstance(val, int):
+                raise ValueError(f"SkipSoftmax: {name} must be an int, got {val!r}")
+        cfg.tile_keys = tile_keys
+        cfg.vote_rows = vote_rows
+        cfg.vote_heads = vote_heads
+        cfg.split_tiles = split_tiles
+        cfg.order = order
+        if cfg.enabled:
+            cfg.validate()  # C++ checks: NaN/inf/<= 0 thresholds, target range, tile sizes
+        self._cfg = cfg
+        self._disabled_until = _check_unit_interval(
+            "SkipSoftmax: disabled_until_timestep", disabled_until)
+        self._key = None
+
+    @classmethod
+    def dense(cls) -> "SkipSoftmax":
+        """Skipping off: the exact dense path (what no configuration means)."""
+        self = cls.__new__(cls)
+        self._init(_core.SkipConfig(), 128, 64, 1, 0, "natural", None)
+        return self
+
+    @classmethod
+    def _wrap(cls, cfg, disabled_until=None) -> "SkipSoftmax":
+        self = cls.__new__(cls)
+        self._init(cfg, cfg.tile_keys, cfg.vote_rows, cfg.vote_heads, cfg.split_tiles, cfg.order,
+                   disabled_until)
+        return self
+
+    @classmethod
+    def from_config(cls, path_or_dict: Union[str, os.PathLike, Mapping[str, Any]], *,
+                    layer: str = "", phase: str = "prefill",
+                    target_sparsity: Optional[float] = None) -> "SkipSoftmax":
+        """Settings for one layer and phase from a SPEC §7 file (a config.json path, a dict of
+        the whole config or of the bare sparse_attention_config block). Layers matched by an
+        ignore pattern, or files without the block, give the dense path."""
+        return load_config(path_or_dict).skip_softmax(layer=layer, phase=phase,
+                                                      target_sparsity=target_sparsity)
+
+    # -- read-only views ---------------------------------------------------------------------
+    @property
+    def enabled(self) -> bool:
+        return bool(self._cfg.enabled)
+
+    @property
+    def threshold(self) -> Optional[float]:
+        return self._cfg.threshold
+
+    @property
+    def factor(self) -> Optional[float]:
+        return self._cfg.factor
+
+    @property
+    def calibration(self) -> Optional[Tuple[float, float]]:
+        return self._cfg.calibration
+
+    @property
+    def target_sparsity(self) -> float:
+        return self._cfg.target_sparsity
+
+    @property
+    def tile_keys(self) -> int:
+        return self._cfg.tile_keys
+
+    @property
+    def vote_rows(self) -> int:
+        return self._cfg.vote_rows
+
+    @property
+    def vote_heads(self) -> int:
+        return self._cfg.vote_heads
+
+    @property
+    def split_tiles(self) -> int:
+        return self._cfg.split_tiles
+
+    @property
+    def order(self) -> str:
+        return self._cfg.order
+
+    @property
+    def disabled_until_timestep(self) -> Optional[float]:
+        return self._disabled_until
+
+    def lambda_for(self, seq_len_k: int) -> float:
+        """lambda for a sequence of seq_len_k keys (SPEC §3); >= 1 means dense for it."""
+        return self._cfg.resolve_lambda(int(seq_len_k))
+
+    def fields(self) -> Tuple:
+        """A hashable, primitive-only description (used to pass settings through torch ops)."""
+        if self._key is None:
+            c = self._cfg
+            cal = c.calibration
+            self._key = (bool(c.enabled), c.threshold, c.factor, None if cal is None else tuple(cal),
+                         float(c.target_sparsity), int(c.tile_keys), int(c.vote_rows),
+                         int(c.vote_heads), int(c.split_tiles), str(c.order), self._disabled_until)
+        return self._key
+
+    @classmethod
+    def from_fields(cls, fields: Tuple) -> "SkipSoftmax":
+        (enabled, threshold, factor, cal, target, tile_keys, vote_rows, vote_heads, split_tiles,
+         order, disabled_until) = fields
+        if not enabled:
+            self = cls.dense()
+            self._disabled_until = disabled_until
+            return self
+        if cal is not None:
+            return cls(calibration=tuple(cal), target_sparsity=target, tile_keys=tile_keys,
+                       vote_rows=vote_rows, vote_heads=vote_heads, split_tiles=split_tiles,
+                       order=order, disabled_until_timestep=disabled_until)
+        src = {"threshold": threshold} if threshold is not None else {"factor": factor}
+        return cls(**src, tile_keys=tile_keys,
+                   vote_rows=vote_rows, vote_heads=vote_heads, split_tiles=split_tiles,
+                   order=order, disabled_until_timestep=disabled_until)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, SkipSoftmax) and self.fields() == other.fields()
+
+    def __hash__(self) -> int:
+        return hash(self.fields())
+
+    def __repr__(self) -> str:
+        c = self._cfg
+        if not c.enabled:
+            src = "dense"
+        elif c.threshold is not None:
+            src = f"threshold={c.threshold!r}"
+        elif c.factor is not None:
+            src = f"factor={c.factor!r}"
+        else:
+            src = f"calibration={c.calibration!r}, target_sparsity={c.target_sparsity!r}"
+        extra = f", disabled_until_timestep={self._disabled_until!r}" if self._disabled_until is not None else ""
+        return (f"SkipSoftmax({src}, tile_keys={c.tile_keys}, vote_rows={c.vote_rows}, "
+                f"vote_heads={c.vote_heads}, order={c.order!r}{extra})")
+
+
+class SkipStats:
+    """Statistics of one call (SPEC §5), filled in place when passed as ``stats=``.
+
+    Counts are (vote group, key tile) pairs; ``counted_at`` names the vote group they were counted
+    at. With ``histogram=True`` the per-head delta histograms are collected too, which gives the
+    exact one-pass sparsity curve ``sparsity_at(lam)`` for every lambda.
+    """
+
+    __slots__ = ("_raw", "histogram", "record_deltas", "gated")
+
+    def __init__(self, *, histogram: bool = False, record_deltas: bool = False):
+        self._raw = _core.SkipStats()
+        self.histogram = bool(histogram)
+        self.record_deltas = bool(record_deltas)
+        self.gated = False  # True when timestep gating forced the dense path for this call
+
+    def sparsity(self) -> float:
+        return self._raw.sparsity()
+
+    @property
+    def total_visited(self) -> int:
+        return self._raw.total_visited()
+
+    @property
+    def total_skipped(self) -> int:
+        return self._raw.total_skipped()
+
+    @property
+    def visited(self):
+        return list(self._raw.visited)
+
+    @property
+    def skipped(self):
+        return list(self._raw.skipped)
+
+    @property
+    def lambdas(self):
+        return list(self._raw.lambdas)
+
+    @property
+    def counted_at(self) -> str:
+        return self._raw.counted_at
+
+    @property
+    def granularity(self) -> dict:
+        return self._raw.granularity
+
+    @property
+    def histograms(self):
+        return self._raw.histograms
+
+    @property
+    def deltas(self):
+        return self._raw.deltas
+
+    def sparsity_at(self, lam: float) -> float:
+        return self._raw.sparsity_at(float(lam))
+
+    def as_dict(self) -> dict:
+        return {
+            "sparsity": self.sparsity(),
+            "visited": self.total_visited,
+            "skipped": self.total_skipped,
+            "visited_per_head": self.visited,
+            "skipped_per_head": self.skipped,
+            "lambdas": self.lambdas,
+            "counted_at": self.counted_at,
+            "granularity": self.granularity,
+            "gated": self.gated,
+        }
+
+    def __repr__(self) -> str:
+        return (f"SkipStats(sparsity={self.sparsity():.4f}, skipped={self.total_skipped}, "
+                f"visited={self.total_visited}, counted_at={self.counted_at!r})")
+
+
+class SparseAttentionConfig:
+    """A parsed SPEC §7 ``sparse_attention_config`` block (parsed by the C++ config module)."""
+
+    __slots__ = ("_raw", "source")
+
+    def __init__(self, raw, source: str):
+        self._raw = raw  # None: the file had no block (every layer dense)
+        self.source = source
+
+    @property
+    def present(self) -> bool:
+        return self._raw is not None
+
+    @property
+    def group_names(self):
+        return [] if self._raw is None else list(self._raw.group_names)
+
+    def skip_softmax(self, *, layer: str = "", phase: str = "prefill",
+                     target_sparsity: Optional[float] = None) -> SkipSoftmax:
+        if phase not in ("prefill", "decode"):
+            raise ValueError(f"phase: must be 'prefill' or 'decode', got {phase!r}")
+        if self._raw is None:
+            return SkipSoftmax.dense()
+        cfg = self._raw.resolve(layer, phase,
+                                None if target_sparsity is None else float(target_sparsity))
+        return SkipSoftmax._wrap(cfg, self._raw.disabled_until_timestep(layer))
+
+    def disabled_until_timestep(self, layer: str = "") -> Optional[float]:
+        return None if self._raw is None else self._raw.disabled_until_timestep(layer)
+
+    def to_json(self) -> str:
+        if self._raw is None:
+            raise ValueError(f"{self.source}: has no sparse_attention_config block")
+        return self._raw.to_json()
+
+    def __repr__(self) -> str:
+        return f"SparseAttentionConfig(source={self.source!r}, groups={self.group_names})"
+
+
+def load_config(path_or_dict: Union[str, os.PathLike, Mapping[str, Any], SparseAttentionConfig]
+                ) -> SparseAttentionConfig:
+    """Parse a SPEC §7 configuration: a config.json path, a dict holding the
+    sparse_attention_config key, or the bare block as a dict."""
+    if isinstance(path_or_dict, SparseAttentionConfig):
+        return path_or_dict
+    if isinstance(path_or_dict, Mapping):
+        text = json.dumps(dict(path_or_dict))
+        return SparseAttentionConfig(_core.SparseAttentionConfig.parse(text, "<dict>"), "<dict>")
+    if isinstance(path_or_dict, (str, os.PathLike)):
+        path = os.fspath(path_or_dict)
+        if os.path.isdir(path):
+            path = os.path.join(path, "config.json")
+        return SparseAttentionConfig(_core.SparseAttentionConfig.load_file(path), path)
+    # transformers' PretrainedConfig and similar objects
+    to_dict = getattr(path_or_dict, "to_dict", None)
+    if callable(to_dict):
+        return load_config(to_dict())
+    raise TypeError("load_config: expected a path, a dict or a config object with to_dict(), "
+                    f"got {type(path_or_dict).__name__}")

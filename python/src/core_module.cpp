@@ -1,0 +1,320 @@
+// blasst._core: the thin nanobind layer between the Python package and the C++ API.
+// Tensors arrive as DLPack views (any framework); outputs are allocated by the caller's framework
+// in Python and passed in, so nothing here allocates device memory or synchronises by itself.
+// Every blasst::Error surfaces in Python as ValueError carrying the C++ message.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "blasst/blasst.hpp"
+#include "blasst/config.hpp"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace {
+
+using blasst::DeviceKind;
+using blasst::DType;
+using blasst::Error;
+using blasst::Tensor;
+
+using InArray = nb::ndarray<nb::ro>;  // any dtype, device, shape and strides
+using OutArray = nb::ndarray<>;
+
+template <class A>
+DType dtype_of(const A& a, const std::string& name) {
+  const nb::dlpack::dtype t = a.dtype();
+  if (t.lanes == 1) {
+    if (t.code == static_cast<std::uint8_t>(nb::dlpack::dtype_code::Float)) {
+      if (t.bits == 32) return DType::f32;
+      if (t.bits == 16) return DType::f16;
+      if (t.bits == 64) return DType::f64;
+    } else if (t.code == static_cast<std::uint8_t>(nb::dlpack::dtype_code::Bfloat) && t.bits == 16) {
+      return DType::bf16;
+    }
+  }
+  throw Error(name + ": unsupported dtype (code " + std::to_string(t.code) + ", " +
+              std::to_string(t.bits) + " bits); expected float32, float16, bfloat16 or float64");
+}
+
+template <class A>
+DeviceKind device_of(const A& a, const std::string& name) {
+  const int dev = a.device_type();
+  if (dev == nb::device::cpu::value) return DeviceKind::cpu;
+  if (dev == nb::device::cuda::value) return DeviceKind::cuda;
+  throw Error(name + ": unsupported device (DLPack device type " + std::to_string(dev) +
+              "); expected CPU or CUDA memory");
+}
+
+template <class A>
+Tensor to_tensor(const A& a, const std::string& name) {
+  Tensor t;
+  const std::size_t rank = a.ndim();
+  if (rank < 1 || rank > 4)
+    throw Error(name + ": expected a tensor of rank 1..4, got rank " + std::to_string(rank));
+  t.rank = static_cast<int>(rank);
+  t.dtype = dtype_of(a, name);
+  t.device = device_of(a, name);
+  for (std::size_t i = 0; i < rank; ++i) {
+    t.shape[i] = static_cast<std::int64_t>(a.shape(i));
+    t.stride[i] = static_cast<std::int64_t>(a.stride(i));
+  }
+  t.data = const_cast<void*>(static_cast<const void*>(a.data()));
+  return t;
+}
+
+// int32 index arrays (cu_seqlens, seqlens, page tables) must live where the tensors live.
+const std::int32_t* index_array(const InArray& a, const std::string& name, DeviceKind device,
+                                std::size_t want_rank, std::int64_t* row_stride = nullptr) {
+  const nb::dlpack::dtype t = a.dtype();
+  if (t.code != static_cast<std::uint8_t>(nb::dlpack::dtype_code::Int) || t.bits != 32 ||
+      t.lanes != 1)
+    throw Error(name + ": expected an int32 array (code " + std::to_string(t.code) + ", " +
+                std::to_string(t.bits) + " bits given)");
+  if (a.ndim() != want_rank)
+    throw Error(name + ": expected rank " + std::to_string(want_rank) + ", got rank " +
+                std::to_string(a.ndim()));
+  if (device_of(a, name) != device)
+    throw Error(name + ": must be in the same memory (CPU or CUDA) as q");
+  if (a.shape(want_rank - 1) > 1 && a.stride(want_rank - 1) != 1)
+    throw Error(name + ": the last dimension must be contiguous (stride 1)");
+  if (row_stride) *row_stride = want_rank == 2 ? static_cast<std::int64_t>(a.stride(0)) : 0;
+  return static_cast<const std::int32_t*>(a.data());
+}
+
+blasst::RunOptions run_options(std::uintptr_t stream, blasst::SkipStats* stats, bool histogram,
+                               bool record_deltas, int num_threads) {
+  blasst::RunOptions opt;
+  opt.collect_stats = stats != nullptr;
+  opt.collect_histogram = stats != nullptr && histogram;
+  opt.record_deltas = stats != nullptr && record_deltas;
+  opt.stream = reinterpret_cast<void*>(stream);
+  opt.num_threads = num_threads;
+  return opt;
+}
+
+void py_attention(const InArray& q, const InArray& k, const InArray& v, const OutArray& out,
+                  const std::optional<OutArray>& lse, const std::optional<InArray>& cu_seqlens_q,
+                  const std::optional<InArray>& cu_seqlens_k, std::int64_t max_seqlen_q,
+                  std::int64_t max_seqlen_k, bool causal, std::optional<double> scale,
+                  const blasst::SkipConfig* skip, std::uintptr_t stream, blasst::SkipStats* stats,
+                  bool histogram, bool record_deltas, int num_threads) {
+  blasst::AttentionProblem p;
+  p.q = to_tensor(q, "q");
+  p.k = to_tensor(k, "k");
+  p.v = to_tensor(v, "v");
+  p.out = to_tensor(out, "out");
+  if (lse) p.lse = to_tensor(*lse, "lse");
+  if (cu_seqlens_q.has_value() != cu_seqlens_k.has_value())
+    throw Error("cu_seqlens_q, cu_seqlens_k: give both offsets for a ragged batch, or neither");
+  if (cu_seqlens_q) {
+    p.cu_seqlens_q = index_array(*cu_seqlens_q, "cu_seqlens_q", p.q.device, 1);
+    p.cu_seqlens_k = index_array(*cu_seqlens_k, "cu_seqlens_k", p.q.device, 1);
+    if (cu_seqlens_q->shape(0) != cu_seqlens_k->shape(0))
+      throw Error("cu_seqlens_q, cu_seqlens_k: must have the same length (batch + 1), got " +
+                  std::to_string(cu_seqlens_q->shape(0)) + " and " +
+                  std::to_string(cu_seqlens_k->shape(0)));
+    if (cu_seqlens_q->shape(0) < 2)
+      throw Error("cu_seqlens_q: needs batch + 1 >= 2 offsets");
+    p.batch = static_cast<std::int64_t>(cu_seqlens_q->shape(0)) - 1;
+  }
+  p.max_seqlen_q = max_seqlen_q;
+  p.max_seqlen_k = max_seqlen_k;
+  p.mask = causal ? blasst::MaskKind::causal : blasst::MaskKind::full;
+  p.scale = scale;
+  const blasst::SkipConfig cfg = skip ? *skip : blasst::SkipConfig{};
+  const blasst::RunOptions opt = run_options(stream, stats, histogram, record_deltas, num_threads);
+  nb::gil_scoped_release release;
+  blasst::attention(p, cfg, opt, stats);
+}
+
+void py_decode(const InArray& q, const InArray& k_cache, const InArray& v_cache,
+               const OutArray& out, const std::optional<OutArray>& lse,
+               const std::optional<InArray>& page_table, const std::optional<InArray>& seqlens,
+               std::int64_t max_seqlen_k, bool causal, std::optional<double> scale,
+               const blasst::SkipConfig* skip, std::uintptr_t stream, blasst::SkipStats* stats,
+               bool histogram, bool record_deltas, int num_threads) {
+  blasst::DecodeProblem p;
+  p.q = to_tensor(q, "q");
+  p.k_cache = to_tensor(k_cache, "k_cache");
+  p.v_cache = to_tensor(v_cache, "v_cache");
+  p.out = to_tensor(out, "out");
+  if (lse) p.lse = to_tensor(*lse, "lse");
+  if (page_table)
+    p.page_table = index_array(*page_table, "page_table", p.q.device, 2, &p.page_table_stride);
+  if (seqlens) p.seqlens_k = index_array(*seqlens, "seqlens", p.q.device, 1);
+  p.max_seqlen_k = max_seqlen_k;
+  p.mask = causal ? blasst::MaskKind::causal : blasst::MaskKind::full;
+  p.scale = scale;
+  const blasst::SkipConfig cfg = skip ? *skip : blasst::SkipConfig{};
+  const blasst::RunOptions opt = run_options(stream, stats, histogram, record_deltas, num_threads);
+  nb::gil_scoped_release release;
+  blasst::decode(p, cfg, opt, stats);
+}
+
+nb::dict granularity_dict(const blasst::VoteGranularity& g) {
+  nb::dict d;
+  d["tile_keys"] = g.tile_keys;
+  d["rows"] = g.rows;
+  d["heads"] = g.heads;
+  d["split_tiles"] = g.split_tiles;
+  d["order"] = std::string(blasst::to_string(g.order));
+  return d;
+}
+
+template <class T>
+nb::ndarray<nb::numpy, T, nb::ndim<1>> numpy_copy(const std::vector<T>& v) {
+  auto* buf = new std::vector<T>(v);
+  nb::capsule owner(buf, [](void* p) noexcept { delete static_cast<std::vector<T>*>(p); });
+  return nb::ndarray<nb::numpy, T, nb::ndim<1>>(buf->data(), {buf->size()}, owner);
+}
+
+}  // namespace
+
+NB_MODULE(_core, m) {
+  m.doc() = "blasst C++ core (Skip-Softmax sparse attention)";
+  m.attr("__version__") = BLASST_VERSION;
+  m.attr("built_with_cuda") = static_cast<bool>(BLASST_WITH_CUDA);
+
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const blasst::Error& e) {
+      PyErr_SetString(PyExc_ValueError, e.what());
+    }
+  });
+
+  nb::class_<blasst::SkipConfig>(m, "SkipConfig")
+      .def(nb::init<>())
+      .def_rw("enabled", &blasst::SkipConfig::enabled)
+      .def_rw("threshold", &blasst::SkipConfig::threshold)
+      .def_rw("factor", &blasst::SkipConfig::factor)
+      .def_prop_rw(
+          "calibration",
+          [](const blasst::SkipConfig& c) -> std::optional<std::pair<double, double>> {
+            if (!c.calibration) return std::nullopt;
+            return std::make_pair(c.calibration->a, c.calibration->b);
+          },
+          [](blasst::SkipConfig& c, std::optional<std::pair<double, double>> ab) {
+            if (ab) c.calibration = blasst::Calibration{ab->first, ab->second};
+            else c.calibration.reset();
+          })
+      .def_rw("target_sparsity", &blasst::SkipConfig::target_sparsity)
+      .def_prop_rw(
+          "tile_keys", [](const blasst::SkipConfig& c) { return c.vote.tile_keys; },
+          [](blasst::SkipConfig& c, int v) { c.vote.tile_keys = v; })
+      .def_prop_rw(
+          "vote_rows", [](const blasst::SkipConfig& c) { return c.vote.rows; },
+          [](blasst::SkipConfig& c, int v) { c.vote.rows = v; })
+      .def_prop_rw(
+          "vote_heads", [](const blasst::SkipConfig& c) { return c.vote.heads; },
+          [](blasst::SkipConfig& c, int v) { c.vote.heads = v; })
+      .def_prop_rw(
+          "split_tiles", [](const blasst::SkipConfig& c) { return c.vote.split_tiles; },
+          [](blasst::SkipConfig& c, std::int64_t v) { c.vote.split_tiles = v; })
+      .def_prop_rw(
+          "order",
+          [](const blasst::SkipConfig& c) { return std::string(blasst::to_string(c.vote.order)); },
+          [](blasst::SkipConfig& c, const std::string& s) {
+            c.vote.order = blasst::parse_visit_order(s);
+          })
+      .def_static("from_threshold", &blasst::SkipConfig::from_threshold, "lam"_a)
+      .def_static("from_factor", &blasst::SkipConfig::from_factor, "factor"_a)
+      .def_static(
+          "from_calibration",
+          [](double a, double b, double target) {
+            return blasst::SkipConfig::from_calibration(blasst::Calibration{a, b}, target);
+          },
+          "a"_a, "b"_a, "target_sparsity"_a)
+      .def("copy", [](const blasst::SkipConfig& c) { return blasst::SkipConfig(c); })
+      .def("validate", [](const blasst::SkipConfig& c) { blasst::validate(c); })
+      .def("resolve_lambda",
+           [](const blasst::SkipConfig& c, std::int64_t seq_len_k) {
+             return blasst::resolve_lambda(c, seq_len_k);
+           },
+           "seq_len_k"_a);
+
+  nb::class_<blasst::SkipStats>(m, "SkipStats")
+      .def(nb::init<>())
+      .def_prop_ro("granularity",
+                   [](const blasst::SkipStats& s) { return granularity_dict(s.granularity); })
+      .def_ro("counted_at", &blasst::SkipStats::counted_at)
+      .def_ro("visited", &blasst::SkipStats::visited)
+      .def_ro("skipped", &blasst::SkipStats::skipped)
+      .def_ro("lambdas", &blasst::SkipStats::lambda)
+      .def_prop_ro("histograms",
+                   [](const blasst::SkipStats& s) {
+                     nb::list out;
+                     for (const auto& h : s.hist) out.append(numpy_copy(h.counts));
+                     return out;
+                   })
+      .def_prop_ro("deltas", [](const blasst::SkipStats& s) { return numpy_copy(s.deltas); })
+      .def("total_visited", &blasst::SkipStats::total_visited)
+      .def("total_skipped", &blasst::SkipStats::total_skipped)
+      .def("sparsity", &blasst::SkipStats::sparsity)
+      .def(
+          "sparsity_at",
+          [](const blasst::SkipStats& s, double lambda) {
+            if (s.hist.empty())
+              throw Error("sparsity_at: no delta histogram was collected "
+                          "(pass SkipStats(histogram=True))");
+            blasst::DeltaHistogram all;
+            for (const auto& h : s.hist) all.merge(h);
+            return all.sparsity_at(lambda);
+          },
+          "lam"_a)
+      .def("reset", [](blasst::SkipStats& s) { s = blasst::SkipStats{}; });
+
+  m.def("attention", &py_attention, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a.none(),
+        "cu_seqlens_q"_a.none(), "cu_seqlens_k"_a.none(), "max_seqlen_q"_a, "max_seqlen_k"_a,
+        "causal"_a, "scale"_a.none(), "skip"_a.none(), "stream"_a, "stats"_a.none(),
+        "histogram"_a = false, "record_deltas"_a = false, "num_threads"_a = 0);
+  m.def("decode", &py_decode, "q"_a, "k_cache"_a, "v_cache"_a, "out"_a, "lse"_a.none(),
+        "page_table"_a.none(), "seqlens"_a.none(), "max_seqlen_k"_a, "causal"_a,
+        "scale"_a.none(), "skip"_a.none(), "stream"_a, "stats"_a.none(), "histogram"_a = false,
+        "record_deltas"_a = false, "num_threads"_a = 0);
+
+  m.def("cuda_available", &blasst::cuda_available);
+  m.def("cuda_device_name", &blasst::cuda_device_name);
+
+  // SPEC §7 configuration, parsed by the C++ config module (src/config/).
+  nb::class_<blasst::config::SparseAttentionConfig>(m, "SparseAttentionConfig")
+      .def_static(
+          "parse",
+          [](const std::string& text, const std::string& source) {
+            return blasst::config::parse(text, source);
+          },
+          "text"_a, "source"_a = "<string>")
+      .def_static("load_file", &blasst::config::load_file, "path"_a)
+      .def_static("load_model_dir", &blasst::config::load_model_dir, "path"_a)
+      .def(
+          "resolve",
+          [](const blasst::config::SparseAttentionConfig& c, const std::string& layer,
+             const std::string& phase, std::optional<double> target) {
+            return blasst::config::resolve(c, layer, blasst::parse_phase(phase), target);
+          },
+          "layer"_a, "phase"_a, "target_sparsity"_a.none() = nb::none())
+      .def(
+          "disabled_until_timestep",
+          [](const blasst::config::SparseAttentionConfig& c, const std::string& layer) {
+            return blasst::config::disabled_until_timestep(c, layer);
+          },
+          "layer"_a)
+      .def("to_json",
+           [](const blasst::config::SparseAttentionConfig& c) { return blasst::config::to_json(c); })
+      .def_prop_ro("group_names", [](const blasst::config::SparseAttentionConfig& c) {
+        std::vector<std::string> names;
+        for (const auto& g : c.groups) names.push_back(g.name);
+        return names;
+      });
+}
