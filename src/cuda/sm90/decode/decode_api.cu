@@ -1,0 +1,332 @@
+// Host side of the sm_90a decode kernels: validation, split choice, workspace, launches, stats.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "core/problem.hpp"
+#include "cuda/cuda_check.hpp"
+#include "cuda/cuda_dispatch.hpp"
+#include "cuda/sm90/decode/decode_api.hpp"
+#include "cuda/sm90/decode/decode_params.hpp"
+
+namespace blasst::detail {
+
+namespace {
+
+using decode::Params;
+
+// Stream-ordered workspace from a pool of our own that keeps its memory between calls (a
+// cudaMalloc per call would synchronise the device).
+cudaMemPool_t workspace_pool(int dev) {
+  static std::mutex mu;
+  static std::vector<cudaMemPool_t> pools;
+  std::lock_guard<std::mutex> lock(mu);
+  if (pools.size() <= static_cast<std::size_t>(dev)) pools.resize(dev + 1, nullptr);
+  if (!pools[dev]) {
+    cudaMemPoolProps props{};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.handleTypes = cudaMemHandleTypeNone;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = dev;
+    cudaMemPool_t pool;
+    BLASST_CUDA_CHECK(cudaMemPoolCreate(&pool, &props));
+    std::uint64_t keep = ~0ull;
+    BLASST_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
+    pools[dev] = pool;
+  }
+  return pools[dev];
+}
+
+class StreamBuffer {
+ public:
+  StreamBuffer(std::size_t bytes, cudaStream_t s, cudaMemPool_t pool) : s_(s) {
+    if (bytes) BLASST_CUDA_CHECK(cudaMallocFromPoolAsync(&ptr_, bytes, pool, s));
+  }
+  ~StreamBuffer() { if (ptr_) cudaFreeAsync(ptr_, s_); }
+  StreamBuffer(const StreamBuffer&) = delete;
+  StreamBuffer& operator=(const StreamBuffer&) = delete;
+  template <class T> T* as() const { return static_cast<T*>(ptr_); }
+
+ private:
+  void* ptr_ = nullptr;
+  cudaStream_t s_;
+};
+
+struct DeviceInfo {
+  int sms = 0;
+};
+DeviceInfo device_info(int dev) {
+  static std::mutex mu;
+  static std::vector<DeviceInfo> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  if (cache.size() <= static_cast<std::size_t>(dev)) cache.resize(dev + 1);
+  if (cache[dev].sms == 0)
+    BLASST_CUDA_CHECK(cudaDeviceGetAttribute(&cache[dev].sms, cudaDevAttrMultiProcessorCount, dev));
+  return cache[dev];
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
+
+void check_vec_layout(const Tensor& t, const char* name) {
+  if (!aligned16(t.data))
+    throw Error(std::string(name) + ": the CUDA decode kernel needs a 16-byte aligned base pointer");
+  for (int i = 0; i < t.rank - 1; ++i)
+    if (t.stride[i] % 8 != 0)
+      throw Error(std::string(name) + ": the CUDA decode kernel needs strides that are multiples of 8 "
+                  "elements (16 bytes); dimension " + std::to_string(i) + " has stride " +
+                  std::to_string(t.stride[i]));
+}
+
+int ctas_per_sm(DType dt, int d, bool skip, std::size_t smem) {
+  using decode::occupancy_decode;
+  int n = 0;
+  if (dt == DType::bf16) {
+    if (d == 128) n = skip ? occupancy_decode<__nv_bfloat16, 128, true>(smem) : occupancy_decode<__nv_bfloat16, 128, false>(smem);
+    else n = skip ? occupancy_decode<__nv_bfloat16, 64, true>(smem) : occupancy_decode<__nv_bfloat16, 64, false>(smem);
+  } else {
+    if (d == 128) n = skip ? occupancy_decode<__half, 128, true>(smem) : occupancy_decode<__half, 128, false>(smem);
+    else n = skip ? occupancy_decode<__half, 64, true>(smem) : occupancy_decode<__half, 64, false>(smem);
+  }
+  return std::max(n, 1);
+}
+
+void launch(DType dt, int d, bool skip, const Params& p, dim3 grid, std::size_t smem, cudaStream_t s) {
+  using decode::launch_decode;
+  if (dt == DType::bf16) {
+    if (d == 128) skip ? launch_decode<__nv_bfloat16, 128, true>(p, grid, smem, s) : launch_decode<__nv_bfloat16, 128, false>(p, grid, smem, s);
+    else skip ? launch_decode<__nv_bfloat16, 64, true>(p, grid, smem, s) : launch_decode<__nv_bfloat16, 64, false>(p, grid, smem, s);
+  } else {
+    if (d == 128) skip ? launch_decode<__half, 128, true>(p, grid, smem, s) : launch_decode<__half, 128, false>(p, grid, smem, s);
+    else skip ? launch_decode<__half, 64, true>(p, grid, smem, s) : launch_decode<__half, 64, false>(p, grid, smem, s);
+  }
+}
+
+std::size_t span_bytes(const Tensor& t) {
+  if (t.numel() == 0) return 0;
+  std::int64_t off = 0;
+  for (int i = 0; i < t.rank; ++i) off += (t.shape[i] - 1) * t.stride[i];
+  return static_cast<std::size_t>(off + 1) * dtype_size(t.dtype);
+}
+
+// Host tensors with opt.device == cuda: copy every input's span to the device (strides kept),
+// run, copy out/lse back, synchronise.
+void staged_decode(const DecodeProblem& p, const SkipConfig& skip, const RunOptions& opt, SkipStats* stats) {
+  const ResolvedDecode r = validate_decode(p, DeviceKind::cpu);  // checks the host problem itself
+  auto up = [&](const Tensor& t, DeviceBuffer& buf, bool copy) {
+    Tensor d = t;
+    buf = DeviceBuffer(std::max<std::size_t>(span_bytes(t), 16));
+    if (copy && span_bytes(t)) BLASST_CUDA_CHECK(cudaMemcpy(buf.get(), t.data, span_bytes(t), cudaMemcpyHostToDevice));
+    d.data = buf.get();
+    d.device = DeviceKind::cuda;
+    return d;
+  };
+  DeviceBuffer bq, bk, bv, bo, bl, bpt, bsl;
+  DecodeProblem d = p;
+  d.q = up(p.q, bq, true);
+  d.k_cache = up(p.k_cache, bk, true);
+  d.v_cache = up(p.v_cache, bv, true);
+  d.out = up(p.out, bo, false);
+  if (p.lse.defined()) d.lse = up(p.lse, bl, false);
+  if (p.page_table) {
+    const std::size_t n = static_cast<std::size_t>(r.batch * p.page_table_stride) * sizeof(std::int32_t);
+    bpt = DeviceBuffer(n);
+    BLASST_CUDA_CHECK(cudaMemcpy(bpt.get(), p.page_table, n, cudaMemcpyHostToDevice));
+    d.page_table = bpt.as<std::int32_t>();
+  }
+  if (p.seqlens_k) {
+    const std::size_t n = static_cast<std::size_t>(r.batch) * sizeof(std::int32_t);
+    bsl = DeviceBuffer(n);
+    BLASST_CUDA_CHECK(cudaMemcpy(bsl.get(), p.seqlens_k, n, cudaMemcpyHostToDevice));
+    d.seqlens_k = bsl.as<std::int32_t>();
+    d.max_seqlen_k = r.max_k_len;
+  }
+  RunOptions o = opt;
+  o.device = DeviceKind::cuda;
+  cuda_decode(d, skip, o, stats);
+  auto stream = static_cast<cudaStream_t>(opt.stream);
+  BLASST_CUDA_CHECK(cudaStreamSynchronize(stream));
+  if (span_bytes(p.out)) BLASST_CUDA_CHECK(cudaMemcpy(p.out.data, bo.get(), span_bytes(p.out), cudaMemcpyDeviceToHost));
+  if (p.lse.defined() && span_bytes(p.lse))
+    BLASST_CUDA_CHECK(cudaMemcpy(p.lse.data, bl.get(), span_bytes(p.lse), cudaMemcpyDeviceToHost));
+}
+
+}  // namespace
+
+std::int64_t decode_split_tiles(std::int64_t batch, std::int64_t hk, std::int64_t max_tiles, int sms,
+                                int ctas_per_sm) {
+  if (max_tiles <= 1) return 1;
+  const std::int64_t slots = static_cast<std::int64_t>(sms) * std::max(ctas_per_sm, 1);
+  const std::int64_t base = batch * hk;
+  // Model: time ~ waves * (tiles per split + 2), the 2 standing for the pipeline fill and the
+  // partial write/merge of each split. Fewest splits wins ties (less merge traffic).
+  std::int64_t best_st = max_tiles;
+  double best_cost = 0.0;
+  const std::int64_t max_splits = std::min<std::int64_t>(max_tiles, 4 * ((slots + base - 1) / base));
+  for (std::int64_t s = 1; s <= max_splits; ++s) {
+    const std::int64_t st = (max_tiles + s - 1) / s;
+    const std::int64_t splits = (max_tiles + st - 1) / st;
+    const std::int64_t waves = (base * splits + slots - 1) / slots;
+    const double cost = static_cast<double>(waves) * static_cast<double>(st + 2);
+    if (s == 1 || cost < best_cost - 1e-9) {
+      best_cost = cost;
+      best_st = st;
+    }
+  }
+  return best_st;
+}
+
+void cuda_decode(const DecodeProblem& p, const SkipConfig& skip, const RunOptions& opt, SkipStats* stats) {
+  if (p.q.device == DeviceKind::cpu && opt.device == DeviceKind::cuda) return staged_decode(p, skip, opt, stats);
+  const ResolvedDecode r = validate_decode(p, DeviceKind::cuda);
+  auto stream = static_cast<cudaStream_t>(opt.stream);
+
+  // What the kernels support (anything else is a clear error, never a silent fallback).
+  if (r.dtype != DType::bf16 && r.dtype != DType::f16)
+    throw Error(std::string("q: the CUDA decode kernel supports bf16 and f16, got ") + to_string(r.dtype));
+  if (r.d != 64 && r.d != 128) throw Error("q: the CUDA decode kernel supports head dim d = 64 or 128, got " + std::to_string(r.d));
+  if (r.dv != r.d) throw Error("v_cache: the CUDA decode kernel needs dv == d, got dv = " + std::to_string(r.dv));
+  const std::int64_t rows = r.group * r.q_len;
+  if (rows > decode::kMaxRows)
+    throw Error("q: the CUDA decode kernel handles g * q_len <= 64 query rows per KV head, got g = " +
+                std::to_string(r.group) + ", q_len = " + std::to_string(r.q_len));
+  if (r.paged && (r.page_size & (r.page_size - 1)) != 0)
+    throw Error("k_cache: the CUDA decode kernel needs a power-of-two page_size, got " + std::to_string(r.page_size));
+  check_vec_layout(p.q, "q");
+  check_vec_layout(p.k_cache, "k_cache");
+  check_vec_layout(p.v_cache, "v_cache");
+  if (p.out.dtype != DType::f32 && p.out.dtype != DType::f64 && p.out.dtype != r.dtype)
+    throw Error("out: unsupported dtype for the CUDA decode kernel");
+
+  // Threshold (SPEC §3) and vote layout.
+  int lam_mode = 0;
+  double lam_value = 0.0;
+  if (skip.enabled) {
+    validate(skip);
+    if (skip.vote.tile_keys != decode::kTileKeys)
+      throw Error("skip.vote.tile_keys: the CUDA decode kernel uses 128-key tiles, got " + std::to_string(skip.vote.tile_keys));
+    if (skip.vote.order != VisitOrder::natural)
+      throw Error("skip.vote.order: the CUDA decode kernel visits tiles in natural order only");
+    (void)resolve_lambda(skip, std::max<std::int64_t>(r.max_k_len, 1));  // surfaces config errors
+    if (skip.threshold) {
+      lam_mode = *skip.threshold < 1.0 ? 1 : 0;
+      lam_value = *skip.threshold;
+    } else {
+      lam_value = skip.factor ? *skip.factor
+                              : skip.calibration->a * std::exp(skip.calibration->b * skip.target_sparsity);
+      // lambda = factor / Lk < 1 only for sequences longer than factor.
+      lam_mode = lam_value < static_cast<double>(r.max_k_len) ? 2 : 0;
+    }
+  }
+  if (skip.vote.split_tiles < 0) throw Error("skip.vote.split_tiles must be >= 0, got " + std::to_string(skip.vote.split_tiles));
+  const bool use_skip = lam_mode != 0;
+
+  const int mtiles = static_cast<int>((rows + 15) / 16);
+  const std::size_t smem = decode::smem_bytes(static_cast<int>(r.d), mtiles);
+  int dev = 0;
+  BLASST_CUDA_CHECK(cudaGetDevice(&dev));
+  const std::int64_t max_tiles = (r.max_k_len + decode::kTileKeys - 1) / decode::kTileKeys;
+  std::int64_t split_tiles = skip.vote.split_tiles;
+  if (split_tiles == 0)
+    split_tiles = decode_split_tiles(r.batch, r.hk, max_tiles, device_info(dev).sms,
+                                     ctas_per_sm(r.dtype, static_cast<int>(r.d), use_skip, smem));
+  split_tiles = std::max<std::int64_t>(split_tiles, 1);
+  const std::int64_t num_splits = std::max<std::int64_t>((max_tiles + split_tiles - 1) / split_tiles, 1);
+  if (num_splits > 65535) throw Error("skip.vote.split_tiles: too many splits (" + std::to_string(num_splits) + ")");
+
+  const bool want_stats = stats != nullptr && (opt.collect_stats || opt.collect_histogram || opt.record_deltas);
+  const bool want_hist = stats != nullptr && opt.collect_histogram;
+
+  cudaMemPool_t pool = workspace_pool(dev);
+  const std::size_t part_rows = static_cast<std::size_t>(r.batch * r.hk * num_splits * rows);
+  StreamBuffer o_part(part_rows * r.d * sizeof(float), stream, pool);
+  StreamBuffer lse_part(part_rows * sizeof(float), stream, pool);
+  const std::size_t n_counts = static_cast<std::size_t>(r.hk) * 2 + (want_hist ? static_cast<std::size_t>(r.hk) * decode::kHistBins : 0);
+  StreamBuffer counts(want_stats ? n_counts * sizeof(unsigned long long) : 0, stream, pool);
+  if (want_stats) BLASST_CUDA_CHECK(cudaMemsetAsync(counts.as<unsigned long long>(), 0, n_counts * sizeof(unsigned long long), stream));
+
+  Params kp{};
+  kp.q = p.q.data;
+  kp.q_sb = p.q.stride[0]; kp.q_st = p.q.stride[1]; kp.q_sh = p.q.stride[2];
+  kp.k = p.k_cache.data; kp.v = p.v_cache.data;
+  kp.k_s0 = p.k_cache.stride[0]; kp.k_s1 = p.k_cache.stride[1]; kp.k_sh = p.k_cache.stride[2];
+  kp.v_s0 = p.v_cache.stride[0]; kp.v_s1 = p.v_cache.stride[1]; kp.v_sh = p.v_cache.stride[2];
+  kp.page_table = r.paged ? p.page_table : nullptr;
+  kp.pt_stride = p.page_table_stride;
+  kp.log2_page = 0;
+  if (r.paged) while ((std::int64_t{1} << kp.log2_page) < r.page_size) ++kp.log2_page;
+  kp.seqlens = p.seqlens_k;
+  kp.lmax = r.paged ? r.max_k_len : p.k_cache.shape[1];
+  kp.batch = static_cast<int>(r.batch); kp.hk = static_cast<int>(r.hk); kp.group = static_cast<int>(r.group);
+  kp.q_len = static_cast<int>(r.q_len); kp.rows = static_cast<int>(rows); kp.mtiles = mtiles;
+  kp.causal = r.mask == MaskKind::causal ? 1 : 0;
+  kp.scale_log2 = static_cast<float>(r.scale * 1.4426950408889634);
+  kp.lam_mode = lam_mode; kp.lam_value = lam_value;
+  kp.split_tiles = static_cast<int>(split_tiles); kp.num_splits = static_cast<int>(num_splits);
+  kp.o_part = o_part.as<float>(); kp.lse_part = lse_part.as<float>();
+  if (want_stats) {
+    kp.visited = counts.as<unsigned long long>();
+    kp.skipped = kp.visited + r.hk;
+    kp.hist = want_hist ? kp.skipped + r.hk : nullptr;
+  }
+  if (r.batch > 65535 || r.hk > 65535) throw Error("q: batch and KV heads must be <= 65535 for the CUDA decode kernel");
+  launch(r.dtype, static_cast<int>(r.d), use_skip, kp,
+         dim3(static_cast<unsigned>(num_splits), static_cast<unsigned>(r.hk), static_cast<unsigned>(r.batch)), smem, stream);
+
+  decode::MergeParams mp{};
+  mp.o_part = kp.o_part; mp.lse_part = kp.lse_part;
+  mp.batch = kp.batch; mp.hk = kp.hk; mp.group = kp.group; mp.q_len = kp.q_len; mp.rows = kp.rows;
+  mp.num_splits = kp.num_splits; mp.dv = static_cast<int>(r.dv);
+  mp.out = p.out.data;
+  mp.out_dtype = p.out.dtype == DType::f32 ? 0 : p.out.dtype == DType::bf16 ? 1 : p.out.dtype == DType::f16 ? 2 : 3;
+  mp.o_sb = p.out.stride[0]; mp.o_st = p.out.stride[1]; mp.o_sh = p.out.stride[2];
+  if (p.lse.defined()) {
+    mp.lse = p.lse.data;
+    mp.lse_f64 = p.lse.dtype == DType::f64 ? 1 : 0;
+    mp.l_sb = p.lse.stride[0]; mp.l_sh = p.lse.stride[1]; mp.l_st = p.lse.stride[2];
+  }
+  decode::launch_merge(mp, stream);
+
+  if (stats) {
+    SkipStats& st = *stats;
+    st = SkipStats{};
+    st.granularity.tile_keys = decode::kTileKeys;
+    st.granularity.rows = static_cast<int>(r.q_len);
+    st.granularity.heads = static_cast<int>(r.group);
+    st.granularity.split_tiles = num_splits > 1 ? split_tiles : 0;
+    st.granularity.order = VisitOrder::natural;
+    st.counted_at = std::to_string(r.q_len) + " rows x " + std::to_string(r.group) +
+                    " heads (every query row of a KV group) x 128 keys, split_tiles " + std::to_string(split_tiles);
+    // Per-sequence lambda (host lengths; read them when the capture-safe path skipped that).
+    std::vector<std::int64_t> k_len = r.k_len;
+    if (k_len.empty()) {
+      std::vector<std::int32_t> sl(static_cast<std::size_t>(r.batch));
+      BLASST_CUDA_CHECK(cudaMemcpyAsync(sl.data(), p.seqlens_k, sl.size() * sizeof(std::int32_t), cudaMemcpyDeviceToHost, stream));
+      BLASST_CUDA_CHECK(cudaStreamSynchronize(stream));
+      k_len.assign(sl.begin(), sl.end());
+    }
+    for (auto L : k_len) st.lambda.push_back(skip.enabled && L >= 1 ? resolve_lambda(skip, L) : 1.0);
+    if (want_stats) {
+      std::vector<unsigned long long> h(n_counts);
+      BLASST_CUDA_CHECK(cudaMemcpyAsync(h.data(), counts.as<unsigned long long>(), n_counts * sizeof(unsigned long long),
+                                        cudaMemcpyDeviceToHost, stream));
+      BLASST_CUDA_CHECK(cudaStreamSynchronize(stream));
+      for (std::int64_t k = 0; k < r.hk; ++k) {
+        st.visited.push_back(static_cast<std::int64_t>(h[k]));
+        st.skipped.push_back(static_cast<std::int64_t>(h[r.hk + k]));
+      }
+      if (want_hist) {
+        st.hist.resize(static_cast<std::size_t>(r.hk));
+        for (std::int64_t k = 0; k < r.hk; ++k)
+          for (int i = 0; i < decode::kHistBins; ++i)
+            st.hist[k].counts[i] = h[2 * r.hk + k * decode::kHistBins + i];
+      }
+    }
+  }
+}
+
+}  // namespace blasst::detail

@@ -1,0 +1,520 @@
+// Split-KV Skip-Softmax decode kernel for sm_90a (see docs/decode_kernel.md).
+//
+// One CTA = one (sequence b, KV head h, split s). Its rows are all g query heads x q_len tokens of
+// the KV group (row r = token * g + head-in-group, R = g * q_len <= 64, padded to 16-row MMA
+// tiles), so every K/V byte is read once per group. Keys are visited in 128-key tiles (the SPEC §2
+// tile); the vote group for the skip is every row of the CTA.
+//
+// Pipeline (4 warps, no warp specialisation):
+//   - K tiles stream through an NK-deep ring, loaded with 16-byte cp.async that complete on a
+//     per-slot mbarrier (cp.async.mbarrier.arrive.noinc), so K and V slots complete independently.
+//   - Tile i: S = Q K^T with mma.sync m16n8k16 (each warp 32 keys), row maxima, the vote
+//     (__syncthreads_or), then, for a surviving tile only, P = exp2(S - m) to shared memory and the
+//     V load of that tile. The V of tile i is consumed one iteration later (P.V of tile i runs after
+//     the scores of tile i+1), so the V load is in flight while the next K tile is scored and
+//     skipped V tiles leave no bubble: the next survivor's V is issued as soon as it is known.
+//   - P.V: each warp owns D/4 output columns over all 128 keys of the tile (P from shared memory).
+// Each CTA writes a normalised fp32 partial (O, LSE); decode_merge.cu combines the splits.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "cuda/cuda_check.hpp"
+#include "cuda/sm90/decode/decode_params.hpp"
+
+namespace blasst::detail::decode {
+
+// ---- PTX helpers -------------------------------------------------------------------------------
+
+__device__ __forceinline__ std::uint32_t smem_u32(const void* p) {
+  return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void mbar_init(std::uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count));
+}
+__device__ __forceinline__ void mbar_wait(std::uint32_t bar, std::uint32_t parity) {
+  asm volatile(
+      "{\n .reg .pred p;\n"
+      "WAIT_%=:\n"
+      " mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      " @!p bra WAIT_%=;\n}" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+// 16-byte copy; src_bytes = 0 zero-fills (keys past the sequence end, never read from memory).
+__device__ __forceinline__ void cp_async16(std::uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes)
+               : "memory");
+}
+// Arrives on the mbarrier once every cp.async this thread issued so far has landed.
+__device__ __forceinline__ void cp_async_arrive(std::uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void ldsm_x4(std::uint32_t addr, std::uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_t(std::uint32_t addr, std::uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+template <class T>
+__device__ __forceinline__ void mma16816(float (&c)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
+                                         std::uint32_t b1) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+template <class T>
+__device__ __forceinline__ std::uint32_t pack2(float lo, float hi) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<std::uint32_t*>(&v);
+  } else {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<std::uint32_t*>(&v);
+  }
+}
+
+// Tiles of rows x (CH 16-byte chunks): chunk c of row r lives at chunk c ^ (r & 7), so the 8 rows
+// an ldmatrix reads hit 8 different bank groups.
+__device__ __forceinline__ std::uint32_t swz(int row, int chunk, int chunks_per_row) {
+  return static_cast<std::uint32_t>((row * chunks_per_row + (chunk ^ (row & 7))) * 16);
+}
+
+// SPEC §5 histogram bin (same rule as DeltaHistogram::bin_of), delta in natural-log units.
+__device__ __forceinline__ int hist_bin(double delta) {
+  if (!(delta < 0.0)) return kHistBins - 1;  // delta >= 0 or NaN: top bin
+  if (delta < -64.0) return 0;
+  int i = static_cast<int>(floor((delta + 64.0) * 16.0));
+  i = i < 0 ? 0 : (i > 1023 ? 1023 : i);
+  return 1 + i;
+}
+
+// ---- the kernel ------------------------------------------------------------------------------
+
+template <class T, int D, bool kSkip>
+__global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_constant__ Params p) {
+  constexpr int CH = D / 8;                 // 16-byte chunks per K/V row
+  constexpr int kRowsPerPass = kThreads / CH;
+  constexpr int kPasses = kTileKeys / kRowsPerPass;
+  constexpr int kNT = D / 8 / kWarps;       // P.V n8 tiles per warp (D/4 columns)
+  static_assert(kNT == 2 || kNT == 4, "D must be 64 or 128");
+
+  // Let the merge kernel (launched with programmatic serialisation) get scheduled early; it waits
+  // for this grid's completion with griddepcontrol.wait before reading anything.
+  asm volatile("griddepcontrol.launch_dependents;");
+
+  const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int mtiles = p.mtiles;
+  const std::int64_t Lk = p.seqlens ? static_cast<std::int64_t>(p.seqlens[b]) : p.lmax;
+  const std::int64_t ntiles = (Lk + kTileKeys - 1) / kTileKeys;
+  const std::int64_t t_begin = static_cast<std::int64_t>(split) * p.split_tiles;
+  const std::int64_t t_end = t_begin + p.split_tiles < ntiles ? t_begin + p.split_tiles : ntiles;
+  const int n = t_begin < t_end ? static_cast<int>(t_end - t_begin) : 0;
+  const std::int64_t part_row0 = ((static_cast<std::int64_t>(b) * p.hk + h) * p.num_splits + split) * p.rows;
+
+  if (n == 0) {  // a split past this sequence's end: an empty partial
+    for (int r = tid; r < p.rows; r += kThreads) {
+      p.lse_part[part_row0 + r] = -INFINITY;
+      for (int c = 0; c < D; ++c) p.o_part[(part_row0 + r) * D + c] = 0.f;
+    }
+    return;
+  }
+
+  // Threshold in log2 units of the scaled scores; -inf: dense for this sequence.
+  float thr = -INFINITY;
+  if constexpr (kSkip) {
+    double lam = p.lam_mode == 1 ? p.lam_value : p.lam_mode == 2 ? p.lam_value / static_cast<double>(Lk) : 1.0;
+    if (lam < 1.0) thr = static_cast<float>(log2(lam));
+  }
+
+  extern __shared__ __align__(128) unsigned char smem[];
+  unsigned char* sK = smem;
+  unsigned char* sV = sK + kStagesK * kTileKeys * D * 2;
+  unsigned char* sP = sV + kStagesV * kTileKeys * D * 2;
+  const int p_stage_bytes = mtiles * 16 * kTileKeys * 2;
+  unsigned char* sQ = sP + kStagesV * p_stage_bytes;
+  float* sAlpha = reinterpret_cast<float*>(sQ + mtiles * 16 * D * 2);  // [kStagesV][kMaxRows]
+  float* sRed = sAlpha + kStagesV * kMaxRows;                           // [2][kWarps][kMaxRows]
+  unsigned long long* sBar = reinterpret_cast<unsigned long long*>(sRed + 2 * kWarps * kMaxRows);
+  const std::uint32_t barK0 = smem_u32(sBar), barV0 = smem_u32(sBar + kStagesK);
+
+  if (tid == 0) {
+    for (int i = 0; i < kStagesK + kStagesV; ++i) mbar_init(smem_u32(sBar + i), kThreads);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+
+  // Q rows (zero padding rows past R) into shared memory.
+  {
+    const T* q = static_cast<const T*>(p.q);
+    for (int idx = tid; idx < mtiles * 16 * CH; idx += kThreads) {
+      const int r = idx / CH, c = idx % CH;
+      uint4 val = make_uint4(0, 0, 0, 0);
+      if (r < p.rows) {
+        const int qi = r / p.group, hh = r % p.group;
+        const T* src = q + b * p.q_sb + qi * p.q_st + (static_cast<std::int64_t>(h) * p.group + hh) * p.q_sh + c * 8;
+        val = *reinterpret_cast<const uint4*>(src);
+      }
+      *reinterpret_cast<uint4*>(sQ + swz(r, c, CH)) = val;
+    }
+  }
+
+  // Loads of one K or V tile (tile index t of the sequence) into a ring slot.
+  const T* kbase = static_cast<const T*>(p.k);
+  const T* vbase = static_cast<const T*>(p.v);
+  const int ld_row = tid / CH, ld_chunk = tid % CH;
+  auto load_tile = [&](const T* base, std::int64_t s0, std::int64_t s1, std::int64_t sh, unsigned char* slot,
+                       std::uint32_t bar, std::int64_t t) {
+#pragma unroll
+    for (int pass = 0; pass < kPasses; ++pass) {
+      const int row = ld_row + pass * kRowsPerPass;
+      const std::int64_t key = t * kTileKeys + row;
+      const T* src = base;
+      int bytes = 0;
+      if (key < Lk) {
+        std::int64_t off;
+        if (p.page_table) {
+          const std::int32_t page = __ldg(p.page_table + b * p.pt_stride + (key >> p.log2_page));
+          off = page * s0 + (key & ((1 << p.log2_page) - 1)) * s1;
+        } else {
+          off = b * s0 + key * s1;
+        }
+        src = base + off + h * sh + ld_chunk * 8;
+        bytes = 16;
+      }
+      cp_async16(smem_u32(slot + swz(row, ld_chunk, CH)), src, bytes);
+    }
+    cp_async_arrive(bar);
+  };
+
+  __syncthreads();  // mbarrier init + Q visible
+
+  for (int i = 0; i < kStagesK && i < n; ++i)
+    load_tile(kbase, p.k_s0, p.k_s1, p.k_sh, sK + i * kTileKeys * D * 2, barK0 + 8 * i, t_begin + i);
+
+  // Per-thread row state: rows lane/4 + 8*half + 16*mt. m in log2 units; l is this thread's partial.
+  float m_run[4][2], l_run[4][2];
+  int row_lim[4][2];  // keys < row_lim are visible to the row (0 for padding rows)
+#pragma unroll
+  for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      m_run[mt][hf] = -INFINITY;
+      l_run[mt][hf] = 0.f;
+      const int r = mt * 16 + hf * 8 + (lane >> 2);
+      std::int64_t lim = 0;
+      if (r < p.rows) {
+        const int qi = r / p.group;
+        lim = p.causal ? Lk - p.q_len + qi + 1 : Lk;
+        if (lim > Lk) lim = Lk;
+        if (lim < 0) lim = 0;
+      }
+      row_lim[mt][hf] = static_cast<int>(lim < 0x7fffffff ? lim : 0x7fffffff);
+    }
+  float o_acc[4][kNT][4];
+#pragma unroll
+  for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o_acc[mt][nt][e] = 0.f;
+
+  int kept_count = 0, skipped_count = 0;
+  bool prev_keep = false;
+  int prev_vslot = 0;
+  std::uint32_t prev_vpar = 0;
+
+  // P.V of the tile whose P sits in P slot pslot and whose V sits in V slot vslot.
+  auto pv = [&](int pslot, int vslot, std::uint32_t vpar) {
+    mbar_wait(barV0 + 8 * vslot, vpar);
+    float alpha[4][2];
+#pragma unroll
+    for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) alpha[mt][hf] = sAlpha[pslot * kMaxRows + mt * 16 + hf * 8 + (lane >> 2)];
+#pragma unroll
+    for (int mt = 0; mt < 4; ++mt) {
+      if (mt < mtiles) {
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) {
+          o_acc[mt][nt][0] *= alpha[mt][0];
+          o_acc[mt][nt][1] *= alpha[mt][0];
+          o_acc[mt][nt][2] *= alpha[mt][1];
+          o_acc[mt][nt][3] *= alpha[mt][1];
+        }
+      }
+    }
+    const unsigned char* Ps = sP + pslot * p_stage_bytes;
+    const unsigned char* Vs = sV + vslot * kTileKeys * D * 2;
+#pragma unroll
+    for (int ks = 0; ks < kTileKeys / 16; ++ks) {
+      // B fragments of V (keys ks*16.., this warp's columns) via ldmatrix.trans.
+      std::uint32_t bv[kNT][2];
+#pragma unroll
+      for (int np = 0; np < kNT / 2; ++np) {
+        const int key = ks * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+        const int chunk = warp * kNT + np * 2 + (lane >> 4);
+        std::uint32_t r[4];
+        ldsm_x4_t(smem_u32(Vs + swz(key, chunk, CH)), r);
+        bv[np * 2][0] = r[0];
+        bv[np * 2][1] = r[1];
+        bv[np * 2 + 1][0] = r[2];
+        bv[np * 2 + 1][1] = r[3];
+      }
+#pragma unroll
+      for (int mt = 0; mt < 4; ++mt) {
+        if (mt < mtiles) {
+          std::uint32_t a[4];
+          ldsm_x4(smem_u32(Ps + swz(mt * 16 + (lane & 15), ks * 2 + (lane >> 4), kTileKeys / 8)), a);
+#pragma unroll
+          for (int nt = 0; nt < kNT; ++nt) mma16816<T>(o_acc[mt][nt], a, bv[nt][0], bv[nt][1]);
+        }
+      }
+    }
+  };
+
+  for (int i = 0; i < n; ++i) {
+    const int kslot = i % kStagesK;
+    const std::int64_t t = t_begin + i;
+    mbar_wait(barK0 + 8 * kslot, (i / kStagesK) & 1);
+
+    // S = Q K^T for this warp's 32 keys.
+    float s[4][4][4];
+#pragma unroll
+    for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.f;
+    const unsigned char* Ks = sK + kslot * kTileKeys * D * 2;
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) {
+      std::uint32_t bk[4][2];
+#pragma unroll
+      for (int np = 0; np < 2; ++np) {
+        const int key = warp * 32 + np * 16 + (lane & 7) + (lane >> 4) * 8;
+        const int chunk = ks * 2 + ((lane >> 3) & 1);
+        std::uint32_t r[4];
+        ldsm_x4(smem_u32(Ks + swz(key, chunk, CH)), r);
+        bk[np * 2][0] = r[0];
+        bk[np * 2][1] = r[1];
+        bk[np * 2 + 1][0] = r[2];
+        bk[np * 2 + 1][1] = r[3];
+      }
+#pragma unroll
+      for (int mt = 0; mt < 4; ++mt) {
+        if (mt < mtiles) {
+          std::uint32_t a[4];
+          ldsm_x4(smem_u32(sQ + swz(mt * 16 + (lane & 15), ks * 2 + (lane >> 4), CH)), a);
+#pragma unroll
+          for (int nt = 0; nt < 4; ++nt) mma16816<T>(s[mt][nt], a, bk[nt][0], bk[nt][1]);
+        }
+      }
+    }
+
+    // Scale, mask, this warp's row maxima, and this thread's vote.
+    const int key0 = static_cast<int>(t * kTileKeys - 0) + warp * 32 + 2 * (lane & 3);
+    float* red = sRed + (i & 1) * kWarps * kMaxRows;
+    bool want = false;
+#pragma unroll
+    for (int mt = 0; mt < 4; ++mt) {
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        float mx = -INFINITY;
+        if (mt < mtiles) {
+#pragma unroll
+          for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int key = key0 + nt * 8 + e;
+              float v = s[mt][nt][hf * 2 + e] * p.scale_log2;
+              v = key < row_lim[mt][hf] ? v : -INFINITY;
+              s[mt][nt][hf * 2 + e] = v;
+              mx = fmaxf(mx, v);
+            }
+        }
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        if constexpr (kSkip) {
+          // delta of this row against this warp's keys; -inf when none is visible, +inf on the
+          // row's first visible tile (m = -inf): the first tile is never skipped.
+          const float dl = mx == -INFINITY ? -INFINITY : mx - m_run[mt][hf];
+          want |= dl >= thr;
+        }
+        if ((lane & 3) == 0) red[warp * kMaxRows + mt * 16 + hf * 8 + (lane >> 2)] = mx;
+      }
+    }
+    bool keep = true;
+    if constexpr (kSkip) {
+      keep = __syncthreads_or(want) != 0;
+    } else {
+      __syncthreads();
+    }
+
+    // Exact group delta for the statistics (warp 0, whose lanes cover every row).
+    if (p.visited != nullptr && warp == 0) {
+      float dmax = -INFINITY;
+#pragma unroll
+      for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const int r = mt * 16 + hf * 8 + (lane >> 2);
+          float tm = -INFINITY;
+#pragma unroll
+          for (int w = 0; w < kWarps; ++w) tm = fmaxf(tm, red[w * kMaxRows + r]);
+          const float dl = tm == -INFINITY ? -INFINITY : tm - m_run[mt][hf];
+          dmax = fmaxf(dmax, dl);
+        }
+      for (int o = 16; o > 0; o >>= 1) dmax = fmaxf(dmax, __shfl_xor_sync(0xffffffffu, dmax, o));
+      if (lane == 0 && p.hist != nullptr)
+        atomicAdd(p.hist + static_cast<std::int64_t>(h) * kHistBins + hist_bin(static_cast<double>(dmax) * 0.6931471805599453), 1ull);
+    }
+
+    const int pslot = i % kStagesV;
+    if (keep) {
+      // New maxima, rescale factors, P = exp2(S - m) to shared memory, partial row sums.
+      unsigned char* Ps = sP + pslot * p_stage_bytes;
+#pragma unroll
+      for (int mt = 0; mt < 4; ++mt) {
+        if (mt < mtiles) {
+#pragma unroll
+          for (int hf = 0; hf < 2; ++hf) {
+            const int r = mt * 16 + hf * 8 + (lane >> 2);
+            float tm = -INFINITY;
+#pragma unroll
+            for (int w = 0; w < kWarps; ++w) tm = fmaxf(tm, red[w * kMaxRows + r]);
+            const float m_old = m_run[mt][hf];
+            const float m_new = fmaxf(m_old, tm);
+            // Rows with nothing visible yet keep m = -inf; exp2 against 0 keeps their P at 0.
+            const float m_use = m_new == -INFINITY ? 0.f : m_new;
+            const float alpha = exp2f(m_old - m_use);  // 0 when m_old = -inf
+            m_run[mt][hf] = m_new;
+            float sum = 0.f;
+#pragma unroll
+            for (int nt = 0; nt < 4; ++nt) {
+              const float p0 = exp2f(s[mt][nt][hf * 2] - m_use);
+              const float p1 = exp2f(s[mt][nt][hf * 2 + 1] - m_use);
+              sum += p0 + p1;
+              const int key = warp * 32 + nt * 8 + 2 * (lane & 3);
+              *reinterpret_cast<std::uint32_t*>(Ps + swz(r, key / 8, kTileKeys / 8) + (key & 7) * 2) =
+                  pack2<T>(p0, p1);
+            }
+            l_run[mt][hf] = l_run[mt][hf] * alpha + sum;
+            if (warp == 0 && (lane & 3) == 0) sAlpha[pslot * kMaxRows + r] = alpha;
+          }
+        }
+      }
+      const int vslot = kept_count % kStagesV;
+      load_tile(vbase, p.v_s0, p.v_s1, p.v_sh, sV + vslot * kTileKeys * D * 2, barV0 + 8 * vslot, t);
+      ++kept_count;
+    } else {
+      ++skipped_count;
+    }
+    // The K slot of tile i is free (every warp passed the vote): refill it.
+    if (i + kStagesK < n)
+      load_tile(kbase, p.k_s0, p.k_s1, p.k_sh, sK + kslot * kTileKeys * D * 2, barK0 + 8 * kslot,
+                t + kStagesK);
+
+    // P.V of the previous survivor (its P was written before this iteration's barrier).
+    if (prev_keep) pv((i - 1) % kStagesV, prev_vslot, prev_vpar);
+    prev_keep = keep;
+    if (keep) {
+      prev_vslot = (kept_count - 1) % kStagesV;
+      prev_vpar = static_cast<std::uint32_t>(((kept_count - 1) / kStagesV) & 1);
+    }
+  }
+  __syncthreads();  // P of the last tile written by every warp
+  if (prev_keep) pv((n - 1) % kStagesV, prev_vslot, prev_vpar);
+
+  // Row sums: quad, then across warps (every warp saw different keys).
+  __syncthreads();
+  float* lred = sRed;  // reuse: [kWarps][kMaxRows]
+#pragma unroll
+  for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      float v = l_run[mt][hf];
+      v += __shfl_xor_sync(0xffffffffu, v, 1);
+      v += __shfl_xor_sync(0xffffffffu, v, 2);
+      if ((lane & 3) == 0) lred[warp * kMaxRows + mt * 16 + hf * 8 + (lane >> 2)] = v;
+    }
+  __syncthreads();
+#pragma unroll
+  for (int mt = 0; mt < 4; ++mt) {
+    if (mt < mtiles) {
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int r = mt * 16 + hf * 8 + (lane >> 2);
+        if (r < p.rows) {
+          float l = 0.f;
+#pragma unroll
+          for (int w = 0; w < kWarps; ++w) l += lred[w * kMaxRows + r];
+          const bool empty = !(l > 0.f);
+          const float inv = empty ? 0.f : 1.f / l;
+          float* dst = p.o_part + (part_row0 + r) * D + warp * (D / kWarps) + 2 * (lane & 3);
+#pragma unroll
+          for (int nt = 0; nt < kNT; ++nt)
+            *reinterpret_cast<float2*>(dst + nt * 8) =
+                make_float2(o_acc[mt][nt][hf * 2] * inv, o_acc[mt][nt][hf * 2 + 1] * inv);
+          if (warp == 0 && (lane & 3) == 0)
+            p.lse_part[part_row0 + r] = empty ? -INFINITY : (m_run[mt][hf] + log2f(l)) * 0.69314718055994531f;
+        }
+      }
+    }
+  }
+  if (p.visited != nullptr && tid == 0) {
+    atomicAdd(p.visited + h, static_cast<unsigned long long>(n));
+    atomicAdd(p.skipped + h, static_cast<unsigned long long>(skipped_count));
+  }
+}
+
+// Host-side launchers (declared in decode_params.hpp), instantiated once per
+// decode_<dtype>_d<D>_<dense|skip>.cu.
+template <class T, int D, bool kSkip>
+void launch_decode(const Params& p, dim3 grid, std::size_t smem, cudaStream_t stream) {
+  auto* fn = &decode_kernel<T, D, kSkip>;
+  cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  if (e == cudaSuccess) {
+    fn<<<grid, kThreads, smem, stream>>>(p);
+    e = cudaGetLastError();
+  }
+  if (e != cudaSuccess) throw_cuda(e, "decode_kernel launch", __FILE__, __LINE__);
+}
+
+template <class T, int D, bool kSkip>
+int occupancy_decode(std::size_t smem) {
+  auto* fn = &decode_kernel<T, D, kSkip>;
+  int n = 0;
+  if (cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, fn, kThreads, smem) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+#define BLASST_DECODE_INSTANTIATE(T, D, SKIP)                                                   \
+  template void launch_decode<T, D, SKIP>(const Params&, dim3, std::size_t, cudaStream_t); \
+  template int occupancy_decode<T, D, SKIP>(std::size_t);
+
+
+}  // namespace blasst::detail::decode

@@ -1,0 +1,88 @@
+// Merge of the split-KV partials: O = sum_s w_s O_s / sum_s w_s with w_s = exp(LSE_s - max LSE),
+// LSE = max + log(sum w). One warp per output row (b, token, query head). Always runs (also with
+// one split): it converts the fp32 partial to the output dtype and writes the strided outputs.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "cuda/cuda_check.hpp"
+#include "cuda/sm90/decode/decode_params.hpp"
+
+namespace blasst::detail::decode {
+
+namespace {
+
+__global__ void __launch_bounds__(128) merge_kernel(const __grid_constant__ MergeParams p) {
+  // Launched with programmatic stream serialisation: wait until the split kernel's writes are
+  // visible before reading them.
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  const int lane = threadIdx.x & 31;
+  const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * 4 + (threadIdx.x >> 5);
+  const std::int64_t total = static_cast<std::int64_t>(p.batch) * p.hk * p.rows;
+  if (row >= total) return;
+  const int r = static_cast<int>(row % p.rows);
+  const int h = static_cast<int>((row / p.rows) % p.hk);
+  const int b = static_cast<int>(row / (static_cast<std::int64_t>(p.rows) * p.hk));
+  const int qi = r / p.group, hq = h * p.group + r % p.group;
+
+  // Partial rows of this output row: [b, h, s, r].
+  const std::int64_t base = (static_cast<std::int64_t>(b) * p.hk + h) * p.num_splits;
+  float mx = -INFINITY;
+  for (int s = lane; s < p.num_splits; s += 32) mx = fmaxf(mx, p.lse_part[(base + s) * p.rows + r]);
+  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+
+  const int per_lane = p.dv / 32;  // 2 or 4
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  float wsum = 0.f;
+  if (mx != -INFINITY) {
+    for (int s = 0; s < p.num_splits; ++s) {
+      const float l = p.lse_part[(base + s) * p.rows + r];
+      if (l == -INFINITY) continue;
+      const float w = __expf(l - mx);
+      wsum += w;
+      const float* src = p.o_part + ((base + s) * p.rows + r) * p.dv + lane * per_lane;
+      if (per_lane == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(src);
+        acc[0] += w * v.x; acc[1] += w * v.y; acc[2] += w * v.z; acc[3] += w * v.w;
+      } else {
+        const float2 v = *reinterpret_cast<const float2*>(src);
+        acc[0] += w * v.x; acc[1] += w * v.y;
+      }
+    }
+  }
+  const float inv = wsum > 0.f ? 1.f / wsum : 0.f;  // fully masked row: O = 0, LSE = -inf
+  const std::int64_t o_off = b * p.o_sb + qi * p.o_st + hq * p.o_sh + lane * per_lane;
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    if (e >= per_lane) break;
+    const float v = acc[e] * inv;
+    if (p.out_dtype == 0) static_cast<float*>(p.out)[o_off + e] = v;
+    else if (p.out_dtype == 3) static_cast<double*>(p.out)[o_off + e] = v;
+    else if (p.out_dtype == 1) static_cast<__nv_bfloat16*>(p.out)[o_off + e] = __float2bfloat16_rn(v);
+    else static_cast<__half*>(p.out)[o_off + e] = __float2half_rn(v);
+  }
+  if (p.lse != nullptr && lane == 0) {
+    const float lse = wsum > 0.f ? mx + logf(wsum) : -INFINITY;
+    const std::int64_t l_off = b * p.l_sb + hq * p.l_sh + qi * p.l_st;
+    if (p.lse_f64) static_cast<double*>(p.lse)[l_off] = lse;
+    else static_cast<float*>(p.lse)[l_off] = lse;
+  }
+}
+
+}  // namespace
+
+void launch_merge(const MergeParams& p, cudaStream_t stream) {
+  const std::int64_t rows = static_cast<std::int64_t>(p.batch) * p.hk * p.rows;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>((rows + 3) / 4));
+  cfg.blockDim = dim3(128);
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  BLASST_CUDA_CHECK(cudaLaunchKernelEx(&cfg, merge_kernel, p));
+}
+
+}  // namespace blasst::detail::decode
