@@ -1,0 +1,239 @@
+// The SPEC §6 fit on synthetic curves with known answers: recovery of (a, b), R^2, observed
+// range and extrapolation flags, the inverse law, validation tables and the SPEC §7 output.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "blasst/calibration.hpp"
+#include "blasst/config.hpp"
+
+using namespace blasst;
+using namespace blasst::calibration;
+
+namespace {
+// An exact curve whose inverse is lambda_s = a * exp(b * s) * exp(offset) / L at every
+// s = k / n: deltas sit at ln(lambda) for s = (i - 0.5) / n, so the midpoint the inverse takes
+// between the k-th and (k+1)-th delta is exactly the line at k / n. Deltas above cutoff are
+// pushed to >= 0 (unreachable with lambda < 1).
+SparsityCurve synthetic(double a, double b, std::int64_t L, double offset = 0.0, int n = 1000,
+                        double cutoff = 2.0, const VoteGranularity& g = {}) {
+  std::vector<float> d(n);
+  for (int i = 1; i <= n; ++i) {
+    const double u = (i - 0.5) / n;
+    d[i - 1] = u > cutoff ? 0.5f
+                          : static_cast<float>(std::log(a) + b * u + offset - std::log(double(L)));
+  }
+  return SparsityCurve::from_deltas(d, g);
+}
+
+CurveSample sample(std::int64_t L, SparsityCurve c, Phase ph = Phase::prefill,
+                   const std::string& comp = "default", const std::string& layer = "") {
+  CurveSample s;
+  s.component = comp;
+  s.layer = layer;
+  s.phase = ph;
+  s.length = L;
+  s.curve = std::move(c);
+  return s;
+}
+}  // namespace
+
+TEST(Fit, LogLinearRecoversKnownLine) {
+  std::vector<double> s, f;
+  for (double t = 0.1; t < 0.95; t += 0.1) {
+    s.push_back(t);
+    f.push_back(12.5 * std::exp(6.25 * t));
+  }
+  const auto r = fit_log_linear(s, f);
+  EXPECT_NEAR(r.ab.a, 12.5, 1e-9);
+  EXPECT_NEAR(r.ab.b, 6.25, 1e-9);
+  EXPECT_NEAR(r.r2, 1.0, 1e-12);
+  // Noise: R^2 drops below 1 and the estimate stays close.
+  std::mt19937_64 rng(11);
+  std::normal_distribution<double> nd(0.0, 0.2);
+  for (auto& x : f) x *= std::exp(nd(rng));
+  const auto n = fit_log_linear(s, f);
+  EXPECT_LT(n.r2, 0.999);
+  EXPECT_GT(n.r2, 0.8);
+  EXPECT_NEAR(n.ab.b, 6.25, 1.0);
+  EXPECT_THROW(fit_log_linear({0.5}, {1.0}), Error);
+  EXPECT_THROW(fit_log_linear({0.5, 0.5}, {1.0, 2.0}), Error);
+  EXPECT_THROW(fit_log_linear({0.1, 0.5}, {1.0, -2.0}), Error);
+  EXPECT_THROW(fit_log_linear({0.1, 0.5}, {1.0, std::nan("")}), Error);
+}
+
+TEST(Fit, CalibrateRecoversABFromExactCurves) {
+  const double a = 3.0, b = 5.5;
+  std::vector<CurveSample> samples;
+  for (std::int64_t L : {1024, 2048, 4096, 8192}) samples.push_back(sample(L, synthetic(a, b, L)));
+  const auto r = calibrate(samples);
+  ASSERT_EQ(r.fits.size(), 1u);
+  const auto& f = r.fits[0];
+  EXPECT_NEAR(f.fit.ab.a, a, 1e-3 * a);  // deltas are floats
+  EXPECT_NEAR(f.fit.ab.b, b, 1e-3);
+  EXPECT_GT(f.fit.r2, 1.0 - 1e-9);
+  EXPECT_EQ(f.fit.n, 36);
+  EXPECT_DOUBLE_EQ(f.range_lo, 0.1);
+  EXPECT_DOUBLE_EQ(f.range_hi, 0.9);
+  EXPECT_TRUE(f.extrapolated.empty());
+  EXPECT_TRUE(f.warnings.empty());
+  // Inverse law holds exactly here: a' = factor(s), p = 1, R^2 = 1.
+  ASSERT_EQ(f.inverse.size(), 9u);
+  for (const auto& inv : f.inverse) {
+    EXPECT_NEAR(inv.a_prime, a * std::exp(b * inv.target), 1e-3 * inv.a_prime);
+    EXPECT_NEAR(inv.exponent, 1.0, 1e-4);
+    EXPECT_GT(inv.r2, 1.0 - 1e-6);
+  }
+  // Applied back: every target met to within one pair (1/1000).
+  const auto v = validate(r, samples, r.targets);
+  EXPECT_EQ(v.rows.size(), 36u);
+  EXPECT_LE(v.max_error, 1.5e-3);
+  EXPECT_TRUE(v.ok());
+  // The fixed-lambda baseline is exact at the middle length and off elsewhere.
+  for (const auto& row : v.rows)
+    if (row.length == 4096) EXPECT_NEAR(row.achieved_fixed, row.target, 1.5e-3);
+  EXPECT_GT(v.max_error_fixed, 0.1);
+}
+
+TEST(Fit, NoiseLowersR2AndInverseLawSeesWrongScaling) {
+  // lambda ~ L^-0.5 (not the inverse law) with per-length jitter.
+  std::vector<CurveSample> samples;
+  std::mt19937_64 rng(3);
+  std::normal_distribution<double> nd(0.0, 0.3);
+  for (std::int64_t L : {1024, 2048, 4096, 8192}) {
+    const double off = 0.5 * std::log(double(L)) + nd(rng);  // factor grows with sqrt(L)
+    samples.push_back(sample(L, synthetic(0.05, 6.0, L, off)));
+  }
+  const auto r = calibrate(samples);
+  const auto& f = r.fits[0];
+  EXPECT_LT(f.fit.r2, 0.99);
+  for (const auto& inv : f.inverse) {
+    EXPECT_NEAR(inv.exponent, 0.5, 0.35);
+    EXPECT_LT(inv.r2, 0.95);
+  }
+  const auto v = validate(r, samples, r.targets);
+  EXPECT_FALSE(v.ok());  // a single factor cannot serve all lengths here: reported, not hidden
+}
+
+TEST(Fit, ExtrapolationIsFlagged) {
+  std::vector<CurveSample> samples;
+  samples.push_back(sample(1024, synthetic(2.0, 5.0, 1024, 0.0, 1000, 0.75)));  // max 0.75
+  samples.push_back(sample(4096, synthetic(2.0, 5.0, 4096)));
+  const auto r = calibrate(samples);
+  const auto& f = r.fits[0];
+  EXPECT_NEAR(f.max_sparsity[0], 0.75, 1e-9);
+  EXPECT_DOUBLE_EQ(f.range_lo, 0.1);
+  EXPECT_DOUBLE_EQ(f.range_hi, 0.7);
+  ASSERT_EQ(f.extrapolated.size(), 2u);
+  EXPECT_DOUBLE_EQ(f.extrapolated[0], 0.8);
+  EXPECT_DOUBLE_EQ(f.extrapolated[1], 0.9);
+  EXPECT_TRUE(f.extrapolates(0.85));
+  EXPECT_FALSE(f.extrapolates(0.4));
+  EXPECT_EQ(f.fit.n, 14);  // 0.8, 0.9 left out of the fit
+  EXPECT_EQ(f.warnings.size(), 2u);
+  for (const auto& p : f.points)
+    if (p.length == 1024 && p.target > 0.75) EXPECT_TRUE(std::isinf(p.lambda));
+  const auto v = validate(r, samples, r.targets);
+  for (const auto& row : v.rows) EXPECT_EQ(row.in_range, row.target <= 0.7 + 1e-12);
+  const auto md = report_markdown(r, v, samples);
+  EXPECT_NE(md.find("**Extrapolation**"), std::string::npos);
+  EXPECT_NE(md.find("unreached"), std::string::npos);
+  // Nothing reachable at two targets: refused with the measured maxima.
+  std::vector<CurveSample> low = {sample(1024, synthetic(2.0, 5.0, 1024, 0, 1000, 0.15)),
+                                  sample(2048, synthetic(2.0, 5.0, 2048))};
+  EXPECT_THROW(calibrate(low), Error);
+}
+
+TEST(Fit, GroupsPhasesComponentsLayersAndRefusesMixedGranularity) {
+  VoteGranularity dec;
+  dec.rows = 1;
+  dec.heads = 4;
+  std::vector<CurveSample> s;
+  for (std::int64_t L : {1024, 4096}) {
+    s.push_back(sample(L, synthetic(2.0, 5.0, L), Phase::prefill, "transformer", "0"));
+    s.push_back(sample(L, synthetic(8.0, 4.0, L), Phase::prefill, "transformer", "1"));
+    s.push_back(sample(L, synthetic(0.1, 9.0, L, 0, 1000, 2.0, dec), Phase::decode, "transformer", "0"));
+    s.push_back(sample(L, synthetic(1.0, 3.0, L), Phase::prefill, "transformer_2", ""));
+  }
+  FitOptions fo;
+  fo.per_layer = true;
+  const auto r = calibrate(s, fo);
+  // pooled: transformer prefill, transformer decode, transformer_2 prefill; per layer: 3.
+  EXPECT_EQ(r.fits.size(), 6u);
+  const auto* l1 = r.find("transformer", "1", Phase::prefill);
+  ASSERT_NE(l1, nullptr);
+  EXPECT_NEAR(l1->fit.ab.a, 8.0, 0.01);
+  EXPECT_NEAR(l1->fit.ab.b, 4.0, 0.01);
+  const auto* d0 = r.find("transformer", "0", Phase::decode);
+  ASSERT_NE(d0, nullptr);
+  EXPECT_NEAR(d0->fit.ab.b, 9.0, 0.01);
+  EXPECT_EQ(d0->granularity.heads, 4);
+  const auto* t2 = r.find("transformer_2", "7", Phase::prefill);  // no layer fit: pooled
+  ASSERT_NE(t2, nullptr);
+  EXPECT_TRUE(t2->layer.empty());
+  EXPECT_NEAR(t2->fit.ab.a, 1.0, 0.01);
+  EXPECT_EQ(r.find("transformer_2", "", Phase::decode), nullptr);
+  // Pooled over layers 0 and 1: between the two.
+  const auto* pooled = r.find("transformer", "", Phase::prefill);
+  ASSERT_NE(pooled, nullptr);
+  EXPECT_TRUE(pooled->layer.empty());
+  EXPECT_GT(pooled->factor(0.5), 2.0 * std::exp(2.5));
+  EXPECT_LT(pooled->factor(0.5), 8.0 * std::exp(2.0));
+
+  // SPEC §7 output: per-layer groups first, catch-all last; round trip through the config module.
+  ConfigOptions co;
+  co.target_prefill = 0.6;
+  co.target_decode = 0.4;
+  co.layer_pattern = "model.layers.{}.self_attn";
+  const auto cfgs = to_configs(r, co);
+  ASSERT_EQ(cfgs.size(), 2u);
+  const auto& c1 = cfgs.at("transformer");
+  ASSERT_EQ(c1.groups.size(), 3u);
+  EXPECT_EQ(c1.groups[0].layers, std::vector<std::string>{"model.layers.0.self_attn"});
+  EXPECT_TRUE(c1.groups[2].layers.empty());
+  ASSERT_TRUE(c1.groups[0].threshold_scale_factor.decode.has_value());
+  EXPECT_FALSE(c1.groups[1].threshold_scale_factor.decode.has_value());
+  const auto back = config::parse(config::to_json(c1));
+  ASSERT_TRUE(back.has_value());
+  const SkipConfig sc = config::resolve(*back, "model.layers.1.self_attn", Phase::prefill);
+  ASSERT_TRUE(sc.calibration.has_value());
+  EXPECT_NEAR(sc.calibration->a, l1->fit.ab.a, 1e-9 * l1->fit.ab.a);
+  EXPECT_DOUBLE_EQ(sc.target_sparsity, 0.6);
+  const SkipConfig other = config::resolve(*back, "model.layers.9.self_attn", Phase::prefill);
+  ASSERT_TRUE(other.calibration.has_value());
+  EXPECT_NEAR(other.calibration->b, pooled->fit.ab.b, 1e-9);
+  co.layer_pattern = "no placeholder";
+  EXPECT_THROW(to_configs(r, co), Error);
+
+  // Mixed granularity inside one (component, phase): refused.
+  auto bad = s;
+  VoteGranularity other_rows;
+  other_rows.rows = 128;
+  bad.push_back(sample(2048, synthetic(2.0, 5.0, 2048, 0, 1000, 2.0, other_rows), Phase::prefill,
+                       "transformer", "0"));
+  try {
+    calibrate(bad);
+    FAIL() << "mixed granularity accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("granularit"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Fit, BadInputs) {
+  std::vector<CurveSample> s = {sample(1024, synthetic(2, 5, 1024)), sample(2048, synthetic(2, 5, 2048))};
+  FitOptions fo;
+  fo.targets = {0.05, 0.5};
+  EXPECT_THROW(calibrate(s, fo), Error);  // outside [0.1, 0.9]
+  fo.allow_any_target = true;
+  EXPECT_NO_THROW(calibrate(s, fo));
+  fo.targets = {};
+  EXPECT_THROW(calibrate(s, fo), Error);
+  EXPECT_THROW(calibrate({}, {}), Error);
+  auto z = s;
+  z[0].length = 0;
+  EXPECT_THROW(calibrate(z), Error);
+  auto e = s;
+  e[1].curve = SparsityCurve{};
+  EXPECT_THROW(calibrate(e), Error);
+}
