@@ -24,7 +24,7 @@ __all__ = [
 ]
 
 # With torch already loaded, register the custom ops now so that torch.compile finds them.
-if "torch" in _sys.modules:
+if _sys.modules.get("torch") is not None:
     from ._api import _load_torch_ops as _lto
 
     _lto()

@@ -166,7 +166,7 @@ def _stats_target(stats):
     if isinstance(stats, SkipStats):
         stats._raw.reset()
         return stats._raw, stats.histogram, stats.record_deltas
-    if hasattr(stats, "__setitem__"):
+    if hasattr(stats, "__setitem__") and hasattr(stats, "keys"):
         return _core.SkipStats(), False, False
     raise TypeError(f"stats: expected a dict-like object or blasst.SkipStats, got {type(stats).__name__}")
 
@@ -217,7 +217,7 @@ def _torch_compiling(q) -> bool:
     """True while torch.compile traces a call with torch tensors: route through the custom op."""
     ops = _torch_ops
     if ops is None:
-        if "torch" not in sys.modules:
+        if sys.modules.get("torch") is None:
             return False
         ops = _load_torch_ops()
     return isinstance(q, ops.torch.Tensor) and ops.torch.compiler.is_compiling()

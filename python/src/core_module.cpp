@@ -31,6 +31,19 @@ using blasst::Tensor;
 using InArray = nb::ndarray<nb::ro>;  // any dtype, device, shape and strides
 using OutArray = nb::ndarray<>;
 
+std::string dtype_name(const nb::dlpack::dtype& t) {
+  const char* kind = "";
+  switch (t.code) {
+    case static_cast<std::uint8_t>(nb::dlpack::dtype_code::Int): kind = "int"; break;
+    case static_cast<std::uint8_t>(nb::dlpack::dtype_code::UInt): kind = "uint"; break;
+    case static_cast<std::uint8_t>(nb::dlpack::dtype_code::Float): kind = "float"; break;
+    case static_cast<std::uint8_t>(nb::dlpack::dtype_code::Bfloat): kind = "bfloat"; break;
+    case 6: kind = "bool"; break;  // DLPack kDLBool
+    default: return "(DLPack code " + std::to_string(t.code) + ", " + std::to_string(t.bits) + " bits)";
+  }
+  return std::string(kind) + std::to_string(t.bits) + (t.lanes != 1 ? "x" + std::to_string(t.lanes) : "");
+}
+
 template <class A>
 DType dtype_of(const A& a, const std::string& name) {
   const nb::dlpack::dtype t = a.dtype();
@@ -43,8 +56,8 @@ DType dtype_of(const A& a, const std::string& name) {
       return DType::bf16;
     }
   }
-  throw Error(name + ": unsupported dtype (code " + std::to_string(t.code) + ", " +
-              std::to_string(t.bits) + " bits); expected float32, float16, bfloat16 or float64");
+  throw Error(name + ": unsupported dtype " + dtype_name(t) +
+              "; expected float32, float16, bfloat16 or float64");
 }
 
 template <class A>
@@ -79,8 +92,7 @@ const std::int32_t* index_array(const InArray& a, const std::string& name, Devic
   const nb::dlpack::dtype t = a.dtype();
   if (t.code != static_cast<std::uint8_t>(nb::dlpack::dtype_code::Int) || t.bits != 32 ||
       t.lanes != 1)
-    throw Error(name + ": expected an int32 array (code " + std::to_string(t.code) + ", " +
-                std::to_string(t.bits) + " bits given)");
+    throw Error(name + ": expected an int32 array, got " + dtype_name(t));
   if (a.ndim() != want_rank)
     throw Error(name + ": expected rank " + std::to_string(want_rank) + ", got rank " +
                 std::to_string(a.ndim()));
@@ -258,7 +270,9 @@ NB_MODULE(_core, m) {
                      for (const auto& h : s.hist) out.append(numpy_copy(h.counts));
                      return out;
                    })
-      .def_prop_ro("deltas", [](const blasst::SkipStats& s) { return numpy_copy(s.deltas); })
+      .def_prop_ro(
+          "deltas", [](const blasst::SkipStats& s) { return numpy_copy(s.deltas); },
+          nb::rv_policy::move)
       .def("total_visited", &blasst::SkipStats::total_visited)
       .def("total_skipped", &blasst::SkipStats::total_skipped)
       .def("sparsity", &blasst::SkipStats::sparsity)
@@ -284,6 +298,13 @@ NB_MODULE(_core, m) {
         "scale"_a.none(), "skip"_a.none(), "stream"_a, "stats"_a.none(), "histogram"_a = false,
         "record_deltas"_a = false, "num_threads"_a = 0);
 
+  // How a tensor arrives in C++ (debugging aid; used by the tests of the strided paths).
+  m.def("_describe", [](const InArray& a) {
+    const Tensor t = to_tensor(a, "tensor");
+    std::vector<std::int64_t> shape(t.shape, t.shape + t.rank), stride(t.stride, t.stride + t.rank);
+    return nb::make_tuple(shape, stride, std::string(blasst::to_string(t.dtype)),
+                          t.device == DeviceKind::cuda ? "cuda" : "cpu");
+  });
   m.def("cuda_available", &blasst::cuda_available);
   m.def("cuda_device_name", &blasst::cuda_device_name);
 

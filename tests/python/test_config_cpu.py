@@ -1,0 +1,120 @@
+"""SkipSoftmax.from_config / blasst.load_config on SPEC §7 files (parsed by the C++ config module)."""
+import json
+import math
+
+import numpy as np
+import pytest
+
+import blasst
+
+SPEC_BLOCK = {
+    "config_groups": {
+        "group_0": {
+            "algorithm": "skip_softmax",
+            "threshold_scale_factor": {
+                "formula": "a * exp(b * target_sparsity)",
+                "prefill": {"a": 1443.49, "b": 4.3037},
+                "decode": {"a": 0.119, "b": 9.86},
+            },
+            "target_sparsity": {"prefill": 0.5, "decode": 0.5},
+            "disabled_until_timestep": 0.86,
+            "ignore": ["*cross_attn*", "model.layers.3.*"],
+        }
+    }
+}
+
+
+@pytest.fixture
+def config_path(tmp_path):
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps({"model_type": "llama", "hidden_size": 64,
+                             "sparse_attention_config": SPEC_BLOCK}))
+    return p
+
+
+@pytest.mark.parametrize("phase,a,b", [("prefill", 1443.49, 4.3037), ("decode", 0.119, 9.86)])
+def test_calibrated_factor_per_phase(config_path, phase, a, b):
+    s = blasst.SkipSoftmax.from_config(str(config_path), layer="model.layers.0.self_attn",
+                                       phase=phase)
+    assert s.enabled
+    factor = a * math.exp(b * 0.5)
+    assert s.lambda_for(100000) == pytest.approx(factor / 100000, rel=1e-9)
+    assert s.disabled_until_timestep == pytest.approx(0.86)
+
+
+def test_target_override(config_path):
+    s = blasst.SkipSoftmax.from_config(config_path, layer="model.layers.1.self_attn",
+                                       phase="prefill", target_sparsity=0.7)
+    assert s.lambda_for(1 << 20) == pytest.approx(1443.49 * math.exp(4.3037 * 0.7) / (1 << 20))
+
+
+def test_ignored_layers_are_dense(config_path):
+    for layer in ("model.layers.3.self_attn", "blocks.0.cross_attn"):
+        s = blasst.SkipSoftmax.from_config(config_path, layer=layer, phase="prefill")
+        assert not s.enabled, layer
+
+
+def test_dict_inputs_whole_and_bare(config_path):
+    whole = json.loads(config_path.read_text())
+    a = blasst.SkipSoftmax.from_config(whole, layer="x", phase="decode")
+    b = blasst.SkipSoftmax.from_config(SPEC_BLOCK, layer="x", phase="decode")
+    assert a.lambda_for(5000) == pytest.approx(b.lambda_for(5000))
+
+
+def test_model_directory(config_path):
+    s = blasst.SkipSoftmax.from_config(config_path.parent, layer="x", phase="prefill")
+    assert s.enabled
+
+
+def test_scalar_factor_wins_over_target(tmp_path):
+    block = json.loads(json.dumps(SPEC_BLOCK))
+    block["config_groups"]["group_0"]["threshold_scale_factor"] = 250.0
+    s = blasst.SkipSoftmax.from_config(block, phase="prefill")
+    assert s.lambda_for(1000) == pytest.approx(0.25)
+
+
+def test_config_without_block_is_dense(tmp_path):
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps({"model_type": "llama"}))
+    cfg = blasst.load_config(p)
+    assert not cfg.present
+    assert not blasst.SkipSoftmax.from_config(p, phase="prefill").enabled
+
+
+def test_unknown_formula_is_rejected(tmp_path):
+    block = json.loads(json.dumps(SPEC_BLOCK))
+    block["config_groups"]["group_0"]["threshold_scale_factor"]["formula"] = "a / L"
+    with pytest.raises(ValueError, match=r"formula"):
+        blasst.load_config(block)
+
+
+def test_malformed_number_names_the_path(tmp_path):
+    block = json.loads(json.dumps(SPEC_BLOCK))
+    block["config_groups"]["group_0"]["threshold_scale_factor"]["prefill"]["a"] = "big"
+    p = tmp_path / "bad.json"
+    p.write_text(json.dumps({"sparse_attention_config": block}))
+    with pytest.raises(ValueError, match=r"bad\.json.*prefill.*a"):
+        blasst.load_config(p)
+
+
+def test_missing_file():
+    with pytest.raises(ValueError, match=r"no_such_config\.json"):
+        blasst.load_config("/nonexistent/no_such_config.json")
+
+
+def test_bad_phase(config_path):
+    with pytest.raises(ValueError, match=r"phase"):
+        blasst.SkipSoftmax.from_config(config_path, phase="training")
+
+
+def test_config_drives_attention(rng, config_path):
+    """The loaded settings change the computation (skip active once the gate opens)."""
+    s = blasst.SkipSoftmax.from_config(config_path, layer="l", phase="prefill",
+                                       target_sparsity=0.9)
+    q = (rng.standard_normal((1, 256, 2, 32)) * 3).astype(np.float32)
+    k = (rng.standard_normal((1, 1024, 2, 32)) * 3).astype(np.float32)
+    blasst.diffusion.record_denoise_step(100, 1000)  # t = 0.1 <= 0.86: skipping allowed
+    stats = {}
+    blasst.attention(q, k, k, skip=s, stats=stats)
+    assert stats["lambdas"] == [pytest.approx(s.lambda_for(1024))]
+    assert not stats["gated"]
