@@ -34,7 +34,8 @@ bool valid_dtype(DType t) {
 // Structural checks of one tensor: defined, rank, device, dtype value, strides, sizes that keep
 // every element offset (and the per-dimension extents) inside the integer ranges kernels use.
 void check_tensor(const Tensor& t, const char* name, int rank, DeviceKind device) {
-  if (!t.defined()) throw Error(std::string(name) + ": tensor is not defined (data == nullptr)");
+  if (!t.defined() && t.rank == 0)
+    throw Error(std::string(name) + ": tensor is not defined (data == nullptr)");
   if (t.rank != rank)
     throw Error(std::string(name) + ": expected rank " + std::to_string(rank) + ", got rank " +
                 std::to_string(t.rank));
@@ -62,6 +63,9 @@ void check_tensor(const Tensor& t, const char* name, int rank, DeviceKind device
     if (__builtin_mul_overflow(count, t.shape[i], &count))
       throw Error(std::string(name) + ": element count overflows int64 (shape " + shape_str(t) + ")");
   }
+  // An empty tensor (a 0-length sequence) may come without storage.
+  if (!t.defined() && count != 0)
+    throw Error(std::string(name) + ": tensor is not defined (data == nullptr)");
   if (t.shape[rank - 1] > 1 && t.stride[rank - 1] != 1)
     throw Error(std::string(name) + ": the last dimension must be contiguous (stride 1), got stride " +
                 std::to_string(t.stride[rank - 1]));
@@ -150,7 +154,8 @@ ResolvedAttention validate_attention(const AttentionProblem& p, DeviceKind devic
   check_tensor(p.k, "k", rk, device);
   check_tensor(p.v, "v", rk, device);
   check_tensor(p.out, "out", rk, device);
-  const bool has_lse = p.lse.defined();
+  // lse is optional: absent when it has no storage and no shape.
+  const bool has_lse = p.lse.defined() || p.lse.rank != 0;
   if (has_lse) check_tensor(p.lse, "lse", rk - 1, device);
   check_dtypes(p.q, p.k, p.v, "k", "v", p.out, has_lse ? &p.lse : nullptr);
   r.dtype = p.q.dtype;
@@ -251,7 +256,7 @@ ResolvedDecode validate_decode(const DecodeProblem& p, DeviceKind device) {
   check_tensor(p.k_cache, "k_cache", 4, device);
   check_tensor(p.v_cache, "v_cache", 4, device);
   check_tensor(p.out, "out", 4, device);
-  const bool has_lse = p.lse.defined();
+  const bool has_lse = p.lse.defined() || p.lse.rank != 0;
   if (has_lse) check_tensor(p.lse, "lse", 3, device);
   check_dtypes(p.q, p.k_cache, p.v_cache, "k_cache", "v_cache", p.out, has_lse ? &p.lse : nullptr);
   r.dtype = p.q.dtype;

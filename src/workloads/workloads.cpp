@@ -82,17 +82,20 @@ void fill_normal(std::vector<float>& v, std::uint64_t seed, double sd) {
 }
 
 // ---- llm ---------------------------------------------------------------------------------------
-// Rotary dims [0, dr) carry a per-KV-head vector a rotated by RoPE (base 10000): q_i . k_j then
-// depends on i - j and decays with distance (recency). Content dims [dr, d) carry a per-KV-head
-// direction u: every query has a component along u, the sink key (position 0) a large one and a
-// few heavy-hitter keys a smaller one.
-constexpr double kLlmRecency = 1.0;   // amplitude of a in q and k
-constexpr double kLlmTokNoise = 0.5;  // per-token noise added to a before rotation
-constexpr double kLlmQ = 2.0;         // query component along u
-constexpr double kLlmSink = 5.0;      // sink key component along u
-constexpr double kLlmHeavy = 3.5;     // heavy-hitter key component along u
+// Amplitudes are set in logit units (score = q . k / sqrt(d)). Rotary dims [0, dr) carry a
+// per-KV-head vector a rotated by RoPE (base 10000): its part of q_i . k_j depends on i - j only
+// and decays with distance (recency, peak kLlmRecency at distance 0). Content dims [dr, d) carry
+// a per-KV-head unit direction u: each query has a component b_i along u (varying per token and
+// per head), the sink key (position 0) a large one and a few heavy-hitter keys a smaller one.
+// Every coordinate also gets unit-variance noise: pure noise gives scores of std ~1, as in the
+// random workload.
+constexpr double kLlmRecency = 5.0;   // peak recency logit (distance 0)
+constexpr double kLlmSink = 13.0;     // sink logit for a query with b_i = 1
+constexpr double kLlmHeavy = 6.0;     // heavy-hitter logit for b_i = 1
 constexpr int kLlmHeavyCount = 4;     // heavy hitters per (sequence, KV head)
-constexpr double kLlmContentNoise = 0.5;
+constexpr double kLlmNoise = 0.8;     // per-coordinate noise of q and k
+constexpr double kLlmHeadMin = 0.8, kLlmHeadMax = 1.2;  // per query head sink strength
+constexpr double kLlmTokSpread = 0.1;   // relative per-token spread of b_i
 
 void rope(float* x, const std::vector<double>& thetas, i64 pos) {
   for (std::size_t p = 0; p < thetas.size(); ++p) {
@@ -108,13 +111,17 @@ void make_llm(const Dims& D, std::uint64_t seed, Workload& w) {
   const i64 d = D.d;
   const i64 dr = d >= 4 ? (d / 2) & ~i64(1) : (d >= 2 ? 2 : 0);
   const i64 dc = d - dr;
+  const double sd = std::sqrt(static_cast<double>(d));
+  // |a|^2 / sqrt(d) = kLlmRecency  ->  per-coordinate std of a.
+  const double a_sd = dr > 0 ? std::sqrt(kLlmRecency * sd / static_cast<double>(dr)) : 0.0;
+  const double root = std::sqrt(sd);  // q along u = root * b, k along u = root * logit
   std::vector<float> a(dr), u(std::max<i64>(dc, 1));
   std::vector<double> thetas(dr / 2);
   for (i64 p = 0; p < dr / 2; ++p) thetas[p] = std::pow(10000.0, -2.0 * double(p) / double(dr));
   for (i64 b = 0; b < D.B; ++b)
     for (i64 kh = 0; kh < D.Hk; ++kh) {
       Rng hr(stream_seed(seed, 1, b, kh));
-      for (auto& x : a) x = static_cast<float>(kLlmRecency * hr.normal());
+      for (auto& x : a) x = static_cast<float>(a_sd * hr.normal());
       double n2 = 0;
       for (i64 c = 0; c < dc; ++c) { u[c] = static_cast<float>(hr.normal()); n2 += double(u[c]) * u[c]; }
       const double inv = n2 > 0 ? 1.0 / std::sqrt(n2) : 0.0;
@@ -126,25 +133,27 @@ void make_llm(const Dims& D, std::uint64_t seed, Workload& w) {
       Rng kr(stream_seed(seed, 2, b, kh));
       for (i64 j = 0; j < D.L; ++j) {
         float* k = &w.k[D.ki(b, j, kh)];
-        for (i64 c = 0; c < dr; ++c) k[c] = static_cast<float>(a[c] + kLlmTokNoise * kr.normal());
+        for (i64 c = 0; c < dr; ++c) k[c] = static_cast<float>(a[c] + kLlmNoise * kr.normal());
         rope(k, thetas, j);
         double along = 0;
         if (j == 0) along = kLlmSink;
         else if (std::find(heavy.begin(), heavy.end(), j) != heavy.end()) along = kLlmHeavy;
         for (i64 c = 0; c < dc; ++c)
-          k[dr + c] = static_cast<float>(along * u[c] + kLlmContentNoise * kr.normal());
+          k[dr + c] = static_cast<float>(root * along * u[c] + kLlmNoise * kr.normal());
       }
       // Queries of the heads that share this KV head.
       const i64 g = D.Hq / D.Hk;
       for (i64 hh = 0; hh < g; ++hh) {
         const i64 h = kh * g + hh;
         Rng qr(stream_seed(seed, 3, b, h));
+        const double head = kLlmHeadMin + (kLlmHeadMax - kLlmHeadMin) * qr.uniform();
         for (i64 i = 0; i < D.L; ++i) {
           float* q = &w.q[D.qi(b, i, h)];
-          for (i64 c = 0; c < dr; ++c) q[c] = static_cast<float>(a[c] + kLlmTokNoise * qr.normal());
+          for (i64 c = 0; c < dr; ++c) q[c] = static_cast<float>(a[c] + kLlmNoise * qr.normal());
           rope(q, thetas, i);
+          const double bi = head * std::max(0.0, 1.0 + kLlmTokSpread * qr.normal());
           for (i64 c = 0; c < dc; ++c)
-            q[dr + c] = static_cast<float>(kLlmQ * u[c] + kLlmContentNoise * qr.normal());
+            q[dr + c] = static_cast<float>(root * bi * u[c] + kLlmNoise * qr.normal());
         }
       }
     }
