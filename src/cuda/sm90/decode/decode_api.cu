@@ -44,8 +44,10 @@ cudaMemPool_t workspace_pool(int dev) {
 
 class StreamBuffer {
  public:
-  StreamBuffer(std::size_t bytes, cudaStream_t s, cudaMemPool_t pool) : s_(s) {
-    if (bytes) BLASST_CUDA_CHECK(cudaMallocFromPoolAsync(&ptr_, bytes, pool, s));
+  // During stream capture (CUDA graphs) the allocation becomes a graph memory node instead.
+  StreamBuffer(std::size_t bytes, cudaStream_t s, cudaMemPool_t pool, bool capturing) : s_(s) {
+    if (bytes && capturing) BLASST_CUDA_CHECK(cudaMallocAsync(&ptr_, bytes, s));
+    else if (bytes) BLASST_CUDA_CHECK(cudaMallocFromPoolAsync(&ptr_, bytes, pool, s));
   }
   ~StreamBuffer() { if (ptr_) cudaFreeAsync(ptr_, s_); }
   StreamBuffer(const StreamBuffer&) = delete;
@@ -72,17 +74,70 @@ DeviceInfo device_info(int dev) {
 
 bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
 
-void check_vec_layout(const Tensor& t, const char* name) {
+void check_aligned(const Tensor& t, const char* name) {
   if (!aligned16(t.data))
     throw Error(std::string(name) + ": the CUDA decode kernel needs a 16-byte aligned base pointer");
+}
+
+void check_strides(const Tensor& t, const char* name) {
   for (int i = 0; i < t.rank - 1; ++i)
-    if (t.stride[i] % 8 != 0)
+    if (t.shape[i] > 1 && t.stride[i] % 8 != 0)
       throw Error(std::string(name) + ": the CUDA decode kernel needs strides that are multiples of 8 "
                   "elements (16 bytes); dimension " + std::to_string(i) + " has stride " +
                   std::to_string(t.stride[i]));
 }
 
+// What the kernels support; anything else is a clear error before any CUDA call (also for the
+// staged host path), never a silent fallback.
+void check_supported(const DecodeProblem& p, const ResolvedDecode& r, const SkipConfig& skip) {
+  if (r.dtype != DType::bf16 && r.dtype != DType::f16)
+    throw Error(std::string("q: the CUDA decode kernel supports bf16 and f16, got ") + to_string(r.dtype));
+  if (r.d != 64 && r.d != 128) throw Error("q: the CUDA decode kernel supports head dim d = 64 or 128, got " + std::to_string(r.d));
+  if (r.dv != r.d) throw Error("v_cache: the CUDA decode kernel needs dv == d, got dv = " + std::to_string(r.dv));
+  const std::int64_t rows = r.group * r.q_len;
+  if (rows > decode::kMaxRows)
+    throw Error("q: the CUDA decode kernel handles g * q_len <= 64 query rows per KV head, got g = " +
+                std::to_string(r.group) + ", q_len = " + std::to_string(r.q_len));
+  if (r.paged && (r.page_size & (r.page_size - 1)) != 0)
+    throw Error("k_cache: the CUDA decode kernel needs a power-of-two page_size, got " + std::to_string(r.page_size));
+  check_strides(p.q, "q");
+  check_strides(p.k_cache, "k_cache");
+  check_strides(p.v_cache, "v_cache");
+  if (p.out.dtype != DType::f32 && p.out.dtype != DType::f64 && p.out.dtype != r.dtype)
+    throw Error("out: unsupported dtype for the CUDA decode kernel");
+
+  if (skip.enabled) {
+    validate(skip);
+    if (skip.vote.tile_keys != decode::kTileKeys)
+      throw Error("skip.vote.tile_keys: the CUDA decode kernel uses 128-key tiles, got " + std::to_string(skip.vote.tile_keys));
+    if (skip.vote.order != VisitOrder::natural)
+      throw Error("skip.vote.order: the CUDA decode kernel visits tiles in natural order only");
+  }
+  if (skip.vote.split_tiles < 0) throw Error("skip.vote.split_tiles must be >= 0, got " + std::to_string(skip.vote.split_tiles));
+}
+
+int ctas_per_sm_uncached(DType dt, int d, bool skip, std::size_t smem);
+
+// Cached per device and configuration: the occupancy query is not free on the host.
 int ctas_per_sm(DType dt, int d, bool skip, std::size_t smem) {
+  static std::mutex mu;
+  static std::vector<std::pair<std::uint64_t, int>> cache;
+  int dev = 0;
+  BLASST_CUDA_CHECK(cudaGetDevice(&dev));
+  const std::uint64_t key = (static_cast<std::uint64_t>(dev) << 48) ^ (static_cast<std::uint64_t>(dt) << 40) ^
+                            (static_cast<std::uint64_t>(d) << 32) ^ (static_cast<std::uint64_t>(skip) << 31) ^ smem;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    for (auto& e : cache)
+      if (e.first == key) return e.second;
+  }
+  const int n = ctas_per_sm_uncached(dt, d, skip, smem);
+  std::lock_guard<std::mutex> lock(mu);
+  cache.emplace_back(key, n);
+  return n;
+}
+
+int ctas_per_sm_uncached(DType dt, int d, bool skip, std::size_t smem) {
   using decode::occupancy_decode;
   int n = 0;
   if (dt == DType::bf16) {
@@ -117,6 +172,7 @@ std::size_t span_bytes(const Tensor& t) {
 // run, copy out/lse back, synchronise.
 void staged_decode(const DecodeProblem& p, const SkipConfig& skip, const RunOptions& opt, SkipStats* stats) {
   const ResolvedDecode r = validate_decode(p, DeviceKind::cpu);  // checks the host problem itself
+  check_supported(p, r, skip);
   auto up = [&](const Tensor& t, DeviceBuffer& buf, bool copy) {
     Tensor d = t;
     buf = DeviceBuffer(std::max<std::size_t>(span_bytes(t), 16));
@@ -185,32 +241,17 @@ void cuda_decode(const DecodeProblem& p, const SkipConfig& skip, const RunOption
   const ResolvedDecode r = validate_decode(p, DeviceKind::cuda);
   auto stream = static_cast<cudaStream_t>(opt.stream);
 
-  // What the kernels support (anything else is a clear error, never a silent fallback).
-  if (r.dtype != DType::bf16 && r.dtype != DType::f16)
-    throw Error(std::string("q: the CUDA decode kernel supports bf16 and f16, got ") + to_string(r.dtype));
-  if (r.d != 64 && r.d != 128) throw Error("q: the CUDA decode kernel supports head dim d = 64 or 128, got " + std::to_string(r.d));
-  if (r.dv != r.d) throw Error("v_cache: the CUDA decode kernel needs dv == d, got dv = " + std::to_string(r.dv));
+  check_supported(p, r, skip);
+  check_aligned(p.q, "q");
+  check_aligned(p.k_cache, "k_cache");
+  check_aligned(p.v_cache, "v_cache");
   const std::int64_t rows = r.group * r.q_len;
-  if (rows > decode::kMaxRows)
-    throw Error("q: the CUDA decode kernel handles g * q_len <= 64 query rows per KV head, got g = " +
-                std::to_string(r.group) + ", q_len = " + std::to_string(r.q_len));
-  if (r.paged && (r.page_size & (r.page_size - 1)) != 0)
-    throw Error("k_cache: the CUDA decode kernel needs a power-of-two page_size, got " + std::to_string(r.page_size));
-  check_vec_layout(p.q, "q");
-  check_vec_layout(p.k_cache, "k_cache");
-  check_vec_layout(p.v_cache, "v_cache");
-  if (p.out.dtype != DType::f32 && p.out.dtype != DType::f64 && p.out.dtype != r.dtype)
-    throw Error("out: unsupported dtype for the CUDA decode kernel");
 
   // Threshold (SPEC §3) and vote layout.
   int lam_mode = 0;
   double lam_value = 0.0;
   if (skip.enabled) {
     validate(skip);
-    if (skip.vote.tile_keys != decode::kTileKeys)
-      throw Error("skip.vote.tile_keys: the CUDA decode kernel uses 128-key tiles, got " + std::to_string(skip.vote.tile_keys));
-    if (skip.vote.order != VisitOrder::natural)
-      throw Error("skip.vote.order: the CUDA decode kernel visits tiles in natural order only");
     (void)resolve_lambda(skip, std::max<std::int64_t>(r.max_k_len, 1));  // surfaces config errors
     if (skip.threshold) {
       lam_mode = *skip.threshold < 1.0 ? 1 : 0;
@@ -222,7 +263,6 @@ void cuda_decode(const DecodeProblem& p, const SkipConfig& skip, const RunOption
       lam_mode = lam_value < static_cast<double>(r.max_k_len) ? 2 : 0;
     }
   }
-  if (skip.vote.split_tiles < 0) throw Error("skip.vote.split_tiles must be >= 0, got " + std::to_string(skip.vote.split_tiles));
   const bool use_skip = lam_mode != 0;
 
   const int mtiles = static_cast<int>((rows + 15) / 16);
@@ -242,11 +282,15 @@ void cuda_decode(const DecodeProblem& p, const SkipConfig& skip, const RunOption
   const bool want_hist = stats != nullptr && opt.collect_histogram;
 
   cudaMemPool_t pool = workspace_pool(dev);
+  cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+  BLASST_CUDA_CHECK(cudaStreamIsCapturing(stream, &cap));
+  const bool capturing = cap != cudaStreamCaptureStatusNone;
+  if (capturing && stats) throw Error("decode: statistics need a synchronisation and cannot be collected during stream capture");
   const std::size_t part_rows = static_cast<std::size_t>(r.batch * r.hk * num_splits * rows);
-  StreamBuffer o_part(part_rows * r.d * sizeof(float), stream, pool);
-  StreamBuffer lse_part(part_rows * sizeof(float), stream, pool);
+  StreamBuffer o_part(part_rows * r.d * sizeof(float), stream, pool, capturing);
+  StreamBuffer lse_part(part_rows * sizeof(float), stream, pool, capturing);
   const std::size_t n_counts = static_cast<std::size_t>(r.hk) * 2 + (want_hist ? static_cast<std::size_t>(r.hk) * decode::kHistBins : 0);
-  StreamBuffer counts(want_stats ? n_counts * sizeof(unsigned long long) : 0, stream, pool);
+  StreamBuffer counts(want_stats ? n_counts * sizeof(unsigned long long) : 0, stream, pool, capturing);
   if (want_stats) BLASST_CUDA_CHECK(cudaMemsetAsync(counts.as<unsigned long long>(), 0, n_counts * sizeof(unsigned long long), stream));
 
   Params kp{};
@@ -309,7 +353,8 @@ void cuda_decode(const DecodeProblem& p, const SkipConfig& skip, const RunOption
       BLASST_CUDA_CHECK(cudaStreamSynchronize(stream));
       k_len.assign(sl.begin(), sl.end());
     }
-    for (auto L : k_len) st.lambda.push_back(skip.enabled && L >= 1 ? resolve_lambda(skip, L) : 1.0);
+    for (auto L : k_len)  // as the reference: no keys -> infinite lambda, skipping off -> 1
+      st.lambda.push_back(!skip.enabled ? 1.0 : L >= 1 ? resolve_lambda(skip, L) : HUGE_VAL);
     if (want_stats) {
       std::vector<unsigned long long> h(n_counts);
       BLASST_CUDA_CHECK(cudaMemcpyAsync(h.data(), counts.as<unsigned long long>(), n_counts * sizeof(unsigned long long),

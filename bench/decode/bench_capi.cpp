@@ -1,0 +1,73 @@
+// C ABI over blasst::decode for the Python benchmark (bench_decode.py loads it with ctypes and
+// hands it torch's device pointers and stream). Contiguous caches [B, L, Hk, d], q_len = 1.
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+#include "blasst/blasst.hpp"
+
+namespace {
+thread_local std::string g_err;
+
+blasst::DecodeProblem make(void* q, void* k, void* v, void* out, int B, int L, int hq, int hk, int d, int dtype) {
+  const blasst::DType dt = dtype == 0 ? blasst::DType::bf16 : blasst::DType::f16;
+  const auto dev = blasst::DeviceKind::cuda;
+  blasst::DecodeProblem p;
+  p.q = blasst::Tensor::contiguous(q, dt, {B, 1, hq, d}, dev);
+  p.k_cache = blasst::Tensor::contiguous(k, dt, {B, L, hk, d}, dev);
+  p.v_cache = blasst::Tensor::contiguous(v, dt, {B, L, hk, d}, dev);
+  p.out = blasst::Tensor::contiguous(out, dt, {B, 1, hq, d}, dev);
+  return p;
+}
+}  // namespace
+
+extern "C" {
+
+const char* bdb_last_error() { return g_err.c_str(); }
+
+// lambda <= 0: dense. stats (optional, 2 values): skipped and visited (synchronises).
+int bdb_decode(void* q, void* k, void* v, void* out, int B, int L, int hq, int hk, int d, int dtype, double lambda,
+               void* stream, std::int64_t* stats) {
+  try {
+    auto p = make(q, k, v, out, B, L, hq, hk, d, dtype);
+    blasst::SkipConfig skip;
+    if (lambda > 0) skip = blasst::SkipConfig::from_threshold(lambda);
+    blasst::RunOptions opt;
+    opt.stream = stream;
+    opt.collect_stats = stats != nullptr;
+    blasst::SkipStats st;
+    blasst::decode(p, skip, opt, stats ? &st : nullptr);
+    if (stats) {
+      stats[0] = st.total_skipped();
+      stats[1] = st.total_visited();
+      stats[2] = st.granularity.split_tiles;
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    g_err = e.what();
+    return 1;
+  }
+}
+
+// One dense pass with the delta histogram (SPEC §5) merged over heads; for each target sparsity
+// the lambda of the one-pass curve (DeltaHistogram::lambda_for).
+int bdb_lambdas(void* q, void* k, void* v, void* out, int B, int L, int hq, int hk, int d, int dtype, void* stream,
+                const double* targets, int n, double* lambdas) {
+  try {
+    auto p = make(q, k, v, out, B, L, hq, hk, d, dtype);
+    blasst::RunOptions opt;
+    opt.stream = stream;
+    opt.collect_histogram = true;
+    blasst::SkipStats st;
+    blasst::decode(p, {}, opt, &st);
+    blasst::DeltaHistogram h;
+    for (const auto& x : st.hist) h.merge(x);
+    for (int i = 0; i < n; ++i) lambdas[i] = h.lambda_for(targets[i]);
+    return 0;
+  } catch (const std::exception& e) {
+    g_err = e.what();
+    return 1;
+  }
+}
+
+}  // extern "C"
