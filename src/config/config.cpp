@@ -1,0 +1,314 @@
+// SPEC §7 configuration file (include/blasst/config.hpp, docs/config.md).
+// Parsing is strict about what it understands (types, ranges, formula, algorithm) and names the
+// JSON path of every problem; keys it does not know (checkpoint metadata such as
+// "initial_disabled_steps") are ignored so that checkpoints written by other tools still load.
+#include "blasst/config.hpp"
+
+#include <fnmatch.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+namespace blasst::config {
+
+namespace {
+
+using json = nlohmann::ordered_json;  // keeps config_groups in file order (first match wins)
+namespace fs = std::filesystem;
+
+constexpr const char* kBlockKey = "sparse_attention_config";
+
+class Ctx {
+ public:
+  explicit Ctx(std::string source) : source_(std::move(source)) {}
+  [[noreturn]] void fail(const std::string& path, const std::string& what) const {
+    throw Error(source_ + ": " + path + ": " + what);
+  }
+  const std::string& source() const { return source_; }
+
+ private:
+  std::string source_;
+};
+
+std::string type_name(const json& j) { return j.type_name(); }
+
+double number(const Ctx& c, const json& j, const std::string& path) {
+  if (!j.is_number()) c.fail(path, "expected a number, got " + type_name(j));
+  const double v = j.get<double>();
+  if (!std::isfinite(v)) c.fail(path, "must be finite");
+  return v;
+}
+
+double positive(const Ctx& c, const json& j, const std::string& path) {
+  const double v = number(c, j, path);
+  if (!(v > 0)) c.fail(path, "must be > 0, got " + j.dump());
+  return v;
+}
+
+double unit_interval(const Ctx& c, const json& j, const std::string& path) {
+  const double v = number(c, j, path);
+  if (v < 0 || v > 1) c.fail(path, "must lie in [0, 1], got " + j.dump());
+  return v;
+}
+
+std::vector<std::string> string_list(const Ctx& c, const json& j, const std::string& path) {
+  if (!j.is_array()) c.fail(path, "expected a list of strings, got " + type_name(j));
+  std::vector<std::string> out;
+  for (std::size_t i = 0; i < j.size(); ++i) {
+    if (!j[i].is_string())
+      c.fail(path + "[" + std::to_string(i) + "]", "expected a string, got " + type_name(j[i]));
+    out.push_back(j[i].get<std::string>());
+  }
+  return out;
+}
+
+std::string strip_spaces(const std::string& s) {
+  std::string out;
+  for (char ch : s)
+    if (!std::isspace(static_cast<unsigned char>(ch))) out.push_back(ch);
+  return out;
+}
+
+Calibration calibration(const Ctx& c, const json& j, const std::string& path) {
+  if (!j.is_object()) c.fail(path, "expected an object {\"a\": ..., \"b\": ...}, got " + type_name(j));
+  if (!j.contains("a")) c.fail(path + ".a", "missing");
+  if (!j.contains("b")) c.fail(path + ".b", "missing");
+  Calibration cal;
+  cal.a = positive(c, j["a"], path + ".a");
+  cal.b = number(c, j["b"], path + ".b");
+  return cal;
+}
+
+bool present(const json& obj, const char* key) { return obj.contains(key) && !obj[key].is_null(); }
+
+ConfigGroup parse_group(const Ctx& c, const std::string& name, const json& g, const std::string& path) {
+  if (!g.is_object()) c.fail(path, "expected an object, got " + type_name(g));
+  ConfigGroup out;
+  out.name = name;
+  if (present(g, "algorithm")) {
+    if (!g["algorithm"].is_string()) c.fail(path + ".algorithm", "expected a string");
+    out.algorithm = g["algorithm"].get<std::string>();
+    if (out.algorithm != "skip_softmax")
+      c.fail(path + ".algorithm", "unknown algorithm '" + out.algorithm + "' (supported: skip_softmax)");
+  }
+  if (present(g, "threshold_scale_factor")) {
+    const std::string p = path + ".threshold_scale_factor";
+    const json& t = g["threshold_scale_factor"];
+    if (t.is_number()) {
+      out.threshold_scale_factor.scalar = positive(c, t, p);
+    } else if (t.is_object()) {
+      if (!present(t, "formula")) c.fail(p + ".formula", std::string("missing (expected \"") + kFormula + "\")");
+      if (!t["formula"].is_string()) c.fail(p + ".formula", "expected a string");
+      const std::string f = t["formula"].get<std::string>();
+      // Whitespace is the only liberty taken: any other spelling is a different formula.
+      if (strip_spaces(f) != strip_spaces(kFormula))
+        c.fail(p + ".formula", "unknown formula '" + f + "' (supported: \"" + kFormula + "\")");
+      if (present(t, "prefill")) out.threshold_scale_factor.prefill = calibration(c, t["prefill"], p + ".prefill");
+      if (present(t, "decode")) out.threshold_scale_factor.decode = calibration(c, t["decode"], p + ".decode");
+      if (!out.threshold_scale_factor.prefill && !out.threshold_scale_factor.decode)
+        c.fail(p, "needs a \"prefill\" or \"decode\" fit");
+    } else {
+      c.fail(p, "expected a number (raw factor) or an object (formula + fits), got " + type_name(t));
+    }
+  }
+  if (present(g, "target_sparsity")) {
+    const std::string p = path + ".target_sparsity";
+    const json& t = g["target_sparsity"];
+    if (t.is_number()) {  // one target for both phases
+      out.target_sparsity_prefill = out.target_sparsity_decode = unit_interval(c, t, p);
+    } else if (t.is_object()) {
+      if (present(t, "prefill")) out.target_sparsity_prefill = unit_interval(c, t["prefill"], p + ".prefill");
+      if (present(t, "decode")) out.target_sparsity_decode = unit_interval(c, t["decode"], p + ".decode");
+    } else {
+      c.fail(p, "expected a number or an object {\"prefill\": s, \"decode\": s}, got " + type_name(t));
+    }
+  }
+  if (present(g, "disabled_until_timestep"))
+    out.disabled_until_timestep =
+        unit_interval(c, g["disabled_until_timestep"], path + ".disabled_until_timestep");
+  if (present(g, "ignore")) out.ignore = string_list(c, g["ignore"], path + ".ignore");
+  if (present(g, "layers")) out.layers = string_list(c, g["layers"], path + ".layers");
+  return out;
+}
+
+SparseAttentionConfig parse_block(const Ctx& c, const json& block, const std::string& path) {
+  if (!block.is_object()) c.fail(path, "expected an object, got " + type_name(block));
+  if (!block.contains("config_groups")) c.fail("config_groups", "missing");
+  const json& groups = block["config_groups"];
+  if (!groups.is_object()) c.fail("config_groups", "expected an object, got " + type_name(groups));
+  SparseAttentionConfig cfg;
+  for (auto it = groups.begin(); it != groups.end(); ++it)
+    cfg.groups.push_back(parse_group(c, it.key(), it.value(), "config_groups." + it.key()));
+  return cfg;
+}
+
+json block_json(const SparseAttentionConfig& cfg) {
+  json groups = json::object();
+  for (const ConfigGroup& g : cfg.groups) {
+    if (g.name.empty()) throw Error("config::to_json: a group has an empty name");
+    if (groups.contains(g.name)) throw Error("config::to_json: duplicate group name '" + g.name + "'");
+    json j = json::object();
+    j["algorithm"] = g.algorithm;
+    const ThresholdScaleFactor& t = g.threshold_scale_factor;
+    if (t.scalar) {
+      j["threshold_scale_factor"] = *t.scalar;
+    } else if (t.prefill || t.decode) {
+      json tj = json::object();
+      tj["formula"] = kFormula;
+      if (t.prefill) tj["prefill"] = {{"a", t.prefill->a}, {"b", t.prefill->b}};
+      if (t.decode) tj["decode"] = {{"a", t.decode->a}, {"b", t.decode->b}};
+      j["threshold_scale_factor"] = tj;
+    }
+    if (g.target_sparsity_prefill || g.target_sparsity_decode) {
+      json tj = json::object();
+      if (g.target_sparsity_prefill) tj["prefill"] = *g.target_sparsity_prefill;
+      if (g.target_sparsity_decode) tj["decode"] = *g.target_sparsity_decode;
+      j["target_sparsity"] = tj;
+    }
+    if (g.disabled_until_timestep) j["disabled_until_timestep"] = *g.disabled_until_timestep;
+    if (!g.ignore.empty()) j["ignore"] = g.ignore;
+    if (!g.layers.empty()) j["layers"] = g.layers;
+    groups[g.name] = j;
+  }
+  json block = json::object();
+  block["config_groups"] = groups;
+  return block;
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw Error(path + ": cannot open for reading");
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  if (f.bad()) throw Error(path + ": read error");
+  return ss.str();
+}
+
+json parse_json(const std::string& text, const std::string& source) {
+  try {
+    return json::parse(text);
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for e.g. 1e999
+    throw Error(source + ": invalid JSON: " + e.what());
+  }
+}
+
+bool matches(const std::vector<std::string>& patterns, const std::string& name) {
+  return std::any_of(patterns.begin(), patterns.end(), [&](const std::string& p) {
+    return ::fnmatch(p.c_str(), name.c_str(), 0) == 0;
+  });
+}
+
+// The group that applies to a layer: the first whose `layers` patterns match (empty = all).
+const ConfigGroup* group_for(const SparseAttentionConfig& cfg, const std::string& layer) {
+  for (const ConfigGroup& g : cfg.groups)
+    if (g.layers.empty() || matches(g.layers, layer)) return &g;
+  return nullptr;
+}
+
+}  // namespace
+
+std::optional<SparseAttentionConfig> parse(const std::string& json_text, const std::string& source_name) {
+  const Ctx c(source_name);
+  const json root = parse_json(json_text, source_name);
+  if (!root.is_object()) c.fail("<root>", "expected a JSON object, got " + type_name(root));
+  if (root.contains(kBlockKey)) {
+    if (root[kBlockKey].is_null()) return std::nullopt;
+    return parse_block(c, root[kBlockKey], kBlockKey);
+  }
+  if (root.contains("config_groups")) return parse_block(c, root, "<root>");  // the bare block
+  return std::nullopt;
+}
+
+std::optional<SparseAttentionConfig> load_file(const std::string& path) {
+  return parse(read_text(path), path);
+}
+
+std::vector<std::pair<std::string, SparseAttentionConfig>> load_model_dir(const std::string& dir) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) throw Error(dir + ": not a directory");
+  std::vector<std::pair<std::string, SparseAttentionConfig>> out;
+  // A single-model checkpoint keeps config.json at the top: component ".".
+  const fs::path top = fs::path(dir) / "config.json";
+  if (fs::is_regular_file(top, ec))
+    if (auto cfg = load_file(top.string())) out.emplace_back(".", std::move(*cfg));
+  std::vector<fs::path> subs;
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (e.is_directory(ec) && fs::is_regular_file(e.path() / "config.json", ec)) subs.push_back(e.path());
+  if (ec) throw Error(dir + ": cannot list: " + ec.message());
+  std::sort(subs.begin(), subs.end());
+  for (const fs::path& p : subs)
+    if (auto cfg = load_file((p / "config.json").string()))
+      out.emplace_back(p.filename().string(), std::move(*cfg));
+  return out;
+}
+
+std::string to_json(const SparseAttentionConfig& cfg) {
+  json root = json::object();
+  root[kBlockKey] = block_json(cfg);
+  return root.dump(2) + "\n";
+}
+
+void write_into(const std::string& config_json_path, const SparseAttentionConfig& cfg) {
+  json root = json::object();
+  std::error_code ec;
+  if (fs::exists(config_json_path, ec)) {
+    root = parse_json(read_text(config_json_path), config_json_path);
+    if (!root.is_object()) throw Error(config_json_path + ": expected a JSON object at the top level");
+  }
+  root[kBlockKey] = block_json(cfg);
+  // Write next to the target and rename, so a crash never leaves a half-written config.json.
+  const std::string tmp = config_json_path + ".blasst.tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    if (!f) throw Error(config_json_path + ": cannot open for writing");
+    f << root.dump(2) << "\n";
+    f.close();
+    if (!f) throw Error(config_json_path + ": write error");
+  }
+  fs::rename(tmp, config_json_path, ec);
+  if (ec) {
+    fs::remove(tmp, ec);
+    throw Error(config_json_path + ": cannot replace the file");
+  }
+}
+
+SkipConfig resolve(const SparseAttentionConfig& cfg, const std::string& layer_name, Phase phase,
+                   std::optional<double> target_sparsity) {
+  if (target_sparsity && !(*target_sparsity >= 0.0 && *target_sparsity <= 1.0))
+    throw Error("target_sparsity must lie in [0, 1], got " + std::to_string(*target_sparsity));
+  const ConfigGroup* g = group_for(cfg, layer_name);
+  if (g == nullptr || matches(g->ignore, layer_name)) return SkipConfig{};
+  const std::string where = "config_groups." + g->name;
+  SkipConfig out;
+  out.enabled = true;
+  if (g->threshold_scale_factor.scalar) {  // a raw factor wins over any target (SPEC §7)
+    out.factor = *g->threshold_scale_factor.scalar;
+    return out;
+  }
+  const bool pre = phase == Phase::prefill;
+  const auto& fit = pre ? g->threshold_scale_factor.prefill : g->threshold_scale_factor.decode;
+  if (!fit)
+    throw Error(where + ": no threshold_scale_factor for the " + std::string(pre ? "prefill" : "decode") +
+                " phase (layer '" + layer_name + "')");
+  const auto& file_target = pre ? g->target_sparsity_prefill : g->target_sparsity_decode;
+  if (!target_sparsity && !file_target)
+    throw Error(where + ": no target_sparsity for the " + std::string(pre ? "prefill" : "decode") +
+                " phase; give one (--target-sparsity)");
+  out.calibration = *fit;
+  out.target_sparsity = target_sparsity ? *target_sparsity : *file_target;
+  return out;
+}
+
+std::optional<double> disabled_until_timestep(const SparseAttentionConfig& cfg, const std::string& layer_name) {
+  const ConfigGroup* g = group_for(cfg, layer_name);
+  if (g == nullptr) return std::nullopt;
+  return g->disabled_until_timestep;
+}
+
+}  // namespace blasst::config

@@ -1,0 +1,308 @@
+// SPEC §7 configuration: parsing, errors with JSON paths, precedence, ignore/layers patterns,
+// write round trip and multi-component model directories.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "blasst/config.hpp"
+
+namespace fs = std::filesystem;
+using blasst::Error;
+using blasst::Phase;
+namespace config = blasst::config;
+
+namespace {
+
+// The example of SPEC §7, as a whole config.json with unrelated keys around it.
+const char* kSpecExample = R"J({
+  "architectures": ["WanTransformer3DModel"],
+  "num_layers": 40,
+  "sparse_attention_config": {
+    "config_groups": {
+      "group_0": {
+        "algorithm": "skip_softmax",
+        "threshold_scale_factor": {
+          "formula": "a * exp(b * target_sparsity)",
+          "prefill": {"a": 1443.49, "b": 4.3037},
+          "decode":  {"a": 0.119,   "b": 9.86}
+        },
+        "target_sparsity": {"prefill": 0.5, "decode": 0.5},
+        "disabled_until_timestep": 0.86,
+        "ignore": ["*cross_attn*"]
+      }
+    }
+  }
+})J";
+
+// Expect parse() to throw an Error containing every needle.
+void expect_error(const std::string& text, std::initializer_list<const char*> needles) {
+  try {
+    config::parse(text, "cfg.json");
+    FAIL() << "accepted: " << text;
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_EQ(m.rfind("cfg.json: ", 0), 0u) << m;
+    for (const char* n : needles) EXPECT_NE(m.find(n), std::string::npos) << "'" << n << "' not in: " << m;
+  }
+}
+
+std::string group(const std::string& body) {
+  return R"J({"sparse_attention_config": {"config_groups": {"group_0": )J" + body + "}}}";
+}
+
+TEST(Config, ParsesSpecExample) {
+  const auto cfg = config::parse(kSpecExample, "cfg.json");
+  ASSERT_TRUE(cfg);
+  ASSERT_EQ(cfg->groups.size(), 1u);
+  const config::ConfigGroup& g = cfg->groups[0];
+  EXPECT_EQ(g.name, "group_0");
+  EXPECT_EQ(g.algorithm, "skip_softmax");
+  EXPECT_FALSE(g.threshold_scale_factor.scalar);
+  ASSERT_TRUE(g.threshold_scale_factor.prefill);
+  EXPECT_DOUBLE_EQ(g.threshold_scale_factor.prefill->a, 1443.49);
+  EXPECT_DOUBLE_EQ(g.threshold_scale_factor.prefill->b, 4.3037);
+  ASSERT_TRUE(g.threshold_scale_factor.decode);
+  EXPECT_DOUBLE_EQ(g.threshold_scale_factor.decode->a, 0.119);
+  EXPECT_DOUBLE_EQ(*g.target_sparsity_prefill, 0.5);
+  EXPECT_DOUBLE_EQ(*g.target_sparsity_decode, 0.5);
+  EXPECT_DOUBLE_EQ(*g.disabled_until_timestep, 0.86);
+  EXPECT_EQ(g.ignore, std::vector<std::string>{"*cross_attn*"});
+  EXPECT_TRUE(g.layers.empty());
+}
+
+TEST(Config, BareBlockAndMissingBlock) {
+  auto cfg = config::parse(R"J({"config_groups": {"g": {"threshold_scale_factor": 7.5}}})J");
+  ASSERT_TRUE(cfg);
+  EXPECT_DOUBLE_EQ(*cfg->groups.at(0).threshold_scale_factor.scalar, 7.5);
+  // A config.json without the block: that component stays dense.
+  EXPECT_FALSE(config::parse(R"J({"hidden_size": 4096})J"));
+  EXPECT_FALSE(config::parse(R"J({"sparse_attention_config": null})J"));
+  // Unknown metadata keys from other tools are ignored.
+  cfg = config::parse(group(R"J({"threshold_scale_factor": 3, "initial_disabled_steps": 5})J"));
+  ASSERT_TRUE(cfg);
+}
+
+TEST(Config, ResolvePrecedence) {
+  const auto cfg = *config::parse(kSpecExample);
+  // Calibrated: factor = a * exp(b * s); the file's target unless one is given.
+  blasst::SkipConfig s = config::resolve(cfg, "blocks.3.self_attn", Phase::prefill);
+  EXPECT_TRUE(s.enabled);
+  EXPECT_FALSE(s.threshold);
+  EXPECT_FALSE(s.factor);
+  ASSERT_TRUE(s.calibration);
+  EXPECT_DOUBLE_EQ(s.calibration->a, 1443.49);
+  EXPECT_DOUBLE_EQ(s.calibration->b, 4.3037);
+  EXPECT_DOUBLE_EQ(s.target_sparsity, 0.5);
+  s = config::resolve(cfg, "blocks.3.self_attn", Phase::decode, 0.8);
+  EXPECT_DOUBLE_EQ(s.calibration->a, 0.119);
+  EXPECT_DOUBLE_EQ(s.target_sparsity, 0.8);
+  EXPECT_THROW(config::resolve(cfg, "x", Phase::decode, 1.5), Error);
+  EXPECT_THROW(config::resolve(cfg, "x", Phase::decode, std::nan("")), Error);
+
+  // A scalar threshold_scale_factor is a raw factor and wins over target_sparsity.
+  const auto raw = *config::parse(group(R"J({"threshold_scale_factor": 1234.5,
+                                             "target_sparsity": {"prefill": 0.9}})J"));
+  s = config::resolve(raw, "any", Phase::prefill, 0.3);
+  EXPECT_TRUE(s.enabled);
+  ASSERT_TRUE(s.factor);
+  EXPECT_DOUBLE_EQ(*s.factor, 1234.5);
+  EXPECT_FALSE(s.calibration);
+  s = config::resolve(raw, "any", Phase::decode);
+  EXPECT_DOUBLE_EQ(*s.factor, 1234.5);
+}
+
+TEST(Config, ResolveMissingPieces) {
+  // A prefill-only fit cannot serve decode.
+  const auto pre = *config::parse(group(R"J({"threshold_scale_factor": {"formula": "a * exp(b * target_sparsity)",
+      "prefill": {"a": 10, "b": 2}}, "target_sparsity": {"prefill": 0.5}})J"));
+  EXPECT_NO_THROW(config::resolve(pre, "l", Phase::prefill));
+  try {
+    config::resolve(pre, "l", Phase::decode);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("decode"), std::string::npos) << e.what();
+  }
+  // No target anywhere: an error, not a guess; a given target fixes it.
+  const auto notarget = *config::parse(group(R"J({"threshold_scale_factor": {"formula": "a*exp(b*target_sparsity)",
+      "prefill": {"a": 10, "b": 2}}})J"));
+  EXPECT_THROW(config::resolve(notarget, "l", Phase::prefill), Error);
+  EXPECT_DOUBLE_EQ(config::resolve(notarget, "l", Phase::prefill, 0.7).target_sparsity, 0.7);
+  // A group without any threshold source.
+  const auto empty = *config::parse(group(R"J({"algorithm": "skip_softmax"})J"));
+  EXPECT_THROW(config::resolve(empty, "l", Phase::prefill, 0.5), Error);
+  // A single number target applies to both phases.
+  const auto both = *config::parse(group(R"J({"threshold_scale_factor": {"formula": "a * exp(b * target_sparsity)",
+      "prefill": {"a": 10, "b": 2}, "decode": {"a": 1, "b": 3}}, "target_sparsity": 0.25})J"));
+  EXPECT_DOUBLE_EQ(config::resolve(both, "l", Phase::decode).target_sparsity, 0.25);
+  EXPECT_DOUBLE_EQ(config::resolve(both, "l", Phase::prefill).target_sparsity, 0.25);
+}
+
+TEST(Config, IgnorePatternsAndLayers) {
+  const auto cfg = *config::parse(R"J({"config_groups": {
+      "late": {"layers": ["blocks.3?.*", "blocks.[2-3]?.attn?"], "threshold_scale_factor": 50,
+               "ignore": ["*.attn2"], "disabled_until_timestep": 0.5},
+      "rest": {"threshold_scale_factor": 5, "ignore": ["*cross_attn*", "blocks.0.*"]}}})J");
+  // fnmatch semantics: *, ?, [..]; the first group whose layers match wins.
+  EXPECT_DOUBLE_EQ(*config::resolve(cfg, "blocks.31.attn1", Phase::prefill).factor, 50);
+  EXPECT_DOUBLE_EQ(*config::resolve(cfg, "blocks.25.attn1", Phase::prefill).factor, 50);
+  EXPECT_DOUBLE_EQ(*config::resolve(cfg, "blocks.15.attn1", Phase::prefill).factor, 5);
+  EXPECT_DOUBLE_EQ(*config::resolve(cfg, "blocks.3.attn1", Phase::prefill).factor, 5);
+  // Ignored in the group that applies: dense (SkipConfig{}), no fall-through to later groups.
+  blasst::SkipConfig s = config::resolve(cfg, "blocks.31.attn2", Phase::prefill);
+  EXPECT_FALSE(s.enabled);
+  EXPECT_FALSE(s.factor || s.threshold || s.calibration);
+  EXPECT_FALSE(config::resolve(cfg, "blocks.7.cross_attn", Phase::prefill).enabled);
+  EXPECT_FALSE(config::resolve(cfg, "blocks.0.attn1", Phase::decode).enabled);
+  EXPECT_TRUE(config::resolve(cfg, "blocks.10.attn1", Phase::decode).enabled);
+  // Timestep gating follows the same group choice.
+  EXPECT_DOUBLE_EQ(*config::disabled_until_timestep(cfg, "blocks.30.attn1"), 0.5);
+  EXPECT_FALSE(config::disabled_until_timestep(cfg, "blocks.1.attn1"));
+  // No group applies: dense.
+  const auto only = *config::parse(R"J({"config_groups": {"g": {"layers": ["a.*"], "threshold_scale_factor": 1}}})J");
+  EXPECT_FALSE(config::resolve(only, "b.1", Phase::prefill).enabled);
+  EXPECT_TRUE(config::resolve(only, "a.1", Phase::prefill).enabled);
+  EXPECT_FALSE(config::disabled_until_timestep(only, "b.1"));
+}
+
+TEST(Config, UnknownFormulaAndAlgorithm) {
+  expect_error(group(R"J({"threshold_scale_factor": {"formula": "a / target_sparsity", "prefill": {"a": 1, "b": 1}}})J"),
+               {"config_groups.group_0.threshold_scale_factor.formula", "unknown formula"});
+  expect_error(group(R"J({"threshold_scale_factor": {"prefill": {"a": 1, "b": 1}}})J"),
+               {"threshold_scale_factor.formula", "missing"});
+  expect_error(group(R"J({"algorithm": "topk", "threshold_scale_factor": 3})J"),
+               {"config_groups.group_0.algorithm", "unknown algorithm 'topk'"});
+  // Whitespace differences are the same formula.
+  EXPECT_NO_THROW(config::parse(group(R"J({"threshold_scale_factor": {"formula": "a*exp( b*target_sparsity )",
+      "decode": {"a": 1, "b": 1}}})J")));
+}
+
+TEST(Config, WrongTypesAndRangesNameTheJsonPath) {
+  const std::string f = R"J("formula": "a * exp(b * target_sparsity)")J";
+  expect_error(group(R"J({"threshold_scale_factor": {)J" + f + R"J(, "prefill": {"a": "1", "b": 2}}})J"),
+               {"config_groups.group_0.threshold_scale_factor.prefill.a", "expected a number"});
+  expect_error(group(R"J({"threshold_scale_factor": {)J" + f + R"J(, "prefill": {"a": 0, "b": 2}}})J"),
+               {"threshold_scale_factor.prefill.a", "> 0"});
+  expect_error(group(R"J({"threshold_scale_factor": {)J" + f + R"J(, "prefill": {"a": -3, "b": 2}}})J"),
+               {"threshold_scale_factor.prefill.a"});
+  expect_error(group(R"J({"threshold_scale_factor": {)J" + f + R"J(, "decode": {"a": 1}}})J"),
+               {"threshold_scale_factor.decode.b", "missing"});
+  expect_error(group(R"J({"threshold_scale_factor": {)J" + f + R"J(, "decode": [1, 2]}})J"),
+               {"threshold_scale_factor.decode", "expected an object"});
+  expect_error(group(R"J({"threshold_scale_factor": {)J" + f + R"J(}})J"), {"prefill", "decode"});
+  expect_error(group(R"J({"threshold_scale_factor": 1e999})J"), {"invalid JSON", "1e999"});
+  expect_error(group(R"J({"threshold_scale_factor": -2})J"), {"threshold_scale_factor", "> 0"});
+  expect_error(group(R"J({"threshold_scale_factor": true})J"), {"threshold_scale_factor"});
+  expect_error(group(R"J({"threshold_scale_factor": 1, "target_sparsity": {"prefill": 1.5}})J"),
+               {"config_groups.group_0.target_sparsity.prefill", "[0, 1]"});
+  expect_error(group(R"J({"threshold_scale_factor": 1, "target_sparsity": -0.1})J"), {"target_sparsity", "[0, 1]"});
+  expect_error(group(R"J({"threshold_scale_factor": 1, "target_sparsity": "half"})J"), {"target_sparsity"});
+  expect_error(group(R"J({"disabled_until_timestep": 1.2})J"), {"disabled_until_timestep", "[0, 1]"});
+  expect_error(group(R"J({"ignore": "*cross*"})J"), {"config_groups.group_0.ignore", "list of strings"});
+  expect_error(group(R"J({"ignore": ["a", 3]})J"), {"config_groups.group_0.ignore[1]"});
+  expect_error(group(R"J({"layers": [null]})J"), {"config_groups.group_0.layers[0]"});
+  expect_error(group(R"J([1])J"), {"config_groups.group_0", "expected an object"});
+  expect_error(R"J({"sparse_attention_config": {"groups": {}}})J", {"config_groups", "missing"});
+  expect_error(R"J({"sparse_attention_config": {"config_groups": []}})J", {"config_groups", "expected an object"});
+  expect_error(R"J({"sparse_attention_config": 5})J", {"sparse_attention_config"});
+}
+
+TEST(Config, MalformedJson) {
+  expect_error(R"J({"sparse_attention_config": {)J", {"invalid JSON"});
+  expect_error("", {"invalid JSON"});
+  expect_error(R"J({"a": NaN})J", {"invalid JSON"});
+  expect_error("[1, 2]", {"expected a JSON object"});
+  EXPECT_THROW(config::load_file("/nonexistent/dir/config.json"), Error);
+}
+
+class ConfigFiles : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("blasst_cfg_" + std::to_string(std::random_device{}()) + "_" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  static void write(const fs::path& p, const std::string& s) {
+    fs::create_directories(p.parent_path());
+    std::ofstream(p) << s;
+  }
+  fs::path dir_;
+};
+
+TEST_F(ConfigFiles, WriteRoundTripPreservesOtherKeys) {
+  config::SparseAttentionConfig cfg;
+  config::ConfigGroup a;
+  a.name = "zeta_first";  // not alphabetical: file order must survive
+  a.threshold_scale_factor.prefill = blasst::Calibration{1443.4853294366435, 4.303654042880227};
+  a.threshold_scale_factor.decode = blasst::Calibration{0.119, 9.86};
+  a.target_sparsity_prefill = 0.5;
+  a.target_sparsity_decode = 0.7;
+  a.disabled_until_timestep = 0.86;
+  a.ignore = {"*cross_attn*", "blocks.0.*"};
+  a.layers = {"blocks.1*"};
+  config::ConfigGroup b;
+  b.name = "alpha_second";
+  b.threshold_scale_factor.scalar = 321.125;
+  cfg.groups = {a, b};
+
+  const fs::path p = dir_ / "config.json";
+  write(p, R"J({"hidden_size": 3072, "sparse_attention_config": {"config_groups": {}}, "zz": [1, 2]})J");
+  config::write_into(p.string(), cfg);
+  const nlohmann::json whole = nlohmann::json::parse(std::ifstream(p));
+  EXPECT_EQ(whole["hidden_size"], 3072);
+  EXPECT_EQ(whole["zz"], nlohmann::json::array({1, 2}));
+
+  const auto back = config::load_file(p.string());
+  ASSERT_TRUE(back);
+  ASSERT_EQ(back->groups.size(), 2u);
+  const auto& g = back->groups[0];
+  EXPECT_EQ(g.name, "zeta_first");
+  EXPECT_EQ(g.threshold_scale_factor.prefill->a, 1443.4853294366435);  // exact: doubles round-trip
+  EXPECT_EQ(g.threshold_scale_factor.prefill->b, 4.303654042880227);
+  EXPECT_EQ(g.threshold_scale_factor.decode->b, 9.86);
+  EXPECT_EQ(*g.target_sparsity_decode, 0.7);
+  EXPECT_EQ(*g.disabled_until_timestep, 0.86);
+  EXPECT_EQ(g.ignore, a.ignore);
+  EXPECT_EQ(g.layers, a.layers);
+  EXPECT_EQ(back->groups[1].name, "alpha_second");
+  EXPECT_EQ(*back->groups[1].threshold_scale_factor.scalar, 321.125);
+  // to_json -> parse -> to_json is a fixed point.
+  EXPECT_EQ(config::to_json(*config::parse(config::to_json(cfg))), config::to_json(cfg));
+  // write_into also creates a fresh file.
+  config::write_into((dir_ / "new.json").string(), cfg);
+  EXPECT_EQ(config::to_json(*config::load_file((dir_ / "new.json").string())), config::to_json(cfg));
+  // Duplicate names cannot be written.
+  cfg.groups[1].name = "zeta_first";
+  EXPECT_THROW(config::to_json(cfg), Error);
+}
+
+TEST_F(ConfigFiles, ModelDirWithTwoComponents) {
+  write(dir_ / "model_index.json", R"J({"_class_name": "WanPipeline"})J");
+  write(dir_ / "transformer" / "config.json", kSpecExample);
+  write(dir_ / "transformer_2" / "config.json",
+        R"J({"num_layers": 40, "sparse_attention_config": {"config_groups": {"g": {"threshold_scale_factor": 99}}}})J");
+  write(dir_ / "vae" / "config.json", R"J({"latent_channels": 16})J");  // no block: stays dense
+  write(dir_ / "text_encoder" / "weights.bin", "x");                  // no config.json
+  const auto comps = config::load_model_dir(dir_.string());
+  ASSERT_EQ(comps.size(), 2u);
+  EXPECT_EQ(comps[0].first, "transformer");
+  EXPECT_EQ(comps[1].first, "transformer_2");
+  EXPECT_TRUE(comps[0].second.groups[0].threshold_scale_factor.prefill);
+  EXPECT_DOUBLE_EQ(*config::resolve(comps[1].second, "blocks.1.attn1", Phase::prefill).factor, 99);
+  // A broken component is an error naming its file.
+  write(dir_ / "transformer_2" / "config.json", R"J({"sparse_attention_config": {"config_groups": {"g": {"algorithm": 1}}}})J");
+  try {
+    config::load_model_dir(dir_.string());
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("transformer_2"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(config::load_model_dir((dir_ / "missing").string()), Error);
+}
+
+}  // namespace
