@@ -103,8 +103,8 @@ struct MeasureOptions {
   int num_threads = 0;
 };
 
-// Prefill/full attention of one sequence: fp32 host q [L, Hq, d], k/v [L, Hk, d] (the first L
-// rows of a [B=1, Lfull, H, d] array may be passed with row_stride of the full array: no copy).
+// Prefill/full attention of one sequence: fp32 host q [L, Hq, d], k/v [L, Hk, d], contiguous. A
+// prefix of a longer sequence is passed as the same pointers with a smaller length (no copy).
 struct PrefillInput {
   const float* q = nullptr;
   const float* k = nullptr;
