@@ -23,7 +23,7 @@
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
 // AVX2 clone of the two inner kernels (no FMA: identical rounding on every x86-64 machine).
-#define BLASST_KERNEL __attribute__((target_clones("avx2", "default")))
+#define BLASST_KERNEL __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define BLASST_KERNEL
 #endif
@@ -249,6 +249,7 @@ class Engine {
     const Acc scale = static_cast<Acc>(v_.scale);
     const Acc ninf = -std::numeric_limits<Acc>::infinity();
 
+    const i64 ntiles = (Lk + T - 1) / T;
     Q_.assign(static_cast<size_t>(Rp * d), Acc(0));
     lim_.resize(R);
     i64 group_lim = -1;
@@ -261,7 +262,6 @@ class Engine {
         lim_[ri] = std::min(lim_[ri], Lk - 1);
         group_lim = std::max(group_lim, lim_[ri]);
       }
-    const i64 ntiles = (Lk + T - 1) / T;
     const i64 n_vis = group_lim < 0 ? 0 : std::min(ntiles, group_lim / T + 1);
     // Own tile for max_first: decode and causal: the last visible (diagonal) tile; full
     // attention: the tile holding key r0 * Lk / Lq.
@@ -281,8 +281,14 @@ class Engine {
     m_.assign(R, ninf);
     l_.assign(R, Acc(0));
     O_.assign(static_cast<size_t>(Rp * dvp), Acc(0));
-    Kt_.assign(static_cast<size_t>(d * Tp), Acc(0));
-    Vt_.assign(static_cast<size_t>(Tp * dvp), Acc(0));
+    if (t.b != cache_b_ || t.kh != cache_kh_) {  // tiles of another (sequence, KV head)
+      cache_b_ = t.b;
+      cache_kh_ = t.kh;
+      k_ok_.assign(static_cast<size_t>(ntiles), 0);
+      v_ok_.assign(static_cast<size_t>(ntiles), 0);
+      Kall_.resize(static_cast<size_t>(ntiles * d * Tp));
+      Vall_.resize(static_cast<size_t>(ntiles * Tp * dvp));
+    }
     S_.assign(static_cast<size_t>(Rp * Tp), Acc(0));
     tmax_.resize(R);
     krow_.resize(std::max(d, dv));
@@ -295,14 +301,7 @@ class Engine {
         cur_split = tile / split;
       }
       const i64 j0 = tile * T, nk = std::min(T, Lk - j0);
-      // K tile, transposed to [d][Tp]; keys beyond nk stay zero (masked below).
-      for (i64 jj = 0; jj < nk; ++jj) {
-        load_row(krow_.data(), v_.kd, v_.k_off(t.b, j0 + jj, t.kh), v_.in_t, d);
-        for (i64 c = 0; c < d; ++c) Kt_[c * Tp + jj] = krow_[c];
-      }
-      for (i64 jj = nk; jj < Tp; ++jj)
-        for (i64 c = 0; c < d; ++c) Kt_[c * Tp + jj] = Acc(0);
-      qk_kernel<Acc>(Q_.data(), Kt_.data(), S_.data(), Rp, d, Tp);
+      qk_kernel<Acc>(Q_.data(), k_tile(t, tile, j0, nk, Tp), S_.data(), Rp, d, Tp);
 
       Acc delta = ninf;
       for (i64 ri = 0; ri < R; ++ri) {
@@ -329,8 +328,7 @@ class Engine {
         continue;  // a skipped tile changes nothing
       }
 
-      for (i64 jj = 0; jj < nk; ++jj)
-        load_row(&Vt_[jj * dvp], v_.vd, v_.v_off(t.b, j0 + jj, t.kh), v_.in_t, dv);
+      const Acc* vt = v_tile(t, tile, j0, nk, Tp, dvp);
       for (i64 ri = 0; ri < R; ++ri) {
         Acc* s = &S_[ri * Tp];
         if (tmax_[ri] == ninf) {  // nothing visible for this row in this tile
@@ -352,7 +350,7 @@ class Engine {
         l_[ri] = l_[ri] * alpha + sum;
         m_[ri] = mnew;
       }
-      pv_kernel<Acc>(S_.data(), Vt_.data(), O_.data(), Rp, nk, Tp, dvp);
+      pv_kernel<Acc>(S_.data(), vt, O_.data(), Rp, nk, Tp, dvp);
     }
     merge_split(R, dvp);
 
@@ -377,6 +375,33 @@ class Engine {
   }
 
  private:
+  // The converted tiles of the current (sequence, KV head) are kept per thread: consecutive
+  // tasks (vote groups of the same head) reuse them instead of converting K and V again.
+  // K tile: transposed to [d][Tp], keys beyond nk zero. V tile: [Tp][dvp], padding zero.
+  const Acc* k_tile(const Task& t, i64 tile, i64 j0, i64 nk, i64 Tp) {
+    const i64 d = v_.d;
+    Acc* kt = &Kall_[static_cast<size_t>(tile * d * Tp)];
+    if (!k_ok_[tile]) {
+      for (i64 jj = 0; jj < nk; ++jj) {
+        load_row(krow_.data(), v_.kd, v_.k_off(t.b, j0 + jj, t.kh), v_.in_t, d);
+        for (i64 c = 0; c < d; ++c) kt[c * Tp + jj] = krow_[c];
+      }
+      for (i64 c = 0; c < d; ++c)
+        for (i64 jj = nk; jj < Tp; ++jj) kt[c * Tp + jj] = Acc(0);
+      k_ok_[tile] = 1;
+    }
+    return kt;
+  }
+  const Acc* v_tile(const Task& t, i64 tile, i64 j0, i64 nk, i64 Tp, i64 dvp) {
+    Acc* vt = &Vall_[static_cast<size_t>(tile * Tp * dvp)];
+    if (!v_ok_[tile]) {
+      std::fill(vt, vt + Tp * dvp, Acc(0));
+      for (i64 jj = 0; jj < nk; ++jj) load_row(&vt[jj * dvp], v_.vd, v_.v_off(t.b, j0 + jj, t.kh), v_.in_t, v_.dv);
+      v_ok_[tile] = 1;
+    }
+    return vt;
+  }
+
   // Exact merge of the current split's (m, l, O) into (M, L, OO), then reset the split state.
   void merge_split(i64 R, i64 dvp) {
     const Acc ninf = -std::numeric_limits<Acc>::infinity();
@@ -397,8 +422,10 @@ class Engine {
 
   const View& v_;
   const Settings& s_;
-  std::vector<Acc> Q_, Kt_, Vt_, S_, O_, OO_, m_, l_, M_, L_, tmax_, krow_, orow_;
+  std::vector<Acc> Q_, S_, O_, OO_, m_, l_, M_, L_, tmax_, krow_, orow_, Kall_, Vall_;
   std::vector<i64> lim_, order_;
+  std::vector<char> k_ok_, v_ok_;
+  i64 cache_b_ = -1, cache_kh_ = -1;
 };
 
 std::string counted_at(const VoteGranularity& g) {
