@@ -1,0 +1,144 @@
+// `blasst calibrate --check` on good and malformed files (library function and, when the CLI is
+// built, the command itself), and one small end-to-end `blasst calibrate` run.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <unistd.h>
+
+#include "blasst/calibration.hpp"
+#include "blasst/config.hpp"
+
+using namespace blasst;
+namespace fs = std::filesystem;
+
+namespace {
+fs::path scratch(const std::string& name) {
+  const fs::path p = fs::temp_directory_path() /
+                     ("blasst_calib_" + std::to_string(static_cast<long long>(::getpid())) + "_" + name);
+  fs::remove_all(p);
+  return p;
+}
+void write(const fs::path& p, const std::string& s) {
+  fs::create_directories(p.parent_path());
+  std::ofstream(p) << s;
+}
+const char* kGood = R"J({"model_type": "x", "sparse_attention_config": {"config_groups": {"group_0": {
+  "algorithm": "skip_softmax",
+  "threshold_scale_factor": {"formula": "a * exp(b * target_sparsity)",
+                             "prefill": {"a": 1443.49, "b": 4.3037}, "decode": {"a": 0.119, "b": 9.86}},
+  "target_sparsity": {"prefill": 0.5, "decode": 0.5}, "disabled_until_timestep": 0.86,
+  "ignore": ["*cross_attn*"]}}}})J";
+}  // namespace
+
+TEST(Check, GoodFileSummary) {
+  const auto p = scratch("good") / "config.json";
+  write(p, kGood);
+  std::ostringstream out, err;
+  EXPECT_EQ(calibration::check_config(p.string(), out, err), 0) << err.str();
+  EXPECT_TRUE(err.str().empty());
+  const std::string s = out.str();
+  EXPECT_NE(s.find("group_0"), std::string::npos) << s;
+  EXPECT_NE(s.find("1443.49"), std::string::npos) << s;
+  EXPECT_NE(s.find("*cross_attn*"), std::string::npos) << s;
+  // factor(0.5) = 1443.49 * exp(4.3037 * 0.5) = 12413.6..., lambda at 32768 = 0.3788...
+  EXPECT_NE(s.find("0.3788"), std::string::npos) << s;
+  // No block: valid, dense.
+  const auto q = scratch("none") / "config.json";
+  write(q, R"J({"model_type": "x"})J");
+  std::ostringstream o2, e2;
+  EXPECT_EQ(calibration::check_config(q.string(), o2, e2), 0);
+  EXPECT_NE(o2.str().find("dense"), std::string::npos);
+  // A model directory with two components, one without the block.
+  const auto dir = scratch("model");
+  write(dir / "transformer" / "config.json", kGood);
+  write(dir / "transformer_2" / "config.json", R"J({"a": 1})J");
+  std::ostringstream o3, e3;
+  EXPECT_EQ(calibration::check_config(dir.string(), o3, e3), 0) << e3.str();
+  EXPECT_NE(o3.str().find("transformer"), std::string::npos);
+  fs::remove_all(p.parent_path());
+  fs::remove_all(q.parent_path());
+  fs::remove_all(dir);
+}
+
+TEST(Check, MalformedFilesExit2) {
+  const auto dir = scratch("bad");
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"truncated", R"J({"sparse_attention_config": {"config_groups": )J"},
+      {"formula", R"J({"sparse_attention_config": {"config_groups": {"g": {"threshold_scale_factor":
+          {"formula": "a * L^b", "prefill": {"a": 1, "b": 2}}}}}})J"},
+      {"a_string", R"J({"sparse_attention_config": {"config_groups": {"g": {"threshold_scale_factor":
+          {"formula": "a * exp(b * target_sparsity)", "prefill": {"a": "big", "b": 2}}}}}})J"},
+      {"target", R"J({"sparse_attention_config": {"config_groups": {"g": {"threshold_scale_factor":
+          {"formula": "a * exp(b * target_sparsity)", "prefill": {"a": 1, "b": 2}},
+          "target_sparsity": {"prefill": 1.5}}}}})J"},
+      {"algorithm", R"J({"sparse_attention_config": {"config_groups": {"g": {"algorithm": "topk",
+          "threshold_scale_factor": 3.0}}}})J"},
+  };
+  for (const auto& [name, text] : bad) {
+    const auto p = dir / (name + ".json");
+    write(p, text);
+    std::ostringstream out, err;
+    EXPECT_EQ(calibration::check_config(p.string(), out, err), 2) << name << ": " << out.str();
+    EXPECT_NE(err.str().find(p.filename().string()), std::string::npos)
+        << name << ": the error names the file: " << err.str();
+  }
+  std::ostringstream out, err;
+  EXPECT_EQ(calibration::check_config((dir / "missing.json").string(), out, err), 2);
+  fs::remove_all(dir);
+}
+
+#ifdef BLASST_CLI_PATH
+namespace {
+int run(const std::string& args, const fs::path& log) {
+  const std::string cmd = std::string("'") + BLASST_CLI_PATH + "' " + args + " >'" + log.string() +
+                          "' 2>&1";
+  const int rc = std::system(cmd.c_str());
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+std::string slurp(const fs::path& p) {
+  std::ifstream f(p);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+}  // namespace
+
+TEST(Check, CommandLine) {
+  const auto dir = scratch("cli");
+  fs::create_directories(dir);
+  write(dir / "good.json", kGood);
+  write(dir / "bad.json", R"J({"sparse_attention_config": {"config_groups": {"g": {"threshold_scale_factor": -1}}}})J");
+  EXPECT_EQ(run("calibrate --check '" + (dir / "good.json").string() + "'", dir / "log1"), 0)
+      << slurp(dir / "log1");
+  EXPECT_NE(slurp(dir / "log1").find("group_0"), std::string::npos);
+  EXPECT_EQ(run("calibrate --check '" + (dir / "bad.json").string() + "'", dir / "log2"), 2);
+  EXPECT_NE(slurp(dir / "log2").find("bad.json"), std::string::npos) << slurp(dir / "log2");
+
+  // Small end-to-end calibration (dit, full mask, scaled-down vote groups).
+  const auto cfg = dir / "out" / "config.json";
+  const int rc = run("calibrate --workload dit --lengths 512,1024 --heads 2 --head-dim 32 "
+                     "--tile-keys 32 --rows 16 --targets 0.1,0.2,0.3 --threads 2 --out '" +
+                         cfg.string() + "' --report '" + (dir / "report").string() + "'",
+                     dir / "log3");
+  ASSERT_EQ(rc, 0) << slurp(dir / "log3");
+  const auto parsed = config::load_file(cfg.string());
+  ASSERT_TRUE(parsed.has_value());
+  ASSERT_EQ(parsed->groups.size(), 1u);
+  EXPECT_TRUE(parsed->groups[0].threshold_scale_factor.prefill.has_value());
+  EXPECT_FALSE(parsed->groups[0].threshold_scale_factor.decode.has_value());
+  const std::string md = slurp(dir / "report" / "report.md");
+  EXPECT_NE(md.find("Inverse law"), std::string::npos);
+  EXPECT_NE(md.find("Validation"), std::string::npos);
+  if (calibration::png_supported()) {
+    EXPECT_TRUE(fs::exists(dir / "report" / "sparsity_vs_lambda_default_prefill.png"));
+    EXPECT_TRUE(fs::exists(dir / "report" / "achieved_vs_target_default_prefill.png"));
+  }
+  EXPECT_EQ(run("calibrate --check '" + cfg.string() + "'", dir / "log4"), 0) << slurp(dir / "log4");
+  EXPECT_NE(run("calibrate --workload dit --lengths 0", dir / "log5"), 0);
+  fs::remove_all(dir);
+}
+#endif
