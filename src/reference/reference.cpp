@@ -246,7 +246,6 @@ class Engine {
     const i64 nh = t.nr > 0 ? s_.vote.heads : 0;
     const i64 R = nh * t.nr, Rp = round_up(std::max<i64>(R, 1), kRB);
     const i64 d = v_.d, dv = v_.dv, dvp = round_up(dv, kCB), Tp = round_up(T, kCB);
-    const Acc scale = static_cast<Acc>(v_.scale);
     const Acc ninf = -std::numeric_limits<Acc>::infinity();
 
     const i64 ntiles = (Lk + T - 1) / T;
@@ -267,12 +266,21 @@ class Engine {
     // attention: the tile holding key r0 * Lk / Lq.
     i64 own = n_vis - 1;
     if (!v_.decode && v_.mask == MaskKind::full && Lq > 0) own = (t.r0 * Lk / Lq) / T;
-    visit_order(s_, n_vis, own, order_);
+    const i64 split = s_.vote.split_tiles;
+    // max_first with a split layout (SPEC §2a, split-KV decode): every split visits its own tiles
+    // in natural order, but starts from running maxima seeded with the scores of the seed tiles
+    // (sink tile 0 and the own tile), computed once per vote group.
+    const bool seeded = split > 0 && s_.vote.order == VisitOrder::max_first;
+    if (seeded) {
+      order_.clear();
+      for (i64 tt = 0; tt < n_vis; ++tt) order_.push_back(tt);
+    } else {
+      visit_order(s_, n_vis, own, order_);
+    }
 
     const bool skip_on = s_.skip_on[t.b];
     const double ln_lambda = s_.ln_lambda[t.b];
     const i64 sidx = s_.vote.heads == 1 ? t.h0 : t.kh;
-    const i64 split = s_.vote.split_tiles;
 
     // Merged state (M, L, OO) and the current split's state (m, l, O).
     M_.assign(R, ninf);
@@ -292,30 +300,27 @@ class Engine {
     S_.assign(static_cast<size_t>(Rp * Tp), Acc(0));
     tmax_.resize(R);
     krow_.resize(std::max(d, dv));
+    seed_.assign(R, ninf);
+    if (seeded && n_vis > 0) {
+      for (const i64 st : {i64(0), std::clamp<i64>(own, 0, n_vis - 1)}) {
+        scores(t, st, T, Lk, R, Rp, Tp);
+        for (i64 ri = 0; ri < R; ++ri) seed_[ri] = std::max(seed_[ri], tmax_[ri]);
+      }
+      m_ = seed_;
+    }
 
     i64 cur_split = -1;
     for (const i64 tile : order_) {
       if (split > 0 && tile / split != cur_split) {
-        // Natural order: splits are visited one after the other; each starts from m = -inf.
+        // Splits are visited one after the other; each starts from m = -inf (or the seed).
         if (cur_split >= 0) merge_split(R, dvp);
         cur_split = tile / split;
       }
       const i64 j0 = tile * T, nk = std::min(T, Lk - j0);
-      qk_kernel<Acc>(Q_.data(), k_tile(t, tile, j0, nk, Tp), S_.data(), Rp, d, Tp);
-
+      scores(t, tile, T, Lk, R, Rp, Tp);
       Acc delta = ninf;
-      for (i64 ri = 0; ri < R; ++ri) {
-        Acc* s = &S_[ri * Tp];
-        const i64 nvis = std::clamp<i64>(lim_[ri] - j0 + 1, 0, nk);  // visible keys of this row
-        Acc mx = ninf;
-        for (i64 jj = 0; jj < nvis; ++jj) {
-          s[jj] *= scale;
-          mx = std::max(mx, s[jj]);
-        }
-        for (i64 jj = nvis; jj < Tp; ++jj) s[jj] = ninf;
-        tmax_[ri] = mx;
-        if (mx != ninf) delta = std::max(delta, mx - m_[ri]);  // m = -inf: +inf, never skipped
-      }
+      for (i64 ri = 0; ri < R; ++ri)
+        if (tmax_[ri] != ninf) delta = std::max(delta, tmax_[ri] - m_[ri]);  // m = -inf: +inf
       // The decision uses the delta rounded to float, exactly as recorded (SPEC §5 one-pass curve).
       const float delta_f = static_cast<float>(delta);
       if (s_.stats) {
@@ -375,6 +380,25 @@ class Engine {
   }
 
  private:
+  // S = scale * Q K^T for one tile, invisible keys -inf; tmax_ = each row's largest visible score.
+  void scores(const Task& t, i64 tile, i64 T, i64 Lk, i64 R, i64 Rp, i64 Tp) {
+    const Acc ninf = -std::numeric_limits<Acc>::infinity();
+    const Acc scale = static_cast<Acc>(v_.scale);
+    const i64 j0 = tile * T, nk = std::min(T, Lk - j0);
+    qk_kernel<Acc>(Q_.data(), k_tile(t, tile, j0, nk, Tp), S_.data(), Rp, v_.d, Tp);
+    for (i64 ri = 0; ri < R; ++ri) {
+      Acc* s = &S_[ri * Tp];
+      const i64 nvis = std::clamp<i64>(lim_[ri] - j0 + 1, 0, nk);  // visible keys of this row
+      Acc mx = ninf;
+      for (i64 jj = 0; jj < nvis; ++jj) {
+        s[jj] *= scale;
+        mx = std::max(mx, s[jj]);
+      }
+      for (i64 jj = nvis; jj < Tp; ++jj) s[jj] = ninf;
+      tmax_[ri] = mx;
+    }
+  }
+
   // The converted tiles of the current (sequence, KV head) are kept per thread: consecutive
   // tasks (vote groups of the same head) reuse them instead of converting K and V again.
   // K tile: transposed to [d][Tp], keys beyond nk zero. V tile: [Tp][dvp], padding zero.
@@ -402,11 +426,12 @@ class Engine {
     return vt;
   }
 
-  // Exact merge of the current split's (m, l, O) into (M, L, OO), then reset the split state.
+  // Exact merge of the current split's (m, l, O) into (M, L, OO), then reset the split state
+  // (m back to -inf, or to the seed in seeded layouts).
   void merge_split(i64 R, i64 dvp) {
     const Acc ninf = -std::numeric_limits<Acc>::infinity();
     for (i64 ri = 0; ri < R; ++ri) {
-      if (m_[ri] != ninf) {
+      if (m_[ri] != ninf && l_[ri] > Acc(0)) {
         const Acc mn = std::max(M_[ri], m_[ri]);
         const Acc a = M_[ri] == ninf ? Acc(0) : std::exp(M_[ri] - mn);
         const Acc b = std::exp(m_[ri] - mn);
@@ -414,7 +439,7 @@ class Engine {
         for (i64 c = 0; c < dvp; ++c) OO_[ri * dvp + c] = OO_[ri * dvp + c] * a + O_[ri * dvp + c] * b;
         M_[ri] = mn;
       }
-      m_[ri] = ninf;
+      m_[ri] = seed_[ri];
       l_[ri] = Acc(0);
       for (i64 c = 0; c < dvp; ++c) O_[ri * dvp + c] = Acc(0);
     }
@@ -422,7 +447,7 @@ class Engine {
 
   const View& v_;
   const Settings& s_;
-  std::vector<Acc> Q_, S_, O_, OO_, m_, l_, M_, L_, tmax_, krow_, orow_, Kall_, Vall_;
+  std::vector<Acc> Q_, S_, O_, OO_, m_, l_, M_, L_, tmax_, krow_, orow_, Kall_, Vall_, seed_;
   std::vector<i64> lim_, order_;
   std::vector<char> k_ok_, v_ok_;
   i64 cache_b_ = -1, cache_kh_ = -1;
@@ -442,9 +467,6 @@ void run_all(const View& v, const SkipConfig& skip, const RunOptions& opt, SkipS
   if (v.g % vote.heads != 0)
     throw Error("skip.vote.heads = " + std::to_string(vote.heads) +
                 " must divide the query heads per KV head g = Hq / Hk = " + std::to_string(v.g));
-  if (vote.order == VisitOrder::max_first && vote.split_tiles > 0)
-    throw Error("skip.vote: max_first order with split_tiles > 0 (seeded splits) is not implemented "
-                "in the reference");
   if (opt.num_threads < 0) throw Error("num_threads must be >= 0, got " + std::to_string(opt.num_threads));
 
   Settings st;

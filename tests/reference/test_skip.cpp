@@ -251,12 +251,47 @@ TEST(Skip, MaxFirstOrderDenseMatches) {
     EXPECT_LT(rel_err(D.out, o), 1e-6);
     EXPECT_EQ(st.counted_at.find("max_first") != std::string::npos, true);
   }
-  // Seeded split layouts are not implemented: a clear error, never a silent fallback.
-  Dense D(1, 64, 256, 1, 1, 16, 16, 12);
-  SkipConfig c;
-  c.vote.order = VisitOrder::max_first;
-  c.vote.split_tiles = 1;
-  EXPECT_THROW(run(D, MaskKind::full, c), Error);
+}
+
+// max_first + split layout = seeded splits (SPEC §2a): each split starts from the maxima of the
+// seed tiles (sink and own tile), so a split may skip its first tile; still exact when dense.
+TEST(Skip, SeededSplitsMaxFirst) {
+  for (MaskKind mask : {MaskKind::full, MaskKind::causal}) {
+    Dense D = llm_dense(1000, 2, 1, 64, 13);
+    run(D, mask, {});
+    const auto out0 = D.out, lse0 = D.lse;
+    for (std::int64_t split : {1, 2, 3}) {
+      SkipConfig c;
+      c.vote.order = VisitOrder::max_first;
+      c.vote.split_tiles = split;
+      RunOptions rec;
+      rec.record_deltas = true;
+      rec.collect_histogram = true;
+      const SkipStats one = run(D, mask, c, rec);
+      EXPECT_LT(rel_err(D.out, out0), 1e-6);
+      EXPECT_LT(rel_err(D.lse, lse0), 1e-6);
+      // Every row sees the sink, so no running max starts at -inf: no +inf delta anywhere.
+      for (float d : one.deltas) ASSERT_NE(d, kInf);
+      // The one-pass curve is still exact, and some splits skip their first tile.
+      for (double lam : {0.01, 0.1, 0.5}) {
+        SkipConfig sk = thr(lam);
+        sk.vote = c.vote;
+        RunOptions r2;
+        r2.record_deltas = true;
+        const SkipStats st = run(D, mask, sk, r2);
+        std::int64_t below = 0;
+        for (float d : one.deltas) below += static_cast<double>(d) < std::log(lam);
+        EXPECT_EQ(below, st.total_skipped());
+        EXPECT_EQ(st.deltas, one.deltas);
+      }
+      // Split-first tiles, natural order inside a split: with split = 1 every tile is one.
+      if (split == 1) {
+        SkipConfig sk = thr(0.5);
+        sk.vote = c.vote;
+        EXPECT_GT(run(D, mask, sk).total_skipped(), 0);
+      }
+    }
+  }
 }
 
 TEST(Skip, MaxFirstSparserThanNaturalOnDit) {
