@@ -165,10 +165,10 @@ def register(skip: Optional[SkipSoftmax] = None, *, layer_name: str = LAYER_NAME
     _state["layer_name"] = layer_name
     AttentionInterface.register(NAME, attention_forward)
     try:
-        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-        AttentionMaskInterface.register(NAME, sdpa_mask)
+        from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
     except ImportError:  # older transformers build masks per implementation name themselves
-        pass
+        return NAME
+    AttentionMaskInterface.register(NAME, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
     return NAME
 
 

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Python package test (called by scripts/test.sh): `pip install .` into a venv at build/pyenv
+# (PyPI only), then pytest tests/python. On a machine without a GPU the extension is built without
+# the CUDA kernels to keep CI fast; BLASST_PY_CUDA=ON|OFF overrides the choice.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+t0=$(date +%s)
+VENV=${BLASST_PYENV:-build/pyenv}
+PYTHON=${PYTHON:-python3}
+
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "test_python: creating the venv $VENV"
+  "$PYTHON" -m venv "$VENV"
+fi
+PY="$VENV/bin/python"
+"$PY" -m pip install -q --disable-pip-version-check pytest numpy
+
+cuda=${BLASST_PY_CUDA:-}
+if [ -z "$cuda" ]; then
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then cuda=ON; else cuda=OFF; fi
+fi
+pip_args=(-C "build-dir=${BLASST_PY_BUILD_DIR:-build/pybuild}")
+if [ "$cuda" = OFF ]; then
+  echo "test_python: no GPU here: building blasst._core WITHOUT the CUDA kernels" \
+       "(pip install . -C cmake.define.BLASST_ENABLE_CUDA=OFF); GPU tests will skip"
+  pip_args+=(-C cmake.define.BLASST_ENABLE_CUDA=OFF)
+else
+  echo "test_python: building blasst._core with the CUDA kernels"
+  pip_args+=(-C cmake.define.BLASST_ENABLE_CUDA=ON)
+fi
+export CMAKE_BUILD_PARALLEL_LEVEL=${BUILD_JOBS:-$(nproc)}
+echo "test_python: pip install . (build from PyPI: scikit-build-core, nanobind)"
+"$PY" -m pip install -q --disable-pip-version-check "${pip_args[@]}" .
+t1=$(date +%s)
+
+set +e
+"$PY" -m pytest -p no:cacheprovider -q -rs tests/python "$@"
+rc=$?
+set -e
+t2=$(date +%s)
+echo "test_python: install $((t1 - t0)) s, tests $((t2 - t1)) s, total $((t2 - t0)) s"
+if [ $rc -eq 5 ]; then
+  echo "test_python: FAILED: pytest collected no tests"
+  exit 1
+fi
+exit $rc
