@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "blasst/calibration.hpp"
+#include "blasst/half.hpp"
 
 namespace blasst::calibration {
 
@@ -58,6 +59,23 @@ StatsCurves measure_with(const StatsRunner& run, const VoteGranularity& vote,
 }
 
 namespace {
+// The GPU kernels take f16/bf16 inputs: calibrate on what they will see (bf16-rounded values).
+struct Staged {
+  std::vector<std::uint16_t> q, k, v;
+};
+Staged to_bf16(const float* q, std::int64_t nq, const float* k, const float* v, std::int64_t nk) {
+  Staged s;
+  s.q.resize(static_cast<std::size_t>(nq));
+  s.k.resize(static_cast<std::size_t>(nk));
+  s.v.resize(static_cast<std::size_t>(nk));
+  for (std::int64_t i = 0; i < nq; ++i) s.q[i] = float_to_bf16(q[i]);
+  for (std::int64_t i = 0; i < nk; ++i) {
+    s.k[i] = float_to_bf16(k[i]);
+    s.v[i] = float_to_bf16(v[i]);
+  }
+  return s;
+}
+
 void check_input(const PrefillInput& in, const char* what) {
   const std::string w = what;
   if (!in.q || !in.k || !in.v) throw Error("calibration: " + w + ": q, k and v must be given");
@@ -75,10 +93,18 @@ StatsCurves measure_prefill(const PrefillInput& in, const VoteGranularity& vote,
   const std::int64_t L = in.length, hq = in.heads_q, hk = in.heads_k, d = in.head_dim;
   std::vector<float> out(static_cast<std::size_t>(L * hq * d));
   AttentionProblem p;
-  // The inputs are only read; the Tensor view is non-const by design of the API.
-  p.q = Tensor::contiguous(const_cast<float*>(in.q), DType::f32, {1, L, hq, d});
-  p.k = Tensor::contiguous(const_cast<float*>(in.k), DType::f32, {1, L, hk, d});
-  p.v = Tensor::contiguous(const_cast<float*>(in.v), DType::f32, {1, L, hk, d});
+  Staged staged;
+  if (opt.device == DeviceKind::cuda) {
+    staged = to_bf16(in.q, L * hq * d, in.k, in.v, L * hk * d);
+    p.q = Tensor::contiguous(staged.q.data(), DType::bf16, {1, L, hq, d});
+    p.k = Tensor::contiguous(staged.k.data(), DType::bf16, {1, L, hk, d});
+    p.v = Tensor::contiguous(staged.v.data(), DType::bf16, {1, L, hk, d});
+  } else {
+    // The inputs are only read; the Tensor view is non-const by design of the API.
+    p.q = Tensor::contiguous(const_cast<float*>(in.q), DType::f32, {1, L, hq, d});
+    p.k = Tensor::contiguous(const_cast<float*>(in.k), DType::f32, {1, L, hk, d});
+    p.v = Tensor::contiguous(const_cast<float*>(in.v), DType::f32, {1, L, hk, d});
+  }
   p.out = Tensor::contiguous(out.data(), DType::f32, {1, L, hq, d});
   p.mask = in.mask;
   return measure_with(
@@ -112,10 +138,18 @@ StatsCurves measure_decode(const DecodeInput& in, const VoteGranularity& vote,
   std::vector<float> out(static_cast<std::size_t>(B * hq * d));
 
   DecodeProblem p;
-  // Step b's query is row L - B + b of the sequence: a [B, 1, Hq, d] view with row stride Hq*d.
-  p.q = Tensor::contiguous(const_cast<float*>(s.q + (L - B) * hq * d), DType::f32, {B, 1, hq, d});
-  p.k_cache = Tensor::contiguous(const_cast<float*>(s.k), DType::f32, {pages, page, hk, d});
-  p.v_cache = Tensor::contiguous(const_cast<float*>(s.v), DType::f32, {pages, page, hk, d});
+  Staged staged;
+  if (opt.device == DeviceKind::cuda) {
+    staged = to_bf16(s.q + (L - B) * hq * d, B * hq * d, s.k, s.v, L * hk * d);
+    p.q = Tensor::contiguous(staged.q.data(), DType::bf16, {B, 1, hq, d});
+    p.k_cache = Tensor::contiguous(staged.k.data(), DType::bf16, {pages, page, hk, d});
+    p.v_cache = Tensor::contiguous(staged.v.data(), DType::bf16, {pages, page, hk, d});
+  } else {
+    // Step b's query is row L - B + b of the sequence: [B, 1, Hq, d] with row stride Hq*d.
+    p.q = Tensor::contiguous(const_cast<float*>(s.q + (L - B) * hq * d), DType::f32, {B, 1, hq, d});
+    p.k_cache = Tensor::contiguous(const_cast<float*>(s.k), DType::f32, {pages, page, hk, d});
+    p.v_cache = Tensor::contiguous(const_cast<float*>(s.v), DType::f32, {pages, page, hk, d});
+  }
   p.page_table = table.data();
   p.page_table_stride = pages;
   p.seqlens_k = seqlens.data();
