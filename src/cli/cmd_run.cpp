@@ -1,0 +1,333 @@
+// `blasst run`: attention (or decode) on .npy inputs, with an optional skip threshold, writing the
+// output, the LSE and the skip statistics. See docs/cli.md for the file layout and dtypes.
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "blasst/blasst.hpp"
+#include "blasst/config.hpp"
+#include "blasst/gating.hpp"
+#include "blasst/npy.hpp"
+#include "cli/commands.hpp"
+#include "cli/common.hpp"
+
+namespace blasst::cli {
+
+namespace {
+
+struct RunArgs {
+  std::string q, k, v, out, lse, stats, config, layer, phase, dtype, order = "natural", device = "cpu";
+  bool causal = false, decode = false;
+  double threshold = 0, factor = 0, target = 0, scale = 0, timestep = 0, num_train = 0;
+  int tile_keys = 128, vote_rows = 64, vote_heads = 1, threads = 0;
+  std::int64_t split_tiles = 0;
+  // Which optional options were given.
+  CLI::Option *o_threshold = nullptr, *o_factor = nullptr, *o_config = nullptr, *o_target = nullptr,
+              *o_scale = nullptr, *o_timestep = nullptr, *o_phase = nullptr, *o_dtype = nullptr;
+};
+
+[[noreturn]] void bad_arg(const std::string& opt, const std::string& what) { throw Error(opt + ": " + what); }
+
+std::string fmt(double x) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%g", x);
+  return buf;
+}
+
+struct Input {
+  std::string path, opt;
+  npy::Array arr;
+  DType file_dtype = DType::f32;
+  bool batched = false;  // rank 4 in the file
+};
+
+Input load_input(const std::string& opt, const std::string& path, bool as_bf16) {
+  Input in;
+  in.path = path;
+  in.opt = opt;
+  in.arr = npy::read(path);
+  in.file_dtype = npy::library_dtype(in.arr, as_bf16, path);
+  const auto rank = in.arr.shape.size();
+  if (rank != 3 && rank != 4)
+    bad_arg(opt, path + ": expected shape [B, L, H, d] or [L, H, d], got rank " + std::to_string(rank));
+  for (auto d : in.arr.shape)
+    if (d == 0) bad_arg(opt, path + ": empty dimension in the shape");
+  in.batched = rank == 4;
+  return in;
+}
+
+// The input as a [B, L, H, d] buffer in the compute dtype.
+HostBuffer to_compute(Input& in, DType t) {
+  std::vector<std::int64_t> shape = in.arr.shape;
+  if (!in.batched) shape.insert(shape.begin(), 1);
+  if (in.file_dtype == t) {
+    HostBuffer b;
+    b.dtype = t;
+    b.shape = shape;
+    b.bytes = std::move(in.arr.bytes);
+    return b;
+  }
+  return from_floats(npy::to_f32(in.arr, in.file_dtype), shape, t);
+}
+
+npy::Array to_file(const HostBuffer& b, npy::Elem e, std::vector<std::int64_t> shape) {
+  if (b.dtype == DType::f64 && e == npy::Elem::f64) {
+    return npy::from_f64(reinterpret_cast<const double*>(b.bytes.data()), shape);
+  }
+  const std::vector<float> x = to_floats(b);
+  switch (e) {
+    case npy::Elem::f32: return npy::from_f32(x.data(), shape);
+    case npy::Elem::f64: {
+      std::vector<double> d(x.begin(), x.end());
+      return npy::from_f64(d.data(), shape);
+    }
+    case npy::Elem::f16: {
+      const HostBuffer h = from_floats(x, b.shape, DType::f16);
+      return npy::from_u16(reinterpret_cast<const std::uint16_t*>(h.bytes.data()), shape, e);
+    }
+    case npy::Elem::u16:
+    case npy::Elem::bf16: {
+      const HostBuffer h = from_floats(x, b.shape, DType::bf16);
+      return npy::from_u16(reinterpret_cast<const std::uint16_t*>(h.bytes.data()), shape, e);
+    }
+  }
+  throw Error("internal: unknown element type");
+}
+
+void check_args(const RunArgs& a) {
+  if (a.o_threshold->count() && !(a.threshold > 0 && a.threshold < 1))
+    bad_arg("--threshold", "lambda must lie in (0, 1), got " + fmt(a.threshold));
+  if (a.o_factor->count() && !(std::isfinite(a.factor) && a.factor > 0))
+    bad_arg("--factor", "must be a finite number > 0, got " + fmt(a.factor));
+  if (a.o_target->count() && !(a.target >= 0 && a.target <= 1))
+    bad_arg("--target-sparsity", "must lie in [0, 1], got " + fmt(a.target));
+  if (a.o_scale->count() && !(std::isfinite(a.scale) && a.scale > 0))
+    bad_arg("--scale", "must be a finite number > 0, got " + fmt(a.scale));
+  if (a.o_timestep->count()) {
+    if (!std::isfinite(a.timestep)) bad_arg("--timestep", "must be finite, got " + fmt(a.timestep));
+    if (!(std::isfinite(a.num_train) && a.num_train > 0))
+      bad_arg("--num-train-timesteps", "must be a finite number > 0, got " + fmt(a.num_train));
+    const double t = a.timestep / a.num_train;
+    if (!(t >= 0 && t <= 1))
+      bad_arg("--timestep", "timestep / num_train_timesteps = " + fmt(t) + " must lie in [0, 1]");
+  }
+  if (a.split_tiles < 0) bad_arg("--split-tiles", "must be >= 0");
+  if (a.threads < 0) bad_arg("--threads", "must be >= 0");
+}
+
+void run(RunArgs& a) {
+  check_args(a);
+  Progress progress;
+  const bool as_bf16 = a.o_dtype->count() && a.dtype == "bf16";
+
+  // ---- device ----
+  DeviceKind device = DeviceKind::cpu;
+  if (a.device == "cuda") {
+    if (!cuda_available())
+      bad_arg("--device", "cuda requested but no usable GPU (built without CUDA, or no sm_90 device)");
+    device = DeviceKind::cuda;
+  } else if (a.device == "auto") {
+    device = cuda_available() ? DeviceKind::cuda : DeviceKind::cpu;
+  }
+
+  // ---- inputs ----
+  progress.update("reading inputs");
+  Input qi = load_input("--q", a.q, as_bf16);
+  Input ki = load_input("--k", a.k, as_bf16);
+  Input vi = load_input("--v", a.v, as_bf16);
+  if (ki.arr.shape.size() != qi.arr.shape.size() || vi.arr.shape.size() != qi.arr.shape.size())
+    bad_arg("--k/--v", "q, k and v must all be rank 3 ([L, H, d]) or all rank 4 ([B, L, H, d])");
+  if (ki.file_dtype != qi.file_dtype || vi.file_dtype != qi.file_dtype)
+    bad_arg("--k/--v", std::string("q, k and v must share one dtype (") + a.q + ": " + to_string(qi.file_dtype) +
+                           ", " + a.k + ": " + to_string(ki.file_dtype) + ", " + a.v + ": " + to_string(vi.file_dtype) + ")");
+  const DType compute = a.o_dtype->count() ? parse_dtype(a.dtype) : qi.file_dtype;
+  const npy::Elem out_elem = qi.arr.elem;  // output in the dtype (and encoding) of the q file
+  const bool batched = qi.batched;
+
+  HostBuffer q = to_compute(qi, compute), k = to_compute(ki, compute), v = to_compute(vi, compute);
+  const std::int64_t B = q.shape[0], Lq = q.shape[1], Hq = q.shape[2];
+  const std::int64_t Lk = k.shape[1], Hk = k.shape[2], dv = v.shape[3];
+  if (k.shape[0] != B || v.shape[0] != B)
+    bad_arg("--k/--v", "batch sizes differ: q " + std::to_string(B) + ", k " + std::to_string(k.shape[0]) +
+                           ", v " + std::to_string(v.shape[0]));
+  if (v.shape[1] != Lk || v.shape[2] != Hk)
+    bad_arg("--v", a.v + ": [L, H] must match k's [" + std::to_string(Lk) + ", " + std::to_string(Hk) + "]");
+  if (k.shape[3] != q.shape[3])
+    bad_arg("--k", a.k + ": head dim " + std::to_string(k.shape[3]) + " differs from q's " + std::to_string(q.shape[3]));
+
+  // ---- skip settings ----
+  const Phase phase = a.o_phase->count() ? parse_phase(a.phase) : (a.decode ? Phase::decode : Phase::prefill);
+  SkipConfig skip;
+  std::string source = "none (dense)";
+  std::optional<double> gate_d;
+  if (a.o_threshold->count()) {
+    skip.enabled = true;
+    skip.threshold = a.threshold;
+    source = "threshold";
+  } else if (a.o_factor->count()) {
+    skip.enabled = true;
+    skip.factor = a.factor;
+    source = "factor";
+  } else if (a.o_config->count()) {
+    const auto cfg = config::load_file(a.config);
+    if (!cfg) {
+      std::fprintf(stderr, "blasst: note: %s has no sparse_attention_config: running dense\n", a.config.c_str());
+      source = "config (no block: dense)";
+    } else {
+      skip = config::resolve(*cfg, a.layer, phase,
+                             a.o_target->count() ? std::optional<double>(a.target) : std::nullopt);
+      gate_d = config::disabled_until_timestep(*cfg, a.layer);
+      source = skip.enabled ? "config" : "config (layer ignored or unmatched: dense)";
+    }
+  }
+  if (!a.o_config->count() && a.o_timestep->count())
+    std::fprintf(stderr, "blasst: note: --timestep only gates a --config with disabled_until_timestep\n");
+  // SPEC §4: timestep gating (D set and no t published: dense, with one warning).
+  TimestepGate gate(gate_d);
+  if (a.o_timestep->count()) gate.record_timestep(a.timestep, a.num_train);
+  const bool gate_active = gate.active();
+  if (skip.enabled && !gate_active) {
+    skip = SkipConfig{};
+    source += gate.current() ? " (gated: t > disabled_until_timestep, dense)" : " (gated: no --timestep, dense)";
+  }
+  skip.vote.tile_keys = a.tile_keys;
+  skip.vote.rows = a.vote_rows;
+  skip.vote.heads = a.vote_heads;
+  skip.vote.split_tiles = a.split_tiles;
+  skip.vote.order = parse_order(a.order);
+
+  // ---- outputs (poisoned: whatever the engine fails to write shows up as NaN) ----
+  const DType out_t = compute == DType::f64 ? DType::f64 : DType::f32;
+  HostBuffer out = make_buffer(out_t, {B, Lq, Hq, dv});
+  poison(out);
+  HostBuffer lse;
+  if (!a.lse.empty()) {
+    lse = make_buffer(DType::f32, {B, Hq, Lq});
+    poison(lse);
+  }
+
+  RunOptions opt;
+  opt.collect_stats = true;
+  opt.num_threads = a.threads;
+  opt.device = device;
+  SkipStats stats;
+  progress.update(std::string(a.decode ? "decode" : "attention") + " on " + (device == DeviceKind::cuda ? "cuda" : "cpu") +
+                  ": B=" + std::to_string(B) + " Lq=" + std::to_string(Lq) + " Lk=" + std::to_string(Lk) +
+                  " Hq=" + std::to_string(Hq) + " Hk=" + std::to_string(Hk));
+  const double t0 = now_ms();
+  if (a.decode) {
+    DecodeProblem p;
+    p.q = q.tensor();
+    p.k_cache = k.tensor();
+    p.v_cache = v.tensor();
+    p.out = out.tensor();
+    if (!a.lse.empty()) p.lse = lse.tensor();
+    p.mask = MaskKind::causal;
+    if (a.o_scale->count()) p.scale = a.scale;
+    blasst::decode(p, skip, opt, &stats);
+  } else {
+    AttentionProblem p;
+    p.q = q.tensor();
+    p.k = k.tensor();
+    p.v = v.tensor();
+    p.out = out.tensor();
+    if (!a.lse.empty()) p.lse = lse.tensor();
+    p.mask = a.causal ? MaskKind::causal : MaskKind::full;
+    if (a.o_scale->count()) p.scale = a.scale;
+    blasst::attention(p, skip, opt, &stats);
+  }
+  const double ms = now_ms() - t0;
+
+  // ---- write ----
+  progress.update("writing " + a.out);
+  std::vector<std::int64_t> oshape = {B, Lq, Hq, dv};
+  if (!batched) oshape.erase(oshape.begin());
+  npy::write(a.out, to_file(out, out_elem, oshape));
+  if (!a.lse.empty()) {
+    std::vector<std::int64_t> lshape = {B, Hq, Lq};
+    if (!batched) lshape.erase(lshape.begin());
+    npy::write(a.lse, npy::from_f32(reinterpret_cast<const float*>(lse.bytes.data()), lshape));
+  }
+  if (!a.stats.empty()) {
+    nlohmann::json j = stats_json(stats);
+    j["command"] = a.decode ? "decode" : "attention";
+    j["phase"] = to_string(phase);
+    j["mask"] = a.decode ? "causal" : (a.causal ? "causal" : "full");
+    j["device"] = device == DeviceKind::cuda ? "cuda" : "cpu";
+    j["compute_dtype"] = to_string(compute);
+    j["shape"] = {{"batch", B}, {"q_len", Lq}, {"k_len", Lk}, {"heads_q", Hq}, {"heads_k", Hk},
+                  {"head_dim", q.shape[3]}, {"head_dim_v", dv}};
+    j["threshold_source"] = source;
+    j["skip_enabled"] = skip.enabled;
+    if (skip.threshold) j["threshold"] = *skip.threshold;
+    if (skip.factor) j["factor"] = *skip.factor;
+    if (skip.calibration) {
+      j["calibration"] = {{"a", skip.calibration->a}, {"b", skip.calibration->b}};
+      j["target_sparsity"] = skip.target_sparsity;
+    }
+    if (gate_d) j["disabled_until_timestep"] = *gate_d;
+    if (gate.current()) j["timestep"] = *gate.current();
+    j["elapsed_ms"] = ms;
+    std::ofstream f(a.stats);
+    if (!f) bad_arg("--stats", a.stats + ": cannot open for writing");
+    f << j.dump(2) << "\n";
+    if (!f) bad_arg("--stats", a.stats + ": write error");
+  }
+  progress.clear();
+  std::printf("blasst run: wrote %s (%s); %s; skipped %lld of %lld tiles (sparsity %.4f); %.1f ms on %s\n",
+              a.out.c_str(), to_string(compute), source.c_str(), static_cast<long long>(stats.total_skipped()),
+              static_cast<long long>(stats.total_visited()), stats.sparsity(), ms,
+              device == DeviceKind::cuda ? "cuda" : "cpu");
+}
+
+}  // namespace
+
+void register_run(CLI::App& app) {
+  auto a = std::make_shared<RunArgs>();
+  CLI::App* s = app.add_subcommand("run", "Attention (or --decode) on .npy files with Skip-Softmax");
+  s->add_option("--q", a->q, "queries .npy, [B, Lq, Hq, d] or [Lq, Hq, d]")->required()->check(CLI::ExistingFile);
+  s->add_option("--k", a->k, "keys .npy, [B, Lk, Hk, d] or [Lk, Hk, d]")->required()->check(CLI::ExistingFile);
+  s->add_option("--v", a->v, "values .npy, [B, Lk, Hk, dv] or [Lk, Hk, dv]")->required()->check(CLI::ExistingFile);
+  s->add_option("--out", a->out, "output .npy, [B, Lq, Hq, dv], in the dtype of --q")->required();
+  s->add_option("--lse", a->lse, "also write the log-sum-exp, float32 [B, Hq, Lq]");
+  s->add_option("--stats", a->stats, "write skip statistics (JSON)");
+  s->add_flag("--causal", a->causal, "causal mask (bottom-right aligned); default: full");
+  s->add_flag("--decode", a->decode, "decode: q [B, q_len, Hq, d] against contiguous caches k/v [B, Lmax, Hk, d]");
+  a->o_threshold = s->add_option("--threshold", a->threshold, "lambda itself, in (0, 1)");
+  a->o_factor = s->add_option("--factor", a->factor, "raw threshold_scale_factor: lambda = factor / Lk");
+  a->o_config = s->add_option("--config", a->config, "config.json with a sparse_attention_config block")
+                    ->check(CLI::ExistingFile);
+  a->o_threshold->excludes(a->o_factor)->excludes(a->o_config);
+  a->o_factor->excludes(a->o_config);
+  a->o_target = s->add_option("--target-sparsity", a->target, "target sparsity for the calibrated factor")
+                    ->needs(a->o_config);
+  a->o_phase = s->add_option("--phase", a->phase, "calibration phase (default: prefill, decode with --decode)")
+                   ->check(CLI::IsMember({"prefill", "decode"}))->needs(a->o_config);
+  s->add_option("--layer", a->layer, "layer name for the config's ignore/layers patterns")->needs(a->o_config);
+  a->o_scale = s->add_option("--scale", a->scale, "score scale (default 1/sqrt(d))");
+  a->o_dtype = s->add_option("--dtype", a->dtype,
+                             "compute dtype; bf16 also reads '<u2' inputs as bfloat16 bits (default: the files')")
+                   ->check(CLI::IsMember({"f32", "f16", "bf16", "f64"}));
+  s->add_option("--tile-keys", a->tile_keys, "keys per tile (SPEC: 128)")->check(CLI::PositiveNumber);
+  s->add_option("--vote-rows", a->vote_rows, "query rows per vote group (reference)")->check(CLI::PositiveNumber);
+  s->add_option("--vote-heads", a->vote_heads, "query heads per vote group: 1 or a divisor of Hq/Hk")
+      ->check(CLI::PositiveNumber);
+  s->add_option("--split-tiles", a->split_tiles, "split-KV layout: key tiles per split (0 = unsplit)");
+  s->add_option("--order", a->order, "tile visit order (SPEC §2a)")
+      ->check(CLI::IsMember({"natural", "max_first", "max-first"}));
+  s->add_option("--device", a->device, "cpu (reference), cuda, or auto")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+  s->add_option("--threads", a->threads, "reference threads (0 = all cores)");
+  a->o_timestep = s->add_option("--timestep", a->timestep, "diffusion: scheduler timestep of this step");
+  auto* nt = s->add_option("--num-train-timesteps", a->num_train, "diffusion: scheduler num_train_timesteps");
+  a->o_timestep->needs(nt);
+  nt->needs(a->o_timestep);
+  s->callback([a] { run(*a); });
+}
+
+}  // namespace blasst::cli
