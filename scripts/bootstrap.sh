@@ -8,7 +8,7 @@ CUTLASS_VERSION=4.2.0.0
 
 need=()
 have_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
-for p in build-essential cmake ninja-build libgtest-dev googletest libcli11-dev nlohmann-json3-dev \
+for p in build-essential cmake ninja-build libgtest-dev googletest libcli11-dev nlohmann-json3-dev libpng-dev \
          python3 python3-pip python3-venv unzip; do
   have_pkg "$p" || need+=("$p")
 done
