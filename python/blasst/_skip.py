@@ -35,7 +35,7 @@ class SkipSoftmax:
     ``SkipSoftmax.dense()`` is the exact dense path.
     """
 
-    __slots__ = ("_cfg", "_disabled_until", "_key")
+    __slots__ = ("_cfg", "_disabled_until", "_key", "_op_str")
 
     def __init__(self, *, threshold: Optional[float] = None, factor: Optional[float] = None,
                  calibration: Optional[Tuple[float, float]] = None,
@@ -86,6 +86,9 @@ class SkipSoftmax:
         self._disabled_until = _check_unit_interval(
             "SkipSoftmax: disabled_until_timestep", disabled_until)
         self._key = None
+        # Plain-Python description, computed once: torch.compile traces attribute reads of it
+        # but cannot trace into the C++ object.
+        self._op_str = repr(self.fields())
 
     @classmethod
     def dense(cls) -> "SkipSoftmax":
@@ -177,6 +180,8 @@ class SkipSoftmax:
         if not enabled:
             self = cls.dense()
             self._disabled_until = disabled_until
+            self._key = None
+            self._op_str = repr(self.fields())
             return self
         if cal is not None:
             return cls(calibration=tuple(cal), target_sparsity=target, tile_keys=tile_keys,

@@ -23,7 +23,7 @@ def skip_to_str(skip: Optional[SkipSoftmax]) -> str:
         return _DENSE
     if not isinstance(skip, SkipSoftmax):
         raise TypeError(f"skip: expected a blasst.SkipSoftmax (or None), got {type(skip).__name__}")
-    return repr(skip.fields())
+    return skip._op_str
 
 
 @functools.lru_cache(maxsize=256)
