@@ -192,6 +192,9 @@ class SkipSoftmax:
                    vote_rows=vote_rows, vote_heads=vote_heads, split_tiles=split_tiles,
                    order=order, disabled_until_timestep=disabled_until)
 
+    def __reduce__(self):  # picklable (multiprocessing, torch.save of modules that hold one)
+        return (SkipSoftmax.from_fields, (self.fields(),))
+
     def __eq__(self, other) -> bool:
         return isinstance(other, SkipSoftmax) and self.fields() == other.fields()
 

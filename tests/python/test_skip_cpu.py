@@ -145,3 +145,7 @@ def test_skip_softmax_object():
     assert "threshold=0.01" in repr(s)
     d = blasst.SkipSoftmax.dense()
     assert not d.enabled and "dense" in repr(d)
+    import pickle
+    c = blasst.SkipSoftmax(calibration=(2.0, 3.0), target_sparsity=0.4, disabled_until_timestep=0.5)
+    for x in (s, d, c):
+        assert pickle.loads(pickle.dumps(x)) == x
