@@ -15,7 +15,9 @@ struct ResolvedAttention {
   std::int64_t hq = 0, hk = 0, d = 0, dv = 0;
   std::int64_t group = 1;              // hq / hk
   bool ragged = false;
-  // Per sequence (host copies even when the problem's offsets live on the device):
+  // Per sequence (host copies even when the problem's offsets live on the device). Exception:
+  // device offsets with both max_seqlen_q and max_seqlen_k given (capture-safe call): the offsets
+  // are not read, these vectors stay empty and max_*_len hold the given bounds.
   std::vector<std::int64_t> q_start, q_len, k_start, k_len;
   std::int64_t max_q_len = 0, max_k_len = 0;
   double scale = 0.0;
@@ -29,7 +31,9 @@ struct ResolvedDecode {
   std::int64_t hq = 0, hk = 0, d = 0, dv = 0, group = 1;
   bool paged = false;
   std::int64_t page_size = 0, num_pages = 0, max_pages_per_seq = 0;
-  std::vector<std::int64_t> k_len;     // per sequence (host copy)
+  // Per sequence (host copy); empty for device seqlens_k with max_seqlen_k given (not read).
+  // Paged: max_pages_per_seq = page_table_stride, capacity = stride * page_size.
+  std::vector<std::int64_t> k_len;
   std::int64_t max_k_len = 0;
   double scale = 0.0;
   MaskKind mask = MaskKind::causal;
