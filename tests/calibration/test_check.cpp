@@ -11,6 +11,8 @@
 
 #include "blasst/calibration.hpp"
 #include "blasst/config.hpp"
+#include "blasst/npy.hpp"
+#include "blasst/workloads.hpp"
 
 using namespace blasst;
 namespace fs = std::filesystem;
@@ -139,6 +141,53 @@ TEST(Check, CommandLine) {
   }
   EXPECT_EQ(run("calibrate --check '" + cfg.string() + "'", dir / "log4"), 0) << slurp(dir / "log4");
   EXPECT_NE(run("calibrate --workload dit --lengths 0", dir / "log5"), 0);
+  EXPECT_NE(run("calibrate --npy-dir '" + (dir / "nothing").string() + "'", dir / "log6"), 0);
+  fs::remove_all(dir);
+}
+
+// --npy-dir: layer files (per-layer groups) and a multi-component model directory.
+TEST(Check, CommandLineNpy) {
+  const auto dir = scratch("npy");
+  auto dump = [](const fs::path& base, std::uint64_t seed) {
+    WorkloadSpec s;
+    s.kind = WorkloadKind::llm;
+    s.seq_len = 1024;
+    s.heads_q = 2;
+    s.heads_k = 2;
+    s.head_dim = 32;
+    s.seed = seed;
+    const Workload w = make_workload(s);
+    fs::create_directories(base.parent_path());
+    npy::write(base.string() + "_q.npy", npy::from_f32(w.q.data(), {1, 1024, 2, 32}));
+    npy::write(base.string() + "_k.npy", npy::from_f32(w.k.data(), {1024, 2, 32}));
+    npy::write(base.string() + "_v.npy", npy::from_f32(w.v.data(), {1024, 2, 32}));
+  };
+  dump(dir / "acts" / "layer0", 1);
+  dump(dir / "acts" / "layer1", 2);
+  const std::string common = " --lengths 512,1024 --tile-keys 32 --rows 16 --order max_first "
+                             "--targets 0.1,0.2 --threads 2";
+  const auto cfg = dir / "config.json";
+  ASSERT_EQ(run("calibrate --npy-dir '" + (dir / "acts").string() + "' --per-layer --layer-pattern "
+                "'model.layers.{}.attn' --out '" + cfg.string() + "'" + common, dir / "log1"), 0)
+      << slurp(dir / "log1");
+  const auto parsed = config::load_file(cfg.string());
+  ASSERT_TRUE(parsed.has_value());
+  ASSERT_EQ(parsed->groups.size(), 3u) << slurp(cfg);
+  EXPECT_EQ(parsed->groups[0].layers, std::vector<std::string>{"model.layers.0.attn"});
+  EXPECT_EQ(parsed->groups[1].layers, std::vector<std::string>{"model.layers.1.attn"});
+  EXPECT_TRUE(parsed->groups[2].layers.empty());
+  // Two components: one config.json per component under --out.
+  dump(dir / "model" / "transformer" / "layer0", 3);
+  dump(dir / "model" / "transformer_2" / "layer0", 4);
+  ASSERT_EQ(run("calibrate --npy-dir '" + (dir / "model").string() + "' --out '" +
+                (dir / "out").string() + "'" + common, dir / "log2"), 0)
+      << slurp(dir / "log2");
+  for (const char* c : {"transformer", "transformer_2"})
+    EXPECT_TRUE(config::load_file((dir / "out" / c / "config.json").string()).has_value()) << c;
+  EXPECT_EQ(run("calibrate --check '" + (dir / "out").string() + "'", dir / "log3"), 0);
+  EXPECT_NE(slurp(dir / "log3").find("transformer_2"), std::string::npos) << slurp(dir / "log3");
+  // A length beyond the files: refused.
+  EXPECT_EQ(run("calibrate --npy-dir '" + (dir / "acts").string() + "' --lengths 4096", dir / "log4"), 2);
   fs::remove_all(dir);
 }
 #endif
