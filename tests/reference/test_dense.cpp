@@ -1,6 +1,8 @@
 // Dense reference vs an independent naive float64 attention.
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include "common.hpp"
 
 using namespace blasst;
@@ -62,4 +64,28 @@ TEST(Dense, MatchesNaiveFp64Oracle) {
   const Case cases[] = {{1, 129, 257, 4, 2, 32, 16, true}, {2, 64, 64, 8, 1, 128, 128, false}};
   std::uint64_t seed = 99;
   for (const auto& c : cases) check_case(c, true, 1e-12, seed += 7);
+}
+
+// Thread count changes neither the outputs nor the order of the recorded deltas.
+TEST(Dense, DeterministicAcrossThreadCounts) {
+  Dense D(2, 300, 300, 4, 2, 32, 32, 77);
+  std::vector<float> out_ref, lse_ref, deltas_ref;
+  for (int th : {1, 2, 3, 7}) {
+    RunOptions opt;
+    opt.num_threads = th;
+    opt.record_deltas = true;
+    SkipStats st;
+    SkipConfig c = SkipConfig::from_threshold(0.05);
+    c.vote.rows = 16;
+    reference::attention(D.problem(MaskKind::causal), c, opt, &st);
+    if (th == 1) {
+      out_ref = D.out;
+      lse_ref = D.lse;
+      deltas_ref = st.deltas;
+      continue;
+    }
+    EXPECT_EQ(0, std::memcmp(out_ref.data(), D.out.data(), out_ref.size() * 4)) << th;
+    EXPECT_EQ(0, std::memcmp(lse_ref.data(), D.lse.data(), lse_ref.size() * 4)) << th;
+    EXPECT_EQ(deltas_ref, st.deltas) << th;
+  }
 }

@@ -1,6 +1,7 @@
 // Every bad input is a blasst::Error whose message names the argument (never UB).
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <functional>
 
 #include "common.hpp"
@@ -202,4 +203,44 @@ TEST(Validation, EmptySequencesAreAllowed) {
   for (float x : Bz.lse) EXPECT_TRUE(std::isinf(x) && x < 0);
   EXPECT_EQ(st.total_visited(), 0);
   EXPECT_EQ(st.sparsity(), 0.0);
+}
+
+namespace {
+int g_copies = 0;
+void fake_copy(void* dst, const void* src, std::size_t n) {
+  ++g_copies;
+  std::memcpy(dst, src, n);
+}
+}  // namespace
+
+// The CUDA layer's view of validation, with host memory standing in for the device: offsets are
+// read through copy_to_host, and not at all in the capture-safe case (both max_seqlen given).
+TEST(Validation, DeviceOffsetsGoThroughCopyToHost) {
+  std::vector<float> q(30 * 2 * 8), k(50 * 8), v(50 * 8), o(30 * 2 * 8);
+  const std::int32_t cq[] = {0, 10, 30}, ck[] = {0, 20, 50};
+  AttentionProblem p;
+  p.q = Tensor::contiguous(q.data(), DType::f32, {30, 2, 8}, DeviceKind::cuda);
+  p.k = Tensor::contiguous(k.data(), DType::f32, {50, 1, 8}, DeviceKind::cuda);
+  p.v = Tensor::contiguous(v.data(), DType::f32, {50, 1, 8}, DeviceKind::cuda);
+  p.out = Tensor::contiguous(o.data(), DType::f32, {30, 2, 8}, DeviceKind::cuda);
+  p.cu_seqlens_q = cq;
+  p.cu_seqlens_k = ck;
+  p.batch = 2;
+  const auto saved = detail::copy_to_host;
+  detail::copy_to_host = fake_copy;
+  g_copies = 0;
+  auto r = detail::validate_attention(p, DeviceKind::cuda);
+  EXPECT_EQ(g_copies, 2);
+  EXPECT_EQ(r.k_len, (std::vector<std::int64_t>{20, 30}));
+  EXPECT_EQ(r.max_q_len, 20);
+  p.max_seqlen_q = 20;
+  p.max_seqlen_k = 30;
+  g_copies = 0;
+  r = detail::validate_attention(p, DeviceKind::cuda);
+  EXPECT_EQ(g_copies, 0);
+  EXPECT_TRUE(r.q_len.empty());
+  EXPECT_EQ(r.max_k_len, 30);
+  // The reference refuses device tensors.
+  expect_error([&] { reference::attention(p); }, "q: tensor is on cuda");
+  detail::copy_to_host = saved;
 }
