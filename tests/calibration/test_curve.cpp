@@ -241,3 +241,45 @@ TEST(Curve, OnePassCurvePredictsReferenceRuns) {
   }
   EXPECT_GE(checked, 9);
 }
+
+// The generic path: any callable that returns SkipStats (a whole model run, say).
+TEST(Curve, MeasureWithCallback) {
+  VoteGranularity g = gran(32, 2);
+  int calls = 0;
+  const auto c = measure_with(
+      [&](const SkipConfig& probe, const RunOptions& ro) {
+        ++calls;
+        EXPECT_TRUE(probe.enabled);
+        EXPECT_TRUE(same_granularity(probe.vote, g));
+        EXPECT_LT(resolve_lambda(probe, 1 << 20), 1e-300);  // nothing can be skipped
+        EXPECT_TRUE(ro.collect_histogram);
+        EXPECT_TRUE(ro.record_deltas);
+        SkipStats st;
+        st.granularity = probe.vote;
+        st.visited = {2, 1};
+        st.skipped = {0, 0};
+        st.deltas = {-3.0f, std::numeric_limits<float>::infinity(), -1.0f};
+        return st;
+      },
+      g);
+  EXPECT_EQ(calls, 1);
+  EXPECT_TRUE(c.layer.exact());
+  EXPECT_DOUBLE_EQ(c.layer.sparsity_at_log(-2.0), 1.0 / 3.0);
+  // A "probe" that skipped something did not follow the dense trajectory: refused.
+  EXPECT_THROW(measure_with(
+                   [&](const SkipConfig& probe, const RunOptions&) {
+                     SkipStats st;
+                     st.granularity = probe.vote;
+                     st.visited = {3};
+                     st.skipped = {1};
+                     st.deltas = {-3.0f, -2.0f, -1.0f};
+                     return st;
+                   },
+                   g),
+               Error);
+  EXPECT_THROW(measure_with(StatsRunner{}, g), Error);
+  // Bad measuring inputs name the argument.
+  PrefillInput bad{};
+  EXPECT_THROW(measure_prefill(bad, g), Error);
+  EXPECT_THROW(default_decode_granularity(0), Error);
+}
