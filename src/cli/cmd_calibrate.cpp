@@ -288,10 +288,15 @@ void calibrate_cmd(CalibrateArgs a) {
               to_string(mask), static_cast<long long>(hq), static_cast<long long>(hk),
               static_cast<long long>(d), a.device.c_str());
   for (const auto& f : result.fits) {
-    double e = 0, ef = 0;
+    double e = 0, ef = 0, e_live = 0;
+    int dense = 0;
     for (const auto& r : validation.rows)
       if (r.component == f.component && r.layer == f.layer && r.phase == f.phase && r.in_range) {
         e = std::max(e, std::abs(r.achieved - r.target));
+        if (r.lambda >= 1.0)
+          ++dense;
+        else
+          e_live = std::max(e_live, std::abs(r.achieved - r.target));
         if (!std::isnan(r.achieved_fixed)) ef = std::max(ef, std::abs(r.achieved_fixed - r.target));
       }
     std::printf("  %-7s %s%s: a = %.6g, b = %.6g, R^2 = %.4f, range [%.2f, %.2f], lengths %s, "
@@ -299,6 +304,9 @@ void calibrate_cmd(CalibrateArgs a) {
                 to_string(f.phase), f.component.c_str(),
                 f.layer.empty() ? "" : (" layer " + f.layer).c_str(), f.fit.ab.a, f.fit.ab.b,
                 f.fit.r2, f.range_lo, f.range_hi, join(f.lengths).c_str(), e, ef);
+    if (dense > 0)
+      std::printf("    %d in-range (length, target) pairs get lambda >= 1 from the fit and run dense; "
+                  "max error elsewhere %.3f\n", dense, e_live);
     for (double t : f.extrapolated)
       std::printf("    warning: target %.2f is outside the observed range (extrapolation)\n", t);
   }
