@@ -489,4 +489,19 @@ TEST(GpuDecode, UnsupportedCombosAreErrors) {
   }
 }
 
+
+// Small case for compute-sanitizer (memcheck, racecheck) in scripts/device_decode.sh: paged,
+// ragged, q_len > 1, skip on, forced splits, both instantiation families.
+TEST(GpuDecodeSanitizer, Small) {
+  SKIP_WITHOUT_GPU();
+  Case c;
+  c.page = 16;
+  c.q_len = 2;
+  c.lens = {1, 129, 700};
+  check_dense(c, 2);
+  c.structured = true;
+  c.lens = {2000};
+  check_skip(c, blasst::SkipConfig::from_threshold(0.05), 4, 0.0);
+}
+
 }  // namespace

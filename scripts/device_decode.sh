@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Everything the decode kernel needs from the GPU machine, in one call:
+#   configure + build (test_gpu_decode, blasst_decode_bench), GPU tests, compute-sanitizer
+#   (memcheck, racecheck) on a small case, the benchmark; logs under $OUT, a short table last.
+# Usage: [BLASST_COMMIT=abc123] scripts/device_decode.sh [all|test|bench|quick]
+#   all: tests + sanitizer + full benchmark; test: no benchmark; bench: benchmark only;
+#   quick: tests + sanitizer + a 2-row benchmark.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+MODE=${1:-all}
+OUT=${OUT:-/tmp/blasst_decode_out}
+mkdir -p "$OUT"
+BUILD=${BUILD_DIR:-build-device-decode}
+JOBS=${BUILD_JOBS:-16}
+# Never use NVLink multicast on shared machines.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PYTHONUNBUFFERED=1
+
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv > "$OUT/gpu.txt" 2>&1
+cat "$OUT/gpu.txt"
+t0=$(date +%s)
+if ! { cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBLASST_BUILD_CLI=OFF -DBLASST_BUILD_PYTHON=OFF &&
+       cmake --build "$BUILD" --target test_gpu_decode blasst_decode_bench -j "$JOBS"; } > "$OUT/build.log" 2>&1; then
+  grep -E "error|Error" "$OUT/build.log" | head -30
+  echo "BUILD FAILED (log: build.log)"
+  exit 1
+fi
+echo "build: $(( $(date +%s) - t0 )) s"
+
+rc=0
+if [ "$MODE" != bench ]; then
+  t0=$(date +%s)
+  timeout 200 "$BUILD/tests/gpu_decode/test_gpu_decode" --gtest_brief=1 > "$OUT/tests.log" 2>&1
+  trc=$?
+  grep -E "^\[  (PASSED|FAILED|SKIPPED)|FAILED|Failure|error" "$OUT/tests.log" | head -40
+  echo "gpu tests: rc=$trc ($(( $(date +%s) - t0 )) s)"
+  [ $trc -ne 0 ] && rc=1
+  for tool in memcheck racecheck; do
+    t0=$(date +%s)
+    timeout 120 compute-sanitizer --tool $tool --error-exitcode 9 \
+      "$BUILD/tests/gpu_decode/test_gpu_decode" --gtest_filter='GpuDecodeSanitizer.*' > "$OUT/sanitizer_$tool.log" 2>&1
+    src=$?
+    echo "compute-sanitizer $tool: rc=$src ($(( $(date +%s) - t0 )) s); $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_$tool.log" | head -2 | tr '\n' ' ')"
+    [ $src -ne 0 ] && rc=1
+  done
+fi
+
+if [ "$MODE" != test ]; then
+  QUICK=""
+  [ "$MODE" = quick ] && QUICK="--quick"
+  BLASST_COMMIT=${BLASST_COMMIT:-unknown} timeout 300 python3 bench/decode/bench_decode.py \
+    "$BUILD/bench/decode/libblasst_decode_bench.so" "$OUT" $QUICK > "$OUT/bench.log" 2>&1
+  brc=$?
+  [ $brc -ne 0 ] && { tail -20 "$OUT/bench.log"; rc=1; }
+  [ -f "$OUT/decode_bench.md" ] && cat "$OUT/decode_bench.md"
+fi
+exit $rc
