@@ -119,16 +119,17 @@ VoteGranularity default_prefill_granularity(VisitOrder order = VisitOrder::natur
 StatsCurves measure_prefill(const PrefillInput& in, const VoteGranularity& vote,
                             const MeasureOptions& opt = {});
 
-// Decode: `queries` consecutive query tokens taken from the end of a prefill-layout sequence,
-// each decoding one token against the cache of its own prefix (sequence b sees keys
-// [0, L - queries + b]); the cache pages are shared, nothing is copied. Vote groups: rows =
-// q_len (1), heads = g = Hq / Hk; split layout and order from `vote`.
+// Decode: `queries` decode steps taken from the end of a prefill-layout sequence; step b has the
+// cache of its prefix, Lk_b = L - queries + 1 + b keys, and its last q_len tokens as queries
+// (q_len > 1: speculative decoding, causal bottom-right). The cache pages are shared, nothing is
+// copied. Vote groups: rows = q_len, heads = g = Hq / Hk; split layout and order from `vote`.
 struct DecodeInput {
   PrefillInput seq;              // q/k/v of the whole sequence, length L
   std::int64_t queries = 16;     // decode steps sampled at the end of the sequence
+  std::int64_t q_len = 1;        // query tokens per step, 1..8
 };
 VoteGranularity default_decode_granularity(std::int64_t group, std::int64_t split_tiles = 0,
-                                           VisitOrder order = VisitOrder::natural);
+                                           VisitOrder order = VisitOrder::natural, int q_len = 1);
 StatsCurves measure_decode(const DecodeInput& in, const VoteGranularity& vote,
                            const MeasureOptions& opt = {});
 

@@ -1,4 +1,5 @@
 // Measuring one-pass curves through the public entry points (reference or GPU kernels).
+#include <algorithm>
 #include <limits>
 #include <string>
 #include <vector>
@@ -29,12 +30,13 @@ VoteGranularity default_prefill_granularity(VisitOrder order) {
 }
 
 VoteGranularity default_decode_granularity(std::int64_t group, std::int64_t split_tiles,
-                                           VisitOrder order) {
+                                           VisitOrder order, int q_len) {
   if (group < 1) throw Error("calibration: decode granularity: group (Hq / Hk) must be >= 1");
+  if (q_len < 1) throw Error("calibration: decode granularity: q_len must be >= 1");
   if (split_tiles < 0) throw Error("calibration: decode granularity: split_tiles must be >= 0");
   VoteGranularity g;
   g.tile_keys = 128;
-  g.rows = 1;  // q_len = 1: one token per step
+  g.rows = q_len;  // every query token of a step votes together
   g.heads = static_cast<int>(group);
   g.split_tiles = split_tiles;
   g.order = order;
@@ -121,9 +123,11 @@ StatsCurves measure_decode(const DecodeInput& in, const VoteGranularity& vote,
   const PrefillInput& s = in.seq;
   check_input(s, "measure_decode");
   const std::int64_t L = s.length, hq = s.heads_q, hk = s.heads_k, d = s.head_dim;
-  const std::int64_t B = in.queries;
-  if (B < 1 || B > L)
-    throw Error("calibration: measure_decode: queries must be in [1, length], got " +
+  const std::int64_t B = in.queries, Q = in.q_len;
+  if (Q < 1 || Q > 8)
+    throw Error("calibration: measure_decode: q_len must be in [1, 8], got " + std::to_string(Q));
+  if (B < 1 || B + Q - 1 > L)
+    throw Error("calibration: measure_decode: queries must be in [1, length - q_len + 1], got " +
                 std::to_string(B));
   // The cache is the sequence's K/V seen as pages; every step shares them (no copy). Page size:
   // the largest power of two <= 128 dividing L.
@@ -133,20 +137,30 @@ StatsCurves measure_decode(const DecodeInput& in, const VoteGranularity& vote,
   std::vector<std::int32_t> table(static_cast<std::size_t>(B * pages));
   for (std::int64_t b = 0; b < B; ++b)
     for (std::int64_t i = 0; i < pages; ++i) table[b * pages + i] = static_cast<std::int32_t>(i);
+  // Step b: cache of Lk_b = L - B + 1 + b keys, its last Q tokens are the queries (causal,
+  // bottom-right aligned: exactly the rows Lk_b - Q .. Lk_b - 1 of the prefill).
   std::vector<std::int32_t> seqlens(static_cast<std::size_t>(B));
   for (std::int64_t b = 0; b < B; ++b) seqlens[b] = static_cast<std::int32_t>(L - B + 1 + b);
-  std::vector<float> out(static_cast<std::size_t>(B * hq * d));
+  std::vector<float> out(static_cast<std::size_t>(B * Q * hq * d));
+  const std::int64_t row = hq * d;
 
   DecodeProblem p;
   Staged staged;
+  std::vector<float> qbuf;
+  const float* qsrc = s.q + (L - B) * row;  // Q = 1: step b's query is row L - B + b, no copy
+  if (Q > 1) {
+    qbuf.resize(static_cast<std::size_t>(B * Q * row));
+    for (std::int64_t b = 0; b < B; ++b)
+      std::copy(s.q + (seqlens[b] - Q) * row, s.q + seqlens[b] * row, qbuf.begin() + b * Q * row);
+    qsrc = qbuf.data();
+  }
   if (opt.device == DeviceKind::cuda) {
-    staged = to_bf16(s.q + (L - B) * hq * d, B * hq * d, s.k, s.v, L * hk * d);
-    p.q = Tensor::contiguous(staged.q.data(), DType::bf16, {B, 1, hq, d});
+    staged = to_bf16(qsrc, B * Q * row, s.k, s.v, L * hk * d);
+    p.q = Tensor::contiguous(staged.q.data(), DType::bf16, {B, Q, hq, d});
     p.k_cache = Tensor::contiguous(staged.k.data(), DType::bf16, {pages, page, hk, d});
     p.v_cache = Tensor::contiguous(staged.v.data(), DType::bf16, {pages, page, hk, d});
   } else {
-    // Step b's query is row L - B + b of the sequence: [B, 1, Hq, d] with row stride Hq*d.
-    p.q = Tensor::contiguous(const_cast<float*>(s.q + (L - B) * hq * d), DType::f32, {B, 1, hq, d});
+    p.q = Tensor::contiguous(const_cast<float*>(qsrc), DType::f32, {B, Q, hq, d});
     p.k_cache = Tensor::contiguous(const_cast<float*>(s.k), DType::f32, {pages, page, hk, d});
     p.v_cache = Tensor::contiguous(const_cast<float*>(s.v), DType::f32, {pages, page, hk, d});
   }
@@ -154,7 +168,7 @@ StatsCurves measure_decode(const DecodeInput& in, const VoteGranularity& vote,
   p.page_table_stride = pages;
   p.seqlens_k = seqlens.data();
   p.max_seqlen_k = L;
-  p.out = Tensor::contiguous(out.data(), DType::f32, {B, 1, hq, d});
+  p.out = Tensor::contiguous(out.data(), DType::f32, {B, Q, hq, d});
   p.mask = MaskKind::causal;
   return measure_with(
       [&](const SkipConfig& probe, const RunOptions& ro) {

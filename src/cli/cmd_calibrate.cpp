@@ -47,6 +47,7 @@ struct CalibrateArgs {
   int decode_heads = 0;  // decode vote heads: 0 = g = Hq / Hk
   std::int64_t split_tiles = 0;
   std::int64_t decode_queries = 64;
+  int decode_qlen = 1;
   std::uint64_t seed = 7;
   bool per_layer = false;
   std::string layer_pattern = "{}";
@@ -133,6 +134,7 @@ void check_args(CalibrateArgs& a, bool have_cuda) {
   if (a.rows < 1) bad("--rows", "must be >= 1");
   if (a.split_tiles < 0) bad("--split-tiles", "must be >= 0");
   if (a.decode_queries < 1) bad("--decode-queries", "must be >= 1");
+  if (a.decode_qlen < 1 || a.decode_qlen > 8) bad("--decode-qlen", "must be in [1, 8]");
   for (auto L : a.lengths)
     if (L < 1) bad("--lengths", "every length must be >= 1");
   if (a.disabled_until != -1.0 && !(a.disabled_until >= 0.0 && a.disabled_until <= 1.0))
@@ -267,9 +269,10 @@ void calibrate_cmd(CalibrateArgs a) {
         const std::int64_t g = hq / hk;
         const std::int64_t vh = a.decode_heads > 0 ? a.decode_heads : g;
         if (vh < 1 || g % vh != 0) bad("--decode-heads", "must divide Hq / Hk = " + std::to_string(g));
-        VoteGranularity dg = cal::default_decode_granularity(vh, a.split_tiles, order);
+        VoteGranularity dg = cal::default_decode_granularity(vh, a.split_tiles, order, a.decode_qlen);
         dg.tile_keys = a.tile_keys;
-        auto c = cal::measure_decode(cal::DecodeInput{in, std::min(a.decode_queries, L)}, dg, mo);
+        auto c = cal::measure_decode(
+            cal::DecodeInput{in, std::min(a.decode_queries, L - a.decode_qlen + 1), a.decode_qlen}, dg, mo);
         samples.push_back({src.component, src.layer, Phase::decode, L, std::move(c.layer), std::move(c.per_head)});
       }
     }
@@ -351,7 +354,8 @@ void calibrate_cmd(CalibrateArgs a) {
                          std::to_string(*std::max_element(a.lengths.begin(), a.lengths.end())));
     if (do_decode)
       ro.notes.push_back("decode: " + std::to_string(a.decode_queries) +
-                         " decode steps at the end of each sample, one query token each");
+                         " decode steps at the end of each sample, " + std::to_string(a.decode_qlen) +
+                         " query token(s) each");
     const auto files = cal::write_report(a.report, result, validation, samples, ro);
     std::printf("  report: %s (%zu file%s)%s\n", files.front().c_str(), files.size(),
                 files.size() == 1 ? "" : "s",
@@ -388,6 +392,7 @@ void register_calibrate(CLI::App& app) {
   s->add_option("--decode-heads", a->decode_heads, "decode vote group heads (default g = Hq / Hk)");
   s->add_option("--split-tiles", a->split_tiles, "decode split-KV layout: key tiles per split (0 = unsplit)");
   s->add_option("--decode-queries", a->decode_queries, "decode steps sampled per length (default 64)");
+  s->add_option("--decode-qlen", a->decode_qlen, "query tokens per decode step, 1..8 (speculative decoding)");
   s->add_option("--seed", a->seed, "workload seed (default 7)");
   s->add_flag("--per-layer", a->per_layer, "also fit every layer separately (npy sources)");
   s->add_option("--layer-pattern", a->layer_pattern,

@@ -200,46 +200,53 @@ TEST(Curve, OnePassCurvePredictsReferenceRuns) {
       }
     }
   EXPECT_GE(checked, 8);  // most (mask, order, s) cases reach their target
-  // Decode: 2 query heads per KV head vote together, split every 2 tiles.
+  // Decode: 2 query heads per KV head vote together, split every 2 tiles; one token per step and
+  // two (speculative decoding: both tokens vote together).
   PrefillInput seq{q.data(), k.data(), v.data(), L, hq, hk, d, MaskKind::causal};
-  const auto g = default_decode_granularity(hq / hk, 2);
-  VoteGranularity gg = g;
-  gg.tile_keys = 64;
-  const auto c = measure_decode(DecodeInput{seq, 8}, gg);
-  EXPECT_EQ(c.per_head.size(), static_cast<std::size_t>(hk));  // counted per KV head
-  EXPECT_EQ(c.layer.granularity().heads, 2);
-  EXPECT_EQ(c.layer.granularity().split_tiles, 2);
-  EXPECT_GT(c.layer.visited(), 0u);
-  // The same 8 decode steps as a contiguous cache per step (an independent layout).
-  const std::int64_t B = 8;
-  std::vector<float> kc(B * L * hk * d, 0.0f), vc(B * L * hk * d, 0.0f), qd(B * hq * d), od(B * hq * d);
-  std::vector<std::int32_t> lens(B);
-  for (std::int64_t b = 0; b < B; ++b) {
-    lens[b] = static_cast<std::int32_t>(L - B + 1 + b);
-    std::copy(k.begin(), k.begin() + lens[b] * hk * d, kc.begin() + b * L * hk * d);
-    std::copy(v.begin(), v.begin() + lens[b] * hk * d, vc.begin() + b * L * hk * d);
-    std::copy(q.begin() + (L - B + b) * hq * d, q.begin() + (L - B + b + 1) * hq * d, qd.begin() + b * hq * d);
+  for (int Q : {1, 2}) {
+    VoteGranularity gg = default_decode_granularity(hq / hk, 2, VisitOrder::natural, Q);
+    gg.tile_keys = 64;
+    const auto c = measure_decode(DecodeInput{seq, 8, Q}, gg);
+    EXPECT_EQ(c.per_head.size(), static_cast<std::size_t>(hk));  // counted per KV head
+    EXPECT_EQ(c.layer.granularity().heads, 2);
+    EXPECT_EQ(c.layer.granularity().rows, Q);
+    EXPECT_EQ(c.layer.granularity().split_tiles, 2);
+    EXPECT_GT(c.layer.visited(), 0u);
+    // The same 8 decode steps as a contiguous cache per step (an independent layout).
+    const std::int64_t B = 8;
+    std::vector<float> kc(B * L * hk * d, 0.0f), vc(B * L * hk * d, 0.0f), qd(B * Q * hq * d),
+        od(B * Q * hq * d);
+    std::vector<std::int32_t> lens(B);
+    for (std::int64_t b = 0; b < B; ++b) {
+      lens[b] = static_cast<std::int32_t>(L - B + 1 + b);
+      std::copy(k.begin(), k.begin() + lens[b] * hk * d, kc.begin() + b * L * hk * d);
+      std::copy(v.begin(), v.begin() + lens[b] * hk * d, vc.begin() + b * L * hk * d);
+      std::copy(q.begin() + (lens[b] - Q) * hq * d, q.begin() + lens[b] * hq * d,
+                qd.begin() + b * Q * hq * d);
+    }
+    for (double s : {0.1, 0.3}) {
+      const double lam = lambda_for_sparsity(c.layer, s);
+      if (!std::isfinite(lam)) continue;
+      DecodeProblem p;
+      p.q = Tensor::contiguous(qd.data(), DType::f32, {B, Q, hq, d});
+      p.k_cache = Tensor::contiguous(kc.data(), DType::f32, {B, L, hk, d});
+      p.v_cache = Tensor::contiguous(vc.data(), DType::f32, {B, L, hk, d});
+      p.seqlens_k = lens.data();
+      p.out = Tensor::contiguous(od.data(), DType::f32, {B, Q, hq, d});
+      SkipConfig cfg = SkipConfig::from_threshold(lam);
+      cfg.vote = gg;
+      RunOptions ro;
+      ro.collect_stats = true;
+      SkipStats st;
+      reference::decode(p, cfg, ro, &st);
+      EXPECT_DOUBLE_EQ(st.sparsity(), c.layer.sparsity_at(lam)) << "decode q_len " << Q << " s=" << s;
+      EXPECT_GT(st.sparsity(), 0.0);
+      ++checked;
+    }
   }
-  for (double s : {0.1, 0.3}) {
-    const double lam = lambda_for_sparsity(c.layer, s);
-    if (!std::isfinite(lam)) continue;
-    DecodeProblem p;
-    p.q = Tensor::contiguous(qd.data(), DType::f32, {B, 1, hq, d});
-    p.k_cache = Tensor::contiguous(kc.data(), DType::f32, {B, L, hk, d});
-    p.v_cache = Tensor::contiguous(vc.data(), DType::f32, {B, L, hk, d});
-    p.seqlens_k = lens.data();
-    p.out = Tensor::contiguous(od.data(), DType::f32, {B, 1, hq, d});
-    SkipConfig cfg = SkipConfig::from_threshold(lam);
-    cfg.vote = gg;
-    RunOptions ro;
-    ro.collect_stats = true;
-    SkipStats st;
-    reference::decode(p, cfg, ro, &st);
-    EXPECT_DOUBLE_EQ(st.sparsity(), c.layer.sparsity_at(lam)) << "decode s=" << s;
-    EXPECT_GT(st.sparsity(), 0.0);
-    ++checked;
-  }
-  EXPECT_GE(checked, 9);
+  EXPECT_THROW(measure_decode(DecodeInput{seq, 8, 9}, default_decode_granularity(2)), Error);
+  EXPECT_THROW(measure_decode(DecodeInput{seq, L, 2}, default_decode_granularity(2)), Error);
+  EXPECT_GE(checked, 11);
 }
 
 // The generic path: any callable that returns SkipStats (a whole model run, say).
