@@ -53,13 +53,15 @@ TEST(GpuCurves, KernelHistogramsMatchReference) {
   ASSERT_EQ(kc.per_head.size(), rc.per_head.size());
   for (std::size_t h = 0; h < kc.per_head.size(); ++h) EXPECT_LT(max_gap(kc.per_head[h], rc.per_head[h]), 0.02) << h;
 
-  // Decode: 4 query heads per KV head vote together, split every 8 tiles.
-  auto dg = default_decode_granularity(s.heads_q / s.heads_k, 8);
-  const auto kd = measure_decode(DecodeInput{in, 32}, dg, gpu);
-  const auto rd = measure_decode(DecodeInput{in, 32}, dg);
-  EXPECT_TRUE(same_granularity(kd.layer.granularity(), dg)) << describe(kd.layer.granularity());
-  EXPECT_EQ(kd.layer.visited(), rd.layer.visited());
-  const double dgap = max_gap(kd.layer, rd.layer);
-  std::printf("decode: kernel vs reference curve, max gap at bin edges %.5f\n", dgap);
-  EXPECT_LT(dgap, 0.02);
+  // Decode: 4 query heads per KV head (x q_len tokens) vote together, split every 8 tiles.
+  for (int Q : {1, 2}) {
+    auto dg = default_decode_granularity(s.heads_q / s.heads_k, 8, VisitOrder::natural, Q);
+    const auto kd = measure_decode(DecodeInput{in, 32, Q}, dg, gpu);
+    const auto rd = measure_decode(DecodeInput{in, 32, Q}, dg);
+    EXPECT_TRUE(same_granularity(kd.layer.granularity(), dg)) << describe(kd.layer.granularity());
+    EXPECT_EQ(kd.layer.visited(), rd.layer.visited());
+    const double dgap = max_gap(kd.layer, rd.layer);
+    std::printf("decode q_len %d: kernel vs reference curve, max gap at bin edges %.5f\n", Q, dgap);
+    EXPECT_LT(dgap, 0.02);
+  }
 }
