@@ -7,6 +7,8 @@
 #   quick: tests + sanitizer + a 2-row benchmark.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+START=$(date +%s)
+BUDGET=${DECODE_BUDGET_S:-340}  # whole script; the benchmark gets what is left
 MODE=${1:-all}
 OUT=${OUT:-/tmp/blasst_decode_out}
 mkdir -p "$OUT"
@@ -30,14 +32,14 @@ echo "build: $(( $(date +%s) - t0 )) s"
 rc=0
 if [ "$MODE" != bench ]; then
   t0=$(date +%s)
-  timeout 200 "$BUILD/tests/gpu_decode/test_gpu_decode" --gtest_brief=1 > "$OUT/tests.log" 2>&1
+  timeout ${TEST_TIMEOUT_S:-100} "$BUILD/tests/gpu_decode/test_gpu_decode" --gtest_brief=1 > "$OUT/tests.log" 2>&1
   trc=$?
   grep -E "^\[  (PASSED|FAILED|SKIPPED)|FAILED|Failure|error" "$OUT/tests.log" | head -40
   echo "gpu tests: rc=$trc ($(( $(date +%s) - t0 )) s)"
   [ $trc -ne 0 ] && rc=1
   for tool in memcheck racecheck; do
     t0=$(date +%s)
-    timeout 120 compute-sanitizer --tool $tool --error-exitcode 9 \
+    timeout ${SAN_TIMEOUT_S:-45} compute-sanitizer --tool $tool --error-exitcode 9 \
       "$BUILD/tests/gpu_decode/test_gpu_decode" --gtest_filter='GpuDecodeSanitizer.*' > "$OUT/sanitizer_$tool.log" 2>&1
     src=$?
     echo "compute-sanitizer $tool: rc=$src ($(( $(date +%s) - t0 )) s); $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_$tool.log" | head -2 | tr '\n' ' ')"
@@ -48,7 +50,10 @@ fi
 if [ "$MODE" != test ]; then
   QUICK=""
   [ "$MODE" = quick ] && QUICK="--quick"
-  BLASST_COMMIT=${BLASST_COMMIT:-unknown} timeout 300 python3 bench/decode/bench_decode.py \
+  left=$(( BUDGET - ($(date +%s) - START) ))
+  [ $left -lt 30 ] && left=30
+  echo "benchmark: ${left} s left"
+  BLASST_COMMIT=${BLASST_COMMIT:-unknown} timeout $left python3 bench/decode/bench_decode.py \
     "$BUILD/bench/decode/libblasst_decode_bench.so" "$OUT" $QUICK > "$OUT/bench.log" 2>&1
   brc=$?
   [ $brc -ne 0 ] && { tail -20 "$OUT/bench.log"; rc=1; }
