@@ -1,0 +1,43 @@
+// Internal: the compiled kernel variants. Each is explicitly instantiated in its own .cu
+// (inst_*.cu) so the builds run in parallel; the API picks one at run time.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <vector>
+
+#include "blasst/blasst.hpp"
+
+#include "cuda/sm90/prefill/prefill_params.hpp"
+
+namespace blasst::sm90::prefill {
+
+enum class Elem { bf16, f16 };
+
+// Device tensors only (prefill_api.cu): validates, resolves lambda, launches on `stream` without
+// synchronising. Non-null counters (device memory, zeroed by the caller: visited/skipped [hq],
+// hist [hq, kHistSlots]) turn the statistics on. force_skip_kernel runs the skip variant even
+// when skipping is off (measures its dense-path cost). Returns lambda per sequence when known.
+std::vector<double> launch_attention(const AttentionProblem& p, const SkipConfig& skip,
+                                     void* stream, bool force_skip_kernel,
+                                     unsigned long long* visited, unsigned long long* skipped,
+                                     unsigned long long* hist);
+
+// Launches the kernel for one (dtype, head dim, skip) combination on `stream`.
+// Throws blasst::Error on a CUDA error (launch included).
+template <Elem E, int kHeadDim, bool kSkip>
+void run_prefill(const PrefillParams& p, cudaStream_t stream);
+
+#define BLASST_PREFILL_DECLARE(E, D, S) \
+  extern template void run_prefill<E, D, S>(const PrefillParams&, cudaStream_t);
+BLASST_PREFILL_DECLARE(Elem::bf16, 64, false)
+BLASST_PREFILL_DECLARE(Elem::bf16, 64, true)
+BLASST_PREFILL_DECLARE(Elem::bf16, 128, false)
+BLASST_PREFILL_DECLARE(Elem::bf16, 128, true)
+BLASST_PREFILL_DECLARE(Elem::f16, 64, false)
+BLASST_PREFILL_DECLARE(Elem::f16, 64, true)
+BLASST_PREFILL_DECLARE(Elem::f16, 128, false)
+BLASST_PREFILL_DECLARE(Elem::f16, 128, true)
+#undef BLASST_PREFILL_DECLARE
+
+}  // namespace blasst::sm90::prefill

@@ -1,0 +1,220 @@
+// Internal: the producer (TMA loads of Q once, then K and V tiles through two-stage pipelines)
+// and the consumer main loop (S = Q K^T, mask, skip vote, softmax, O += P V) of the prefill
+// kernel. Intra-warpgroup overlap: the P V product of tile n-1 is issued right after S_n and
+// runs while the softmax of tile n is computed.
+#pragma once
+
+#include "cuda/sm90/prefill/prefill_mask.hpp"
+#include "cuda/sm90/prefill/prefill_skip.hpp"
+#include "cuda/sm90/prefill/prefill_softmax.hpp"
+#include "cuda/sm90/prefill/prefill_tile_scheduler.hpp"
+
+namespace blasst::sm90::prefill {
+
+template <class Traits>
+struct KernelParams {
+  PrefillParams p;
+  typename Traits::TmaQ tma_q;
+  typename Traits::TmaKV tma_k;
+  typename Traits::TmaKV tma_v;
+  typename Traits::GLayout layout_q;
+  typename Traits::GLayout layout_k;
+  typename Traits::GLayout layout_v;
+};
+
+// Gmem tile view for a sequence: rows offset by the sequence start (ragged) or indexed by batch.
+template <class TmaTensor>
+__device__ __forceinline__ auto seq_view(TmaTensor const& m, int head, int b, int start, bool ragged) {
+  return domain_offset(make_coord(start, _0{}), m(_, _, head, ragged ? 0 : b));
+}
+
+template <class Traits>
+__device__ __forceinline__ void producer_run(KernelParams<Traits> const& kp, PrefillWork const& w,
+                                             typename Traits::SharedStorage& ss,
+                                             typename Traits::Pipeline& pipe_k,
+                                             typename Traits::Pipeline& pipe_v) {
+  constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kD = Traits::kHeadDim;
+  const bool ragged = kp.p.cu_q != nullptr;
+  const int hk = w.h / kp.p.group;
+
+  Tensor mQ = kp.tma_q.get_tma_tensor(shape(kp.layout_q));
+  Tensor mK = kp.tma_k.get_tma_tensor(shape(kp.layout_k));
+  Tensor mV = kp.tma_v.get_tma_tensor(shape(kp.layout_v));
+  Tensor gQ = local_tile(seq_view(mQ, w.h, w.b, w.q_start, ragged),
+                         Shape<Int<kBlockM>, Int<kD>>{}, make_coord(w.m_block, _0{}));
+  Tensor gK = local_tile(seq_view(mK, hk, w.b, w.k_start, ragged),
+                         Shape<Int<kBlockN>, Int<kD>>{}, make_coord(_, _0{}));  // (N, d, tiles)
+  Tensor gV = local_tile(seq_view(mV, hk, w.b, w.k_start, ragged),
+                         Shape<Int<kBlockN>, Int<kD>>{}, make_coord(_, _0{}));
+  Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename Traits::SmemLayoutQ{});
+  Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename Traits::SmemLayoutK{});
+  Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename Traits::SmemLayoutV{});
+
+  auto [tQgQ, tQsQ] = tma_partition(kp.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ),
+                                    group_modes<0, 2>(gQ));
+  auto [tKgK, tKsK] = tma_partition(kp.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK),
+                                    group_modes<0, 2>(gK));
+  auto [tVgV, tVsV] = tma_partition(kp.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV),
+                                    group_modes<0, 2>(gV));
+
+  cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&ss.barrier_q, Traits::kTmaBytesQ);
+  copy(kp.tma_q.with(ss.barrier_q), tQgQ, tQsQ);
+
+  auto st = cutlass::make_producer_start_state<typename Traits::Pipeline>();
+  for (int n = 0; n < w.n_max; ++n) {
+    pipe_k.producer_acquire(st);
+    copy(kp.tma_k.with(*pipe_k.producer_get_barrier(st)), tKgK(_, n), tKsK(_, st.index()));
+    pipe_v.producer_acquire(st);
+    copy(kp.tma_v.with(*pipe_v.producer_get_barrier(st)), tVgV(_, n), tVsV(_, st.index()));
+    ++st;
+  }
+}
+
+// Per consumer-thread statistics of the skip variant.
+struct SkipCounters {
+  unsigned long long visited = 0, skipped = 0;
+};
+
+template <class Traits, class TensorO, class Softmax>
+__device__ __forceinline__ void consumer_mainloop(KernelParams<Traits> const& kp,
+                                                  PrefillWork const& w,
+                                                  typename Traits::SharedStorage& ss,
+                                                  typename Traits::Pipeline& pipe_k,
+                                                  typename Traits::Pipeline& pipe_v,
+                                                  int mma_tid, TensorO& tOrO, Softmax& sm,
+                                                  SkipCounters& cnt) {
+  using Element = typename Traits::Element;
+  constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN;
+  const PrefillParams& p = kp.p;
+  const int cwg = mma_tid / 128;
+
+  typename Traits::TiledMmaQK mma0;
+  typename Traits::TiledMmaPV mma1;
+  auto thr0 = mma0.get_thread_slice(mma_tid);
+  auto thr1 = mma1.get_thread_slice(mma_tid);
+  Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename Traits::SmemLayoutQ{});
+  Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename Traits::SmemLayoutK{});
+  Tensor sVt = make_tensor(make_smem_ptr(ss.v.data()), typename Traits::SmemLayoutVt{});
+  Tensor tSrQ = thr0.partition_fragment_A(sQ);
+  Tensor tSrK = thr0.partition_fragment_B(sK);
+  Tensor tOrV = thr1.partition_fragment_B(sVt);
+
+  Tensor cS = make_identity_tensor(select<0, 1>(typename Traits::TileShapeQK{}));
+  Tensor tScS = thr0.partition_C(cS);
+  Tensor tScS_rc = make_tensor(tScS.data(), acc_rowcol(tScS.layout()));
+
+  Tensor tSrS0 = partition_fragment_C(mma0, select<0, 1>(typename Traits::TileShapeQK{}));
+  Tensor tSrS0_rc = make_tensor(tSrS0.data(), acc_rowcol(tSrS0.layout()));
+  Tensor tOrO_rc = make_tensor(tOrO.data(), acc_rowcol(tOrO.layout()));
+  // P of the previous tile, in the register-A layout of the P V wgmma.
+  Tensor tOrP = make_tensor<Element>(acc_to_a(tSrS0.layout()));
+  constexpr int kRows = decltype(size<0>(tSrS0_rc))::value;
+
+  const int row0 = w.m_block * kBlockM;  // first query row of the CTA within the sequence
+  int row[kRows];
+  CUTLASS_PRAGMA_UNROLL
+  for (int mi = 0; mi < kRows; ++mi) row[mi] = row0 + int(get<0>(tScS_rc(mi, 0)));
+
+  float ln_lambda = -INFINITY;
+  int n_vis = 0;
+  if constexpr (Traits::kSkip) {
+    if (p.lambda_mode == 0) {
+      ln_lambda = p.ln_lambda[w.b];
+    } else if (p.lambda_mode == 1) {
+      ln_lambda = p.ln_lambda_const;
+    } else {
+      ln_lambda = p.ln_factor - logf(float(w.k_len));
+      if (!(ln_lambda < 0.f)) ln_lambda = -INFINITY;  // lambda >= 1: dense (SPEC §3)
+    }
+    n_vis = visible_tiles(row0 + cwg * 64, 64, w.q_len, w.k_len, p.causal, kBlockN);
+  }
+
+  cutlass::arch::ClusterTransactionBarrier::wait(&ss.barrier_q, 0);
+
+  typename Traits::PipelineState st;   // tile n
+  typename Traits::PipelineState stp;  // tile n-1
+  // 1: P V of tile n-1 still to issue; 2: tile n-1 skipped, only release its V stage.
+  int pend = 0;
+  const int other = (cwg + 1) % Traits::kNumMmaWG;
+
+  // One tile; kFirst: nothing pending yet (peeled, so the dense loop body has no branch
+  // around a wgmma).
+  // kPV: the P V product of tile n-1 is issued here (compile-time, so that every path through
+  // a step is straight-line for ptxas' wgmma pipeline analysis).
+  auto step = [&](int n, auto first_tag, auto pv_tag) {
+    constexpr bool kFirst = decltype(first_tag)::value;
+    constexpr bool kPV = decltype(pv_tag)::value && !kFirst;
+    Tensor tSrS = partition_fragment_C(mma0, select<0, 1>(typename Traits::TileShapeQK{}));
+    Tensor tSrS_rc = make_tensor(tSrS.data(), acc_rowcol(tSrS.layout()));
+    pipe_k.consumer_wait(st);
+    if constexpr (Traits::kPingPong) named_sync(kBarSched0 + cwg, Traits::kNumMmaThreads);
+    wg_gemm<true, -1, false>(mma0, tSrQ, tSrK(_, _, _, st.index()), tSrS);
+    if constexpr (kPV) {
+      pipe_v.consumer_wait(stp);
+      wg_gemm<false, -1, true>(mma1, tOrP, tOrV(_, _, _, stp.index()), tOrO);
+    }
+    if constexpr (Traits::kPingPong) named_arrive(kBarSched0 + other, Traits::kNumMmaThreads);
+    if constexpr (kPV) warpgroup_wait<1>(); else warpgroup_wait<0>();
+    warpgroup_fence_operand(tSrS);
+    pipe_k.consumer_release(st);
+
+    if (tile_needs_mask(n, kBlockN, row0, w.q_len, w.k_len, p.causal)) {
+      apply_mask(tSrS_rc, tScS_rc, row0, n * kBlockN, w.q_len, w.k_len, p.causal);
+    }
+    float tmax[kRows];
+    sm.tile_max(tSrS_rc, tmax);
+
+    bool skip = false;
+    if constexpr (Traits::kSkip) {
+      float* slots = ss.vote[cwg][n & 1];
+      vote_delta(tmax, sm.m, row, w.q_len, p.scale, slots);
+      named_sync(kBarVote0 + cwg, 128);
+      const float delta = fmaxf(fmaxf(slots[0], slots[1]), fmaxf(slots[2], slots[3]));
+      skip = delta < ln_lambda;
+      if (n < n_vis) {
+        cnt.visited += 1;
+        cnt.skipped += skip ? 1 : 0;
+        if (p.hist != nullptr && mma_tid % 128 == 0) {
+          atomicAdd(p.hist + std::size_t(w.h) * kHistSlots + hist_bin(delta), 1ull);
+        }
+      }
+    }
+
+    float alpha[kRows];
+    if (!skip) sm.update(tSrS_rc, tmax, p.scale_log2, alpha);
+
+    if constexpr (kPV) {
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tOrO);
+      pipe_v.consumer_release(stp);
+    } else if constexpr (!kFirst) {
+      pipe_v.consumer_wait(stp);
+      pipe_v.consumer_release(stp);
+    }
+    if (!skip) {
+      Softmax::rescale(tOrO_rc, alpha);
+      Tensor p_lp = convert_frag<Element>(tSrS);
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < size(tOrP); ++i) tOrP(i) = p_lp(i);
+      pend = 1;
+    } else {
+      pend = 2;
+    }
+    stp = st;
+    ++st;
+  };
+
+  step(0, cute::true_type{}, cute::false_type{});
+  for (int n = 1; n < w.n_max; ++n) {
+    if (!Traits::kSkip || pend == 1) {
+      step(n, cute::false_type{}, cute::true_type{});
+    } else {
+      step(n, cute::false_type{}, cute::false_type{});
+    }
+  }
+  pipe_v.consumer_wait(stp);
+  if (!Traits::kSkip || pend == 1) wg_gemm<false, 0, true>(mma1, tOrP, tOrV(_, _, _, stp.index()), tOrO);
+  pipe_v.consumer_release(stp);
+}
+
+}  // namespace blasst::sm90::prefill

@@ -1,0 +1,55 @@
+// Internal: the plain-old-data description of one prefill launch, filled by prefill_api.cu and
+// read by the kernel. No CuTe here, so the host side compiles fast.
+#pragma once
+
+#include <cstdint>
+
+namespace blasst::sm90::prefill {
+
+// Per-sequence ln(lambda) values travel inside the kernel parameters up to this many sequences
+// (no allocation, capture-safe); larger ragged batches pass a device array instead.
+inline constexpr int kMaxInlineSeqs = 256;
+// SPEC §5 histogram layout (mirrors blasst::DeltaHistogram; checked by static_assert in the API).
+inline constexpr int kHistBins = 1024;
+inline constexpr int kHistSlots = kHistBins + 2;
+inline constexpr float kHistLo = -64.0f;
+inline constexpr float kHistInvWidth = 16.0f;
+
+struct PrefillParams {
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  void* o = nullptr;
+  float* lse = nullptr;  // optional
+  // Strides in elements along (token, head, batch); the head-dim stride is 1.
+  std::int64_t q_row = 0, q_head = 0, q_batch = 0;
+  std::int64_t k_row = 0, k_head = 0, k_batch = 0;
+  std::int64_t v_row = 0, v_head = 0, v_batch = 0;
+  std::int64_t o_row = 0, o_head = 0, o_batch = 0;
+  std::int64_t lse_row = 0, lse_head = 0, lse_batch = 0;
+  bool out_f32 = false;  // O in f32 instead of the input dtype
+  int batch = 0, hq = 0, hk = 0, group = 1;
+  // Extent of the token axis of the tensors: L (batched) or the total token count (ragged).
+  int rows_q = 0, rows_k = 0;
+  int max_q = 0;         // longest query sequence (grid size)
+  const int* cu_q = nullptr;  // device offsets, ragged only
+  const int* cu_k = nullptr;
+  float scale = 0.f, scale_log2 = 0.f;
+  bool causal = false;
+  // Skip threshold ln(lambda) per sequence; -inf = dense for that sequence (lambda >= 1).
+  //   lambda_mode 0: ln_lambda[b] (batch <= kMaxInlineSeqs, lengths known on the host)
+  //   lambda_mode 1: ln_lambda_const for every sequence (a direct threshold)
+  //   lambda_mode 2: ln(factor / Lk) from the device-side length (capture-safe ragged calls,
+  //                  large batches)
+  int lambda_mode = 1;
+  float ln_lambda_const = -__builtin_inff();
+  float ln_factor = 0.f;
+  float ln_lambda[kMaxInlineSeqs] = {};
+  // Optional statistics (skip instantiation only): per query head, and [hq, kHistSlots].
+  unsigned long long* visited = nullptr;
+  unsigned long long* skipped = nullptr;
+  unsigned long long* hist = nullptr;
+  int num_m_blocks = 0;
+};
+
+}  // namespace blasst::sm90::prefill

@@ -1,0 +1,47 @@
+// Internal: the Skip-Softmax vote (SPEC §2) of one consumer warpgroup (64 rows x 1 head) on one
+// 128-key tile, and its optional statistics (SPEC §5).
+#pragma once
+
+#include <cmath>
+
+#include "cuda/sm90/prefill/prefill_params.hpp"
+#include "cuda/sm90/prefill/prefill_utils.hpp"
+
+namespace blasst::sm90::prefill {
+
+// Same rule as blasst::DeltaHistogram::bin_of: underflow bin 0, regular bins 1..kHistBins of
+// width 1/16 over [-64, 0), top bin for delta >= 0 and NaN.
+// In double, like the host: (delta - kLo) / kWidth is then exact for float deltas.
+__device__ __forceinline__ int hist_bin(float delta) {
+  if (!(delta < 0.f)) return kHistBins + 1;
+  if (delta < kHistLo) return 0;
+  const int i = int(floor((double(delta) - double(kHistLo)) * double(kHistInvWidth)));
+  return 1 + min(max(i, 0), kHistBins - 1);
+}
+
+// delta_G = max over the group's rows r of (tile_max_r - m_r) * scale, in natural-log units.
+// Rows past the sequence end and rows with nothing visible in the tile do not vote; a row that
+// has seen no key yet (m = -inf) with a visible key gives +inf (the first tile is never skipped).
+// All 128 threads of the warpgroup return the same value.
+template <int kRows>
+__device__ __forceinline__ float vote_delta(float const (&tmax)[kRows], float const (&m)[kRows],
+                                            int const (&row)[kRows], int q_len, float scale,
+                                            float* slots /* [4] for this tile parity */) {
+  float d = -INFINITY;
+  CUTLASS_PRAGMA_UNROLL
+  for (int i = 0; i < kRows; ++i) {
+    if (row[i] < q_len && tmax[i] != -INFINITY) {
+      const float di = (m[i] == -INFINITY) ? INFINITY : (tmax[i] - m[i]) * scale;
+      d = fmaxf(d, di);
+    }
+  }
+  // Lanes of a quad hold the same rows: reduce over the warp, then across the 4 warps.
+  d = fmaxf(d, __shfl_xor_sync(0xffffffffu, d, 4));
+  d = fmaxf(d, __shfl_xor_sync(0xffffffffu, d, 8));
+  d = fmaxf(d, __shfl_xor_sync(0xffffffffu, d, 16));
+  const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
+  if (lane == 0) slots[warp] = d;
+  return d;
+}
+
+}  // namespace blasst::sm90::prefill

@@ -1,0 +1,66 @@
+// Internal: the streaming softmax of one thread's rows (SPEC §1): running max m (raw scores),
+// running denominator l, and the rescale of O when m grows. Exponentials are exp2 with
+// scale*log2(e) folded into one FFMA.
+#pragma once
+
+#include <cmath>
+
+#include "cuda/sm90/prefill/prefill_utils.hpp"
+
+namespace blasst::sm90::prefill {
+
+template <int kRows>
+struct OnlineSoftmax {
+  float m[kRows];  // running max of raw scores (-inf: nothing seen)
+  float l[kRows];  // thread-partial denominator (quad-summed at the end)
+
+  __device__ __forceinline__ OnlineSoftmax() {
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < kRows; ++i) { m[i] = -INFINITY; l[i] = 0.f; }
+  }
+
+  // Row maxima of the (masked) tile, reduced over the 4 threads that share a row.
+  template <class TS>
+  __device__ __forceinline__ void tile_max(TS const& s, float (&tmax)[kRows]) const {
+    CUTLASS_PRAGMA_UNROLL
+    for (int mi = 0; mi < kRows; ++mi) {
+      float x = s(mi, 0);
+      CUTLASS_PRAGMA_UNROLL
+      for (int ni = 1; ni < size<1>(s); ++ni) x = fmaxf(x, s(mi, ni));
+      tmax[mi] = quad_max(x);
+    }
+  }
+
+  // Folds the tile into m and l, overwrites s with P = exp(scale*(s - m_new)), and returns the
+  // factor alpha by which O must be rescaled.
+  template <class TS>
+  __device__ __forceinline__ void update(TS& s, float const (&tmax)[kRows], float scale_log2,
+                                         float (&alpha)[kRows]) {
+    CUTLASS_PRAGMA_UNROLL
+    for (int mi = 0; mi < kRows; ++mi) {
+      const float m_new = fmaxf(m[mi], tmax[mi]);
+      // A row with nothing visible yet keeps m = -inf: use 0 so that exp2(-inf - 0) = 0.
+      const float m_scaled = (m_new == -INFINITY) ? 0.f : m_new * scale_log2;
+      alpha[mi] = exp2f(m[mi] * scale_log2 - m_scaled);  // m = -inf -> 0 (O and l are 0 anyway)
+      m[mi] = m_new;
+      float sum = 0.f;
+      CUTLASS_PRAGMA_UNROLL
+      for (int ni = 0; ni < size<1>(s); ++ni) {
+        s(mi, ni) = exp2f(fmaf(s(mi, ni), scale_log2, -m_scaled));
+        sum += s(mi, ni);
+      }
+      l[mi] = l[mi] * alpha[mi] + sum;
+    }
+  }
+
+  template <class TO>
+  __device__ __forceinline__ static void rescale(TO& o, float const (&alpha)[kRows]) {
+    CUTLASS_PRAGMA_UNROLL
+    for (int mi = 0; mi < kRows; ++mi) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int ni = 0; ni < size<1>(o); ++ni) o(mi, ni) *= alpha[mi];
+    }
+  }
+};
+
+}  // namespace blasst::sm90::prefill

@@ -1,0 +1,58 @@
+// Internal: maps a CTA to its work (query block, head, sequence). Causal blocks near the end of
+// a sequence see the most keys; the grid's slow axis walks query blocks from the last to the
+// first, so the heaviest CTAs start first and the short ones fill the tail of the wave.
+#pragma once
+
+#include "cuda/sm90/prefill/prefill_params.hpp"
+
+namespace blasst::sm90::prefill {
+
+struct PrefillWork {
+  int m_block = 0, h = 0, b = 0;
+  int q_start = 0, q_len = 0, k_start = 0, k_len = 0;
+  int n_max = 0;  // key tiles visited by the CTA (natural order 0..n_max-1)
+};
+
+struct HeavyFirstScheduler {
+  static dim3 grid(const PrefillParams& p) {
+    return dim3(unsigned(p.hq) * unsigned(p.batch), unsigned(p.num_m_blocks), 1);
+  }
+
+  // Returns false when the block lies past its sequence's end (ragged batches).
+  template <int kBlockM, int kBlockN>
+  __device__ static bool get(const PrefillParams& p, PrefillWork& w) {
+    w.m_block = p.num_m_blocks - 1 - int(blockIdx.y);
+    w.h = int(blockIdx.x) % p.hq;
+    w.b = int(blockIdx.x) / p.hq;
+    if (p.cu_q) {
+      w.q_start = p.cu_q[w.b];
+      w.q_len = p.cu_q[w.b + 1] - w.q_start;
+      w.k_start = p.cu_k[w.b];
+      w.k_len = p.cu_k[w.b + 1] - w.k_start;
+    } else {
+      w.q_start = 0; w.q_len = p.rows_q; w.k_start = 0; w.k_len = p.rows_k;
+    }
+    if (w.m_block * kBlockM >= w.q_len) return false;
+    const int n_tiles = (w.k_len + kBlockN - 1) / kBlockN;
+    w.n_max = n_tiles;
+    if (p.causal) {
+      const int row_last = min(w.q_len, (w.m_block + 1) * kBlockM) - 1;
+      const int lim = row_last + w.k_len - w.q_len;  // last key visible to the CTA's last row
+      w.n_max = lim < 0 ? 0 : min(n_tiles, lim / kBlockN + 1);
+    }
+    return true;
+  }
+};
+
+// Key tiles holding at least one visible key for query rows [r0, r0 + 64) (SPEC §5 "visited").
+__device__ __forceinline__ int visible_tiles(int r0, int rows, int q_len, int k_len, bool causal,
+                                             int kBlockN) {
+  const int r_last = min(r0 + rows, q_len) - 1;
+  if (r_last < r0) return 0;
+  const int n_tiles = (k_len + kBlockN - 1) / kBlockN;
+  if (!causal) return n_tiles;
+  const int lim = r_last + k_len - q_len;
+  return lim < 0 ? 0 : min(n_tiles, lim / kBlockN + 1);
+}
+
+}  // namespace blasst::sm90::prefill

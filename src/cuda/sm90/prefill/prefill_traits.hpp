@@ -1,0 +1,95 @@
+// Internal: compile-time shape of the prefill kernel (tiles, shared-memory layouts, MMA atoms,
+// TMA types). One Traits per instantiation; kSkip selects the Skip-Softmax variant of the same
+// kernel (SPEC §2), everything else is shared.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cute/atom/mma_atom.hpp>
+#include <cute/atom/copy_atom.hpp>
+#include <cute/arch/copy_sm90_tma.hpp>
+#include <cute/atom/copy_traits_sm90_tma.hpp>
+#include <cute/atom/mma_traits_sm90_gmma.hpp>
+#include <cutlass/numeric_types.h>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/pipeline/sm90_pipeline.hpp>
+
+namespace blasst::sm90::prefill {
+
+using namespace cute;
+using cute::Tensor;  // not blasst::Tensor
+
+template <class Element_, int kHeadDim_, bool kSkip_>
+struct PrefillTraits {
+  using Element = Element_;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr bool kSkip = kSkip_;
+  // 128 query rows per CTA = two consumer warpgroups of 64 rows (the skip vote group);
+  // 128 keys per tile = the SPEC tile.
+  static constexpr int kBlockM = 128;
+  static constexpr int kBlockN = 128;
+  static constexpr int kNumMmaWG = kBlockM / 64;
+  static constexpr int kNumMmaThreads = kNumMmaWG * 128;
+  static constexpr int kNumThreads = kNumMmaThreads + 128;  // + one producer warpgroup
+  static constexpr int kStages = 2;
+  // setmaxnreg budget: 24 + 2 * 240 registers per lane-slot of a 3-warpgroup CTA <= 64K.
+  static constexpr int kRegProducer = 24;
+  static constexpr int kRegConsumer = 240;
+  // Ping-pong the two consumer warpgroups' GEMM issue (one does softmax while the other's GEMMs run).
+  static constexpr bool kPingPong = true;
+
+  using TileShapeQK = Shape<Int<kBlockM>, Int<kBlockN>, Int<kHeadDim>>;
+  using TileShapePV = Shape<Int<kBlockM>, Int<kHeadDim>, Int<kBlockN>>;
+  using AtomLayoutMma = Layout<Shape<Int<kNumMmaWG>, _1, _1>>;
+  // S = Q K^T: both operands from shared memory, K-major.
+  using TiledMmaQK = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockN>, Int<kHeadDim>>>(),
+      AtomLayoutMma{}));
+  // O += P V: P from registers (the softmax output), V from shared memory, MN-major.
+  using TiledMmaPV = decltype(make_tiled_mma(
+      GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim>, Int<kBlockN>>,
+                           GMMA::Major::K, GMMA::Major::MN>(),
+      AtomLayoutMma{}));
+
+  // Head dims 64 and 128 are multiples of 64 16-bit elements: the 128-byte swizzle fits.
+  using SmemAtom = GMMA::Layout_K_SW128_Atom<Element>;
+  using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+  using SmemLayoutK =
+      decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}));
+  using SmemLayoutV = SmemLayoutK;
+  // V^T view (dv, keys, stage) of the same bytes, for the MN-major B operand of P V.
+  using SmemLayoutVt = decltype(composition(
+      SmemLayoutV{},
+      make_layout(Shape<Int<kHeadDim>, Int<kBlockN>, Int<kStages>>{},
+                  Stride<Int<kBlockN>, _1, Int<kBlockN * kHeadDim>>{})));
+
+  // Global tensors as (tokens, d, heads, batch) with element strides.
+  using GShape = Shape<int32_t, Int<kHeadDim>, int32_t, int32_t>;
+  using GStride = Stride<int64_t, _1, int64_t, int64_t>;
+  using GLayout = Layout<GShape, GStride>;
+  static auto dummy_gtensor() {
+    return make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), GLayout{});
+  }
+  using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, dummy_gtensor(), SmemLayoutQ{},
+                                      Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{}));
+  using TmaKV = decltype(make_tma_copy(SM90_TMA_LOAD{}, dummy_gtensor(),
+                                       take<0, 2>(SmemLayoutK{}),
+                                       Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
+  static constexpr uint32_t kTmaBytesQ = kBlockM * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kTmaBytesKV = kBlockN * kHeadDim * sizeof(Element);
+
+  using Pipeline = cutlass::PipelineTmaAsync<kStages>;
+  using PipelineState = cutlass::PipelineState<kStages>;
+
+  struct SharedStorage {
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> q;
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutK>, 1024> k;
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutV>, 1024> v;
+    typename Pipeline::SharedStorage pipe_k;
+    typename Pipeline::SharedStorage pipe_v;
+    cutlass::arch::ClusterTransactionBarrier::ValueType barrier_q;
+    // Skip vote: per consumer warpgroup, double-buffered by tile parity, one slot per warp.
+    float vote[kNumMmaWG][2][4];
+  };
+};
+
+}  // namespace blasst::sm90::prefill
