@@ -351,3 +351,12 @@ def load_config(path_or_dict: Union[str, os.PathLike, Mapping[str, Any], SparseA
         return load_config(to_dict())
     raise TypeError("load_config: expected a path, a dict or a config object with to_dict(), "
                     f"got {type(path_or_dict).__name__}")
+
+
+def load_model_configs(model_dir: Union[str, os.PathLike]) -> dict:
+    """Multi-component models (SPEC §7): {component: SparseAttentionConfig} for the subfolders
+    (transformer/, transformer_2/, ...) whose config.json carries a block; a component without
+    one is absent (it stays dense)."""
+    path = os.fspath(model_dir)
+    return {name: SparseAttentionConfig(raw, os.path.join(path, name, "config.json"))
+            for name, raw in _core.SparseAttentionConfig.load_model_dir(path)}

@@ -118,3 +118,16 @@ def test_config_drives_attention(rng, config_path):
     blasst.attention(q, k, k, skip=s, stats=stats)
     assert stats["lambdas"] == [pytest.approx(s.lambda_for(1024))]
     assert not stats["gated"]
+
+
+def test_multi_component_model_dir(tmp_path):
+    for name, block in (("transformer", SPEC_BLOCK), ("transformer_2", None), ("vae", None)):
+        (tmp_path / name).mkdir()
+        cfg = {"_class_name": "X"}
+        if block is not None:
+            cfg["sparse_attention_config"] = block
+        (tmp_path / name / "config.json").write_text(json.dumps(cfg))
+    comps = blasst.load_model_configs(tmp_path)
+    assert set(comps) == {"transformer"}
+    s = comps["transformer"].skip_softmax(layer="blocks.0.attn1", phase="prefill")
+    assert s.enabled and s.disabled_until_timestep == pytest.approx(0.86)
