@@ -150,6 +150,9 @@ void run(RunArgs& a) {
   const npy::Elem out_elem = qi.arr.elem;  // output in the dtype (and encoding) of the q file
   const bool batched = qi.batched;
 
+  if (device == DeviceKind::cuda && compute != DType::f16 && compute != DType::bf16)
+    bad_arg("--device", std::string("the CUDA kernels take f16 or bf16 inputs, these are ") + to_string(compute) +
+                            "; add --dtype bf16 or --dtype f16 (inputs are rounded)");
   HostBuffer q = to_compute(qi, compute), k = to_compute(ki, compute), v = to_compute(vi, compute);
   const std::int64_t B = q.shape[0], Lq = q.shape[1], Hq = q.shape[2];
   const std::int64_t Lk = k.shape[1], Hk = k.shape[2], dv = v.shape[3];

@@ -360,6 +360,8 @@ TEST_F(Cli, BadArgumentsExit2NamingTheArgument) {
   expect_usage_error(qkv + " --tile-keys 0", {"--tile-keys"});
   expect_usage_error(qkv + " --order sideways", {"--order"});
   expect_usage_error(qkv + " --device tpu", {"--device"});
+  // No GPU: refused; with a GPU: f32 files are refused by the kernels' dtype check. Either way named.
+  expect_usage_error(qkv + " --device cuda", {"--device"});
   expect_usage_error(qkv + " --timestep 3", {"--timestep", "--num-train-timesteps"});
   expect_usage_error(qkv + " --timestep 3000 --num-train-timesteps 1000", {"--timestep", "[0, 1]"});
   expect_usage_error("run --q " + p("q.npy") + " --k " + p("k.npy") + " --v " + p("v.npy"), {"--out"});
