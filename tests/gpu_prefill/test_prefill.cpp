@@ -270,3 +270,34 @@ TEST(GpuPrefill, UnsupportedCombinationsThrow) {
 
 }  // namespace
 }  // namespace blasst::test
+
+namespace blasst::test {
+namespace {
+
+// Small configurations for compute-sanitizer (memcheck, racecheck) in scripts/device_prefill.sh:
+// ragged + GQA + causal, dense and skip with statistics, both head dims.
+TEST(GpuPrefillSanitizer, Small) {
+  if (!blasst::cuda_available()) GTEST_SKIP() << "no CUDA GPU: the sm_90a prefill kernel needs a Hopper device";
+  for (std::int64_t d : {64, 128}) {
+    Case c;
+    c.lq = {70, 200};
+    c.lk = {300, 130};
+    c.B = 2;
+    c.hq = 2;
+    c.hk = 1;
+    c.d = d;
+    c.causal = true;
+    const Inputs in = random_inputs(c, fresh_seed(), 2.0f);
+    const KernelOut dense = run_gpu(c, in);
+    RunOptions opt;
+    opt.collect_histogram = true;
+    SkipStats st;
+    const KernelOut sk = run_gpu(c, in, SkipConfig::from_threshold(0.05), opt, &st);
+    for (float x : dense.o) ASSERT_FALSE(std::isnan(x));
+    for (float x : sk.o) ASSERT_FALSE(std::isnan(x));
+    EXPECT_GT(st.total_visited(), 0);
+  }
+}
+
+}  // namespace
+}  // namespace blasst::test

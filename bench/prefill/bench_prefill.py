@@ -1,0 +1,275 @@
+#!/usr/bin/env python3
+"""Prefill benchmark (SPEC §8): our sm_90a kernel (dense, skip at achieved sparsity 0.5/0.7/0.9)
+against torch SDPA (cuDNN and flash backends) on the same torch tensors, in one process.
+
+Timing: CUDA events around each call, warm-up first, median of >= 20 calls, never on zeros.
+Skip thresholds come from the one-pass curve (SPEC §5): one dense run of the skip variant with the
+delta histogram on gives sparsity(lambda) exactly at every bin edge; lambda for a target s is the
+smallest edge e with sparsity(exp(e)) >= s. The achieved sparsity is then counted in a separate
+statistics run (not timed).
+
+Workloads (seeded, generated here in torch; docs/prefill_kernel.md describes them):
+  random: i.i.d. normal Q, K, V.
+  llm:    RoPE positions (base 10000) on a per-head content vector shared by Q and K (recency),
+          an attention-sink key at position 0 and 8 heavy-hitter keys, normal V.
+  dit:    tokens on a T x H x W grid; Q and K share a 3-D sinusoidal position code, so attention
+          falls off with 3-D distance; normal V.
+"""
+import argparse
+import ctypes
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+HIST_SLOTS = 1026
+KLO, KW = -64.0, 1.0 / 16.0
+
+
+def load_lib(path):
+    lib = ctypes.CDLL(path)
+    vp, ll, ci, cd = ctypes.c_void_p, ctypes.c_longlong, ctypes.c_int, ctypes.c_double
+    lib.blasst_prefill.restype = ci
+    lib.blasst_prefill.argtypes = [vp, vp, vp, vp, vp, ll, ll, ll, ll, ll, ll, ci, ci, cd, ci, vp, vp, vp, vp]
+    lib.blasst_prefill_last_error.restype = ctypes.c_char_p
+    return lib
+
+
+class Ours:
+    def __init__(self, lib, q, k, v, causal):
+        self.lib, self.q, self.k, self.v, self.causal = lib, q, k, v, causal
+        self.o = torch.empty_like(q)
+        B, L, H, d = q.shape
+        self.lse = torch.empty(B, H, L, device=q.device, dtype=torch.float32)
+        self.dims = (B, L, k.shape[1], H, k.shape[2], d)
+        self.dtype = 0 if q.dtype == torch.bfloat16 else 1
+
+    def __call__(self, lam=0.0, force_skip=0, counters=None):
+        vis = skp = hist = None
+        if counters is not None:
+            vis, skp, hist = (c.data_ptr() if c is not None else None for c in counters)
+        B, Lq, Lk, H, Hk, d = self.dims
+        rc = self.lib.blasst_prefill(self.q.data_ptr(), self.k.data_ptr(), self.v.data_ptr(),
+                                     self.o.data_ptr(), self.lse.data_ptr(), B, Lq, Lk, H, Hk, d,
+                                     self.dtype, int(self.causal), float(lam), int(force_skip),
+                                     torch.cuda.current_stream().cuda_stream, vis, skp, hist)
+        if rc != 0:
+            raise RuntimeError(self.lib.blasst_prefill_last_error().decode())
+        return self.o
+
+    def counters(self, hist):
+        H = self.dims[3]
+        z = lambda n: torch.zeros(n, device=self.q.device, dtype=torch.int64)
+        return (z(H), z(H), z(H * HIST_SLOTS) if hist else None)
+
+
+def sdpa(q, k, v, causal, backend):
+    qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))  # [B, H, L, d] views
+    g = q.shape[2] // k.shape[2]
+    with sdpa_kernel([backend]):
+        return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, enable_gqa=g > 1)
+
+
+def median_ms(fn, iters, warmup):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    ev = []
+    for _ in range(iters):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        ev.append((s, e))
+    torch.cuda.synchronize()
+    ts = [s.elapsed_time(e) for s, e in ev]
+    return statistics.median(ts), (max(ts) - min(ts)) / statistics.median(ts)
+
+
+# ---- workloads ------------------------------------------------------------------------------
+def rope(x, base=10000.0):
+    B, L, H, d = x.shape
+    half = d // 2
+    inv = base ** (-torch.arange(half, device=x.device, dtype=torch.float32) / half)
+    ang = torch.arange(L, device=x.device, dtype=torch.float32)[:, None] * inv[None, :]
+    cos, sin = ang.cos()[None, :, None, :], ang.sin()[None, :, None, :]
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], -1)
+
+
+def gen(kind, B, L, H, Hk, d, seed, dtype):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    rn = lambda *s: torch.randn(*s, generator=g, device="cuda", dtype=torch.float32)
+    if kind == "random":
+        q, k, v = rn(B, L, H, d), rn(B, L, Hk, d), rn(B, L, Hk, d)
+    elif kind == "llm":
+        a = math.sqrt(9.0 / math.sqrt(d))        # recency peak ~9 nats at distance 0
+        c = rn(1, 1, Hk, d)
+        cq = c.repeat_interleave(H // Hk, dim=2)
+        q = rope(0.6 * rn(B, L, H, d) + a * cq)
+        k = rope(0.6 * rn(B, L, Hk, d) + a * c)
+        s = math.sqrt(7.0 / math.sqrt(d))        # sink score ~7 nats
+        u = rn(1, 1, 1, d)
+        q = q + s * u
+        k[:, 0] += s * u[0, 0]
+        hh = torch.randint(1, L, (8,), generator=g, device="cuda")
+        k[:, hh] += 0.8 * s * u[0]
+        v = rn(B, L, Hk, d)
+    elif kind == "dit":
+        # T x Hg x Wg grid with T * Hg * Wg = L (L = 32760 = 21 x 30 x 52).
+        T, Hg, Wg = (21, 30, 52) if L == 32760 else (L // 1024, 32, 32)
+        assert T * Hg * Wg == L
+        t, hgr, w = torch.meshgrid(torch.arange(T), torch.arange(Hg), torch.arange(Wg), indexing="ij")
+        coords = [x.reshape(-1).float().cuda() for x in (t, hgr, w)]
+        nf = d // 6
+        feats = []
+        for p, n in zip(coords, (T, Hg, Wg)):
+            om = (math.pi / n) * (2.0 ** (torch.arange(nf, device="cuda") * 4.0 / nf))
+            feats += [torch.cos(p[:, None] * om), torch.sin(p[:, None] * om)]
+        e = torch.cat(feats, -1)
+        e = torch.nn.functional.pad(e, (0, d - e.shape[1]))[None, :, None, :]
+        a = math.sqrt(10.0 * math.sqrt(d) / (3 * nf))  # peak ~10 nats
+        q = a * e + 0.5 * rn(B, L, H, d)
+        k = a * e + 0.5 * rn(B, L, Hk, d)
+        v = rn(B, L, Hk, d)
+    return tuple(x.to(dtype).contiguous() for x in (q, k, v))
+
+
+def flops(B, H, Lq, Lk, d, causal):
+    if not causal:
+        return 4.0 * B * H * Lq * Lk * d
+    pairs = sum(max(0, min(Lk, i + 1 + Lk - Lq)) for i in range(Lq)) if Lq != Lk else Lq * (Lq + 1) / 2
+    return 4.0 * B * H * pairs * d
+
+
+def lambda_for(hist, s):
+    """Smallest bin edge e with #{delta < e} / total >= s; lambda = exp(e) (< 1), or None."""
+    total = hist.sum().item()
+    cum = torch.cumsum(hist, 0)
+    for i in range(0, 1025):  # edge kLo + i * kW has #{delta < edge} = cum[i]
+        if cum[i].item() >= s * total:
+            e = KLO + i * KW
+            return (math.exp(e) if e < 0 else None), cum[i].item() / total
+    return None, None
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lib", required=True)
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    lib = load_lib(args.lib)
+    dev = torch.cuda.get_device_name()
+    commit = os.environ.get("BLASST_COMMIT", "unknown")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    bf = torch.bfloat16
+    # (workload, B, L, H, Hk, d, causal)
+    configs = []
+    for L in (4096, 16384, 32768):
+        for causal in (True, False):
+            configs.append(("random", 1, L, 32, 32, 128, causal))
+            configs.append(("llm", 1, L, 32, 32, 128, causal))
+    for causal in (True, False):
+        configs.append(("random", 1, 16384, 32, 32, 64, causal))
+        configs.append(("llm", 1, 16384, 32, 32, 64, causal))
+    configs.append(("dit", 1, 32760, 40, 40, 128, False))
+    if args.quick:
+        configs = [c for c in configs if c[2] <= 4096]
+    rows = []
+    for (kind, B, L, H, Hk, d, causal) in configs:
+        q, k, v = gen(kind, B, L, H, Hk, d, 1234 + L + d + int(causal), bf)
+        ours = Ours(lib, q, k, v, causal)
+        fl = flops(B, H, L, L, d, causal)
+        r = dict(workload=kind, B=B, L=L, H=H, Hk=Hk, d=d, mask="causal" if causal else "full")
+        tf = lambda ms: fl / (ms * 1e-3) / 1e12
+        ms, spread = median_ms(lambda: ours(), args.iters, args.warmup)
+        r["ours_dense_ms"], r["ours_dense_tflops"], r["ours_dense_spread"] = ms, tf(ms), spread
+        ref = {}
+        for name, be in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
+            try:
+                out = sdpa(q, k, v, causal, be)
+                ref[name] = out
+                ms2, _ = median_ms(lambda: sdpa(q, k, v, causal, be), args.iters, args.warmup)
+                r[name + "_ms"], r[name + "_tflops"] = ms2, tf(ms2)
+            except Exception as ex:  # backend unavailable for this shape
+                r[name + "_error"] = str(ex)[:200]
+        ours()
+        torch.cuda.synchronize()
+        if "cudnn" in ref:
+            r["maxdiff_vs_cudnn"] = (ours.o.float() - ref["cudnn"].transpose(1, 2).float()).abs().max().item()
+        if "cudnn_ms" in r:
+            r["ratio_vs_cudnn"] = r["cudnn_ms"] / r["ours_dense_ms"]
+        if kind == "random":
+            # Skip variant at 0 % sparsity (lambda off), and with the statistics + histogram on.
+            ms3, _ = median_ms(lambda: ours(0.0, 1), args.iters, args.warmup)
+            r["skip0_ms"], r["skip0_overhead"] = ms3, ms3 / r["ours_dense_ms"] - 1
+            cnt = ours.counters(True)
+            ms4, _ = median_ms(lambda: ours(0.0, 1, cnt), args.iters, args.warmup)
+            r["stats_ms"], r["stats_overhead_vs_skip0"] = ms4, ms4 / ms3 - 1
+        else:
+            cnt = ours.counters(True)
+            ours(0.0, 1, cnt)
+            torch.cuda.synchronize()
+            hist = cnt[2].view(H, HIST_SLOTS).sum(0).double()
+            r["skip"] = []
+            for s in (0.5, 0.7, 0.9):
+                lam, predicted = lambda_for(hist, s)
+                e = dict(target=s, **{"lambda": lam, "curve_sparsity": predicted})
+                if lam is None:
+                    e["note"] = "unreachable with lambda < 1 (natural order)"
+                    r["skip"].append(e)
+                    continue
+                c2 = ours.counters(False)
+                ours(lam, 0, c2)
+                torch.cuda.synchronize()
+                e["achieved"] = c2[1].sum().item() / max(1, c2[0].sum().item())
+                ms5, _ = median_ms(lambda: ours(lam), args.iters, args.warmup)
+                e["ms"], e["dense_equiv_tflops"] = ms5, tf(ms5)
+                e["speedup_vs_dense"] = r["ours_dense_ms"] / ms5
+                if "cudnn" in ref:
+                    e["maxdiff_vs_cudnn"] = (ours.o.float() - ref["cudnn"].transpose(1, 2).float()).abs().max().item()
+                r["skip"].append(e)
+        del ref
+        rows.append(r)
+        print(json.dumps(r), flush=True)
+        del q, k, v, ours
+        torch.cuda.empty_cache()
+
+    meta = dict(date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), commit=commit, gpu=dev,
+                torch=torch.__version__, iters=args.iters, warmup=args.warmup)
+    lines = [f"# prefill benchmark  {meta['date']}  commit {commit}  {dev}  torch {torch.__version__}",
+             "", "| workload | d | L | mask | ours TF/s | cuDNN TF/s | flash TF/s | ours/cuDNN | skip0 ovh | stats ovh | "
+             "skip s=0.5 (ach, x, deTF/s) | s=0.7 | s=0.9 |", "|" + "---|" * 13]
+    f = lambda x, p=0: "-" if x is None else f"{x:.{p}f}"
+    for r in rows:
+        sk = []
+        for e in r.get("skip", []):
+            sk.append("n/a" if "ms" not in e else f"{e['achieved']:.2f}, {e['speedup_vs_dense']:.2f}x, {e['dense_equiv_tflops']:.0f}")
+        while len(sk) < 3:
+            sk.append("-")
+        lines.append(f"| {r['workload']} | {r['d']} | {r['L']} | {r['mask']} | {f(r.get('ours_dense_tflops'))} | "
+                     f"{f(r.get('cudnn_tflops'))} | {f(r.get('flash_tflops'))} | {f(r.get('ratio_vs_cudnn'), 3)} | "
+                     f"{f(100 * r['skip0_overhead'], 1) + '%' if 'skip0_overhead' in r else '-'} | "
+                     f"{f(100 * r['stats_overhead_vs_skip0'], 1) + '%' if 'stats_overhead_vs_skip0' in r else '-'} | "
+                     + " | ".join(sk) + " |")
+    table = "\n".join(lines)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "bench_prefill.json"), "w") as fh:
+        json.dump(dict(meta=meta, rows=rows), fh, indent=1)
+    with open(os.path.join(args.out, "bench_prefill.md"), "w") as fh:
+        fh.write(table + "\n")
+    print(table)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Prefill kernel, one device call: configure + build the prefill targets, run the GPU tests,
+# compute-sanitizer (memcheck + racecheck) on small configurations, the benchmark; logs and
+# results under $OUT; a short summary and the benchmark table last.
+#   usage: scripts/device_prefill.sh [all|test|bench]   (BENCH_ARGS: extra bench_prefill.py args)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+MODE=${1:-all}
+OUT=${OUT:-/tmp/prefill_out}
+mkdir -p "$OUT"
+BUILD=${BUILD_DIR:-build-dev-prefill}
+export BLASST_COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem --format=csv > "$OUT/gpu.txt" 2>&1
+SUMMARY=()
+
+t0=$(date +%s)
+cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBLASST_BUILD_CLI=OFF > "$OUT/build.log" 2>&1
+if ! cmake --build "$BUILD" -j16 --target test_gpu_prefill test_gpu_prefill_ref blasst_prefill_bench >> "$OUT/build.log" 2>&1; then
+  grep -E "error|FAILED" "$OUT/build.log" | head -40
+  echo "BUILD FAILED"; exit 1
+fi
+SUMMARY+=("build: $(( $(date +%s) - t0 )) s")
+cuobjdump --dump-sass "$BUILD/libblasst.a" 2>/dev/null | grep -c HGMMA > "$OUT/hgmma_count.txt" || true
+
+# Smoke test first: a hang or crash here skips the long phases (the device call has a time limit).
+timeout 40 "$BUILD/tests/gpu_prefill/test_gpu_prefill" --gtest_filter='GpuPrefillSanitizer.*' > "$OUT/smoke.log" 2>&1
+smoke=$?
+SUMMARY+=("smoke test: rc=$smoke")
+if [ $smoke -ne 0 ]; then
+  tail -30 "$OUT/smoke.log"
+  MODE=none
+fi
+
+if [ "$MODE" = all ] || [ "$MODE" = test ]; then
+  t0=$(date +%s)
+  timeout 150 "$BUILD/tests/gpu_prefill/test_gpu_prefill" --gtest_filter=-GpuPrefillSanitizer.* > "$OUT/tests.log" 2>&1; rc1=$?
+  timeout 60 "$BUILD/tests/gpu_prefill/test_gpu_prefill_ref" > "$OUT/tests_ref.log" 2>&1; rc2=$?
+  SUMMARY+=("tests: rc=$rc1 ref rc=$rc2 ($(( $(date +%s) - t0 )) s)")
+  grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|error:|Expected|Which is|Value of|\[skip\]|\[ref\]|OK \]" "$OUT/tests.log" "$OUT/tests_ref.log" | head -80
+  t0=$(date +%s)
+  for tool in memcheck racecheck; do
+    timeout 60 compute-sanitizer --tool $tool --error-exitcode 9 \
+      "$BUILD/tests/gpu_prefill/test_gpu_prefill" --gtest_filter='GpuPrefillSanitizer.*' > "$OUT/sanitizer_$tool.log" 2>&1
+    SUMMARY+=("compute-sanitizer $tool: rc=$? ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_$tool.log" | tail -1))")
+  done
+fi
+
+if [ "$MODE" = all ] || [ "$MODE" = bench ]; then
+  t0=$(date +%s)
+  PYTHONUNBUFFERED=1 timeout 150 python3 bench/prefill/bench_prefill.py --lib "$BUILD/bench/prefill/libblasst_prefill_bench.so" \
+    --out "$OUT" ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1
+  SUMMARY+=("bench: rc=$? ($(( $(date +%s) - t0 )) s)")
+fi
+echo "==== summary"
+cat "$OUT/gpu.txt"
+echo "HGMMA instructions in libblasst.a SASS: $(cat "$OUT/hgmma_count.txt" 2>/dev/null)"
+printf '%s\n' "${SUMMARY[@]}"
+[ -f "$OUT/bench_prefill.md" ] && cat "$OUT/bench_prefill.md" || tail -20 "$OUT/bench.log" 2>/dev/null
