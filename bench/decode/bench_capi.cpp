@@ -9,7 +9,10 @@
 namespace {
 thread_local std::string g_err;
 
-blasst::DecodeProblem make(void* q, void* k, void* v, void* out, int B, int L, int hq, int hk, int d, int dtype) {
+// head_major: the caches are [B, Hk, L, d] in memory (each head's keys contiguous), viewed as
+// [B, L, Hk, d] through strides (a layout probe for the benchmark).
+blasst::DecodeProblem make(void* q, void* k, void* v, void* out, int B, int L, int hq, int hk, int d, int dtype,
+                           int head_major = 0) {
   const blasst::DType dt = dtype == 0 ? blasst::DType::bf16 : blasst::DType::f16;
   const auto dev = blasst::DeviceKind::cuda;
   blasst::DecodeProblem p;
@@ -17,6 +20,10 @@ blasst::DecodeProblem make(void* q, void* k, void* v, void* out, int B, int L, i
   p.k_cache = blasst::Tensor::contiguous(k, dt, {B, L, hk, d}, dev);
   p.v_cache = blasst::Tensor::contiguous(v, dt, {B, L, hk, d}, dev);
   p.out = blasst::Tensor::contiguous(out, dt, {B, 1, hq, d}, dev);
+  if (head_major) {
+    const std::int64_t st[4] = {std::int64_t(hk) * L * d, d, std::int64_t(L) * d, 1};
+    for (int i = 0; i < 4; ++i) p.k_cache.stride[i] = p.v_cache.stride[i] = st[i];
+  }
   return p;
 }
 }  // namespace
@@ -25,11 +32,11 @@ extern "C" {
 
 const char* bdb_last_error() { return g_err.c_str(); }
 
-// lambda <= 0: dense. stats (optional, 2 values): skipped and visited (synchronises).
+// lambda <= 0: dense. stats (optional, 3 values): skipped, visited, split_tiles (synchronises).
 int bdb_decode(void* q, void* k, void* v, void* out, int B, int L, int hq, int hk, int d, int dtype, double lambda,
-               void* stream, std::int64_t* stats) {
+               void* stream, std::int64_t* stats, int head_major) {
   try {
-    auto p = make(q, k, v, out, B, L, hq, hk, d, dtype);
+    auto p = make(q, k, v, out, B, L, hq, hk, d, dtype, head_major);
     blasst::SkipConfig skip;
     if (lambda > 0) skip = blasst::SkipConfig::from_threshold(lambda);
     blasst::RunOptions opt;

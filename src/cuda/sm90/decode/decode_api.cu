@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <string>
@@ -318,8 +319,13 @@ void cuda_decode(const DecodeProblem& p, const SkipConfig& skip, const RunOption
     kp.hist = want_hist ? kp.skipped + r.hk : nullptr;
   }
   if (r.batch > 65535 || r.hk > 65535) throw Error("q: batch and KV heads must be <= 65535 for the CUDA decode kernel");
+  // Loads through the copy engine by default; BLASST_DECODE_LOADS=cpasync selects the per-thread
+  // 16-byte cp.async path (kept for comparison in the benchmark).
+  const char* loads_env = std::getenv("BLASST_DECODE_LOADS");
+  const bool cpasync = loads_env != nullptr && std::string(loads_env) == "cpasync";
+  kp.bulk = cpasync ? 0 : 1;
   launch(r.dtype, static_cast<int>(r.d), use_skip, kp,
-         dim3(static_cast<unsigned>(num_splits), static_cast<unsigned>(r.hk), static_cast<unsigned>(r.batch)), smem, stream);
+         dim3(static_cast<unsigned>(r.hk), static_cast<unsigned>(num_splits), static_cast<unsigned>(r.batch)), smem, stream);
 
   decode::MergeParams mp{};
   mp.o_part = kp.o_part; mp.lse_part = kp.lse_part;

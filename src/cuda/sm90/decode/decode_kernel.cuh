@@ -51,6 +51,15 @@ __device__ __forceinline__ void cp_async16(std::uint32_t dst, const void* src, i
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes)
                : "memory");
 }
+// Copy-engine copy of `bytes` contiguous bytes; completes as transaction bytes on the mbarrier.
+__device__ __forceinline__ void bulk_copy(std::uint32_t dst, const void* src, int bytes, std::uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_expect_tx(std::uint32_t bar, int bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
 // Arrives on the mbarrier once every cp.async this thread issued so far has landed.
 __device__ __forceinline__ void cp_async_arrive(std::uint32_t bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
@@ -122,7 +131,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
   // for this grid's completion with griddepcontrol.wait before reading anything.
   asm volatile("griddepcontrol.launch_dependents;");
 
-  const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  // Heads fastest: the CTAs that run together read neighbouring head rows of the same keys.
+  const int h = blockIdx.x, split = blockIdx.y, b = blockIdx.z;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int mtiles = p.mtiles;
   const std::int64_t Lk = p.seqlens ? static_cast<std::int64_t>(p.seqlens[b]) : p.lmax;
@@ -149,8 +159,10 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
 
   extern __shared__ __align__(128) unsigned char smem[];
   unsigned char* sK = smem;
-  unsigned char* sV = sK + kStagesK * kTileKeys * D * 2;
-  unsigned char* sP = sV + kStagesV * kTileKeys * D * 2;
+  constexpr int RB = kv_row_bytes(D);        // padded K/V row
+  constexpr int kSlotBytes = kTileKeys * RB;
+  unsigned char* sV = sK + kStagesK * kSlotBytes;
+  unsigned char* sP = sV + kStagesV * kSlotBytes;
   const int p_stage_bytes = mtiles * 16 * kTileKeys * 2;
   unsigned char* sQ = sP + kStagesV * p_stage_bytes;
   float* sAlpha = reinterpret_cast<float*>(sQ + mtiles * 16 * D * 2);  // [kStagesV][kMaxRows]
@@ -159,7 +171,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
   const std::uint32_t barK0 = smem_u32(sBar), barV0 = smem_u32(sBar + kStagesK);
 
   if (tid == 0) {
-    for (int i = 0; i < kStagesK + kStagesV; ++i) mbar_init(smem_u32(sBar + i), kThreads);
+    // Bulk loads: one arrive (with the expected bytes) per phase; cp.async: one per thread.
+    for (int i = 0; i < kStagesK + kStagesV; ++i) mbar_init(smem_u32(sBar + i), p.bulk ? 1 : kThreads);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
 
@@ -183,7 +196,32 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
   const T* vbase = static_cast<const T*>(p.v);
   const int ld_row = tid / CH, ld_chunk = tid % CH;
   auto load_tile = [&](const T* base, std::int64_t s0, std::int64_t s1, std::int64_t sh, unsigned char* slot,
-                       std::uint32_t bar, std::int64_t t) {
+                       std::uint32_t bar, std::int64_t t, bool zero_tail) {
+    auto key_src = [&](std::int64_t key) {
+      std::int64_t off;
+      if (p.page_table) {
+        const std::int32_t page = __ldg(p.page_table + b * p.pt_stride + (key >> p.log2_page));
+        off = page * s0 + (key & ((1 << p.log2_page) - 1)) * s1;
+      } else {
+        off = b * s0 + key * s1;
+      }
+      return base + off + h * sh;
+    };
+    if (p.bulk) {
+      // One key row (2D contiguous bytes) per thread through the copy engine.
+      const std::int64_t left = Lk - t * kTileKeys;
+      const int valid = left < kTileKeys ? static_cast<int>(left) : kTileKeys;
+      if (tid == 0) mbar_arrive_expect_tx(bar, valid * D * 2);
+      if (tid < valid) {
+        bulk_copy(smem_u32(slot + tid * RB), key_src(t * kTileKeys + tid), D * 2, bar);
+      } else if (zero_tail) {
+        // V rows past the end are read by P.V (with P = 0): zeros, never stale NaNs. Ordinary
+        // stores, ordered before the P.V by the next iteration's barrier.
+#pragma unroll
+        for (int c = 0; c < CH; ++c) *reinterpret_cast<uint4*>(slot + tid * RB + c * 16) = make_uint4(0, 0, 0, 0);
+      }
+      return;
+    }
 #pragma unroll
     for (int pass = 0; pass < kPasses; ++pass) {
       const int row = ld_row + pass * kRowsPerPass;
@@ -191,17 +229,10 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
       const T* src = base;
       int bytes = 0;
       if (key < Lk) {
-        std::int64_t off;
-        if (p.page_table) {
-          const std::int32_t page = __ldg(p.page_table + b * p.pt_stride + (key >> p.log2_page));
-          off = page * s0 + (key & ((1 << p.log2_page) - 1)) * s1;
-        } else {
-          off = b * s0 + key * s1;
-        }
-        src = base + off + h * sh + ld_chunk * 8;
+        src = key_src(key) + ld_chunk * 8;
         bytes = 16;
       }
-      cp_async16(smem_u32(slot + swz(row, ld_chunk, CH)), src, bytes);
+      cp_async16(smem_u32(slot + row * RB + ld_chunk * 16), src, bytes);
     }
     cp_async_arrive(bar);
   };
@@ -209,7 +240,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
   __syncthreads();  // mbarrier init + Q visible
 
   for (int i = 0; i < kStagesK && i < n; ++i)
-    load_tile(kbase, p.k_s0, p.k_s1, p.k_sh, sK + i * kTileKeys * D * 2, barK0 + 8 * i, t_begin + i);
+    load_tile(kbase, p.k_s0, p.k_s1, p.k_sh, sK + i * kSlotBytes, barK0 + 8 * i, t_begin + i, false);
 
   // Per-thread row state: rows lane/4 + 8*half + 16*mt. m in log2 units; l is this thread's partial.
   float m_run[4][2], l_run[4][2];
@@ -264,7 +295,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
       }
     }
     const unsigned char* Ps = sP + pslot * p_stage_bytes;
-    const unsigned char* Vs = sV + vslot * kTileKeys * D * 2;
+    const unsigned char* Vs = sV + vslot * kSlotBytes;
 #pragma unroll
     for (int ks = 0; ks < kTileKeys / 16; ++ks) {
       // B fragments of V (keys ks*16.., this warp's columns) via ldmatrix.trans.
@@ -274,7 +305,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
         const int key = ks * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
         const int chunk = warp * kNT + np * 2 + (lane >> 4);
         std::uint32_t r[4];
-        ldsm_x4_t(smem_u32(Vs + swz(key, chunk, CH)), r);
+        ldsm_x4_t(smem_u32(Vs + key * RB + chunk * 16), r);
         bv[np * 2][0] = r[0];
         bv[np * 2][1] = r[1];
         bv[np * 2 + 1][0] = r[2];
@@ -305,7 +336,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
       for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.f;
-    const unsigned char* Ks = sK + kslot * kTileKeys * D * 2;
+    const unsigned char* Ks = sK + kslot * kSlotBytes;
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks) {
       std::uint32_t bk[4][2];
@@ -314,7 +345,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
         const int key = warp * 32 + np * 16 + (lane & 7) + (lane >> 4) * 8;
         const int chunk = ks * 2 + ((lane >> 3) & 1);
         std::uint32_t r[4];
-        ldsm_x4(smem_u32(Ks + swz(key, chunk, CH)), r);
+        ldsm_x4(smem_u32(Ks + key * RB + chunk * 16), r);
         bk[np * 2][0] = r[0];
         bk[np * 2][1] = r[1];
         bk[np * 2 + 1][0] = r[2];
@@ -424,15 +455,14 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
         }
       }
       const int vslot = kept_count % kStagesV;
-      load_tile(vbase, p.v_s0, p.v_s1, p.v_sh, sV + vslot * kTileKeys * D * 2, barV0 + 8 * vslot, t);
+      load_tile(vbase, p.v_s0, p.v_s1, p.v_sh, sV + vslot * kSlotBytes, barV0 + 8 * vslot, t, true);
       ++kept_count;
     } else {
       ++skipped_count;
     }
     // The K slot of tile i is free (every warp passed the vote): refill it.
     if (i + kStagesK < n)
-      load_tile(kbase, p.k_s0, p.k_s1, p.k_sh, sK + kslot * kTileKeys * D * 2, barK0 + 8 * kslot,
-                t + kStagesK);
+      load_tile(kbase, p.k_s0, p.k_s1, p.k_sh, sK + kslot * kSlotBytes, barK0 + 8 * kslot, t + kStagesK, false);
 
     // P.V of the previous survivor (its P was written before this iteration's barrier).
     if (prev_keep) pv((i - 1) % kStagesV, prev_vslot, prev_vpar);

@@ -43,6 +43,7 @@ struct Params {
   unsigned long long* visited;  // [Hk] or nullptr
   unsigned long long* skipped;  // [Hk]
   unsigned long long* hist;     // [Hk, kHistBins] or nullptr
+  int bulk;  // 1: K/V rows by cp.async.bulk (copy engine); 0: 16-byte cp.async per thread
 };
 
 struct MergeParams {
@@ -58,8 +59,12 @@ struct MergeParams {
 };
 
 // Shared-memory bytes of the main kernel for head dim D and rows padded to mtiles * 16.
+// K/V tiles are stored row-padded: rows of 2D + 16 bytes, so the 8 rows an ldmatrix reads fall on
+// 8 different bank groups and each key row stays one contiguous destination for a bulk copy.
+constexpr int kv_row_bytes(int D) { return 2 * D + 16; }
+
 constexpr std::size_t smem_bytes(int D, int mtiles) {
-  return std::size_t(kStagesK + kStagesV) * kTileKeys * D * 2  // K, V rings
+  return std::size_t(kStagesK + kStagesV) * kTileKeys * kv_row_bytes(D)  // K, V rings
          + std::size_t(kStagesV) * mtiles * 16 * kTileKeys * 2  // P ring
          + std::size_t(mtiles) * 16 * D * 2                     // Q
          + std::size_t(kStagesV) * kMaxRows * 4                 // alpha ring
