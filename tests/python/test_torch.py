@@ -284,3 +284,17 @@ def test_gpu_errors_name_the_argument(cuda, gen):
         qq = randn(gen, 64, 2, 64, dtype=torch.bfloat16).to(cuda)
         blasst.attention(qq, qq, qq, cu_seqlens_q=torch.tensor([0, 64], dtype=torch.int32),
                          cu_seqlens_k=torch.tensor([0, 64], dtype=torch.int32))
+
+
+@pytest.mark.gpu
+def test_gpu_cupy_arrays(cuda, gen):
+    cupy = pytest.importorskip("cupy", reason="cupy is not installed")
+    q = randn(gen, 1, 200, 4, 64, dtype=torch.float16)
+    k = randn(gen, 1, 300, 2, 64, dtype=torch.float16)
+    v = randn(gen, 1, 300, 2, 64, dtype=torch.float16)
+    cq, ck, cv = (cupy.asarray(t.numpy()) for t in (q, k, v))
+    out = blasst.attention(cq, ck, cv, causal=True)
+    assert isinstance(out, cupy.ndarray) and out.dtype == cupy.float16
+    cupy.cuda.get_current_stream().synchronize()
+    ro = cpu_reference(q, k, v, causal=True)
+    np.testing.assert_allclose(cupy.asnumpy(out).astype(np.float32), ro.numpy(), atol=2e-2, rtol=2e-2)

@@ -140,3 +140,17 @@ def test_gpu_skip_mode_reports_sparsity():
     assert v > 0 and 0 <= s <= v
     print(f"tiny Llama skip mode: prefill sparsity {rec.sparsity('prefill'):.3f}, "
           f"decode sparsity {rec.sparsity('decode'):.3f} ({rec})")
+
+
+def test_cpu_generate_runs_through_blasst():
+    """generate() passes an all-ones attention mask; SDPA's mask function drops it, so both
+    phases still run blasst (not the SDPA fallback) and the tokens equal SDPA's."""
+    model = tiny_llama("sdpa", torch.float32, "cpu")
+    ids = torch.randint(0, 512, (1, 40), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        want = model.generate(ids, max_new_tokens=4, do_sample=False)
+        with bt.record_stats() as rec:
+            got = with_attn(model, "blasst").generate(ids, max_new_tokens=4, do_sample=False)
+    assert torch.equal(got, want)
+    assert rec.layers["model.layers.0.self_attn:prefill"]["calls"] == 1
+    assert rec.layers["model.layers.0.self_attn:decode"]["calls"] == 3
