@@ -46,7 +46,12 @@ export BLASST_REQUIRE_GPU=1
 "$PY" -c "import blasst; print('blasst', blasst.__file__, 'cuda_available', blasst.cuda_available(), blasst.cuda_device_name())"
 "$PY" -m pytest -p no:cacheprovider -v -rs -s tests/python "$@"
 rc=$?
+[ $rc -eq 5 ] && { echo "device_python: FAILED: no tests collected"; rc=1; }
+
+echo "== examples"
+"$PY" python/examples/denoise_loop.py --cuda --steps 8 || { echo "device_python: FAILED: denoise_loop.py"; rc=1; }
+"$PY" python/examples/llama_generate.py --prompt-len 2048 --new-tokens 8 --factor 200 \
+  || { echo "device_python: FAILED: llama_generate.py"; rc=1; }
 t2=$(date +%s)
-echo "device_python: build $((t1 - t0)) s, tests $((t2 - t1)) s; pytest exit $rc"
-[ $rc -eq 5 ] && { echo "device_python: FAILED: no tests collected"; exit 1; }
+echo "device_python: build $((t1 - t0)) s, tests + examples $((t2 - t1)) s; exit $rc"
 exit $rc
