@@ -207,6 +207,9 @@ std::vector<double> launch_attention(const AttentionProblem& p, const SkipConfig
   check_i32(r.hq * r.batch, "heads x batch");
   prm.max_q = static_cast<int>(check_i32(r.max_q_len, "max query length"));
   prm.num_m_blocks = static_cast<int>((r.max_q_len + kBlockM - 1) / kBlockM);
+  if (prm.num_m_blocks > 65535)  // grid.y walks the query blocks
+    throw Error("q: longest query sequence " + std::to_string(r.max_q_len) +
+                " exceeds the CUDA prefill kernel's limit of 65535 x 128 rows");
   prm.scale = static_cast<float>(r.scale);
   prm.scale_log2 = static_cast<float>(r.scale * 1.4426950408889634);
   prm.causal = r.mask == MaskKind::causal;
