@@ -1,4 +1,5 @@
 // Host side of the sm_90a decode kernels: validation, split choice, workspace, launches, stats.
+#include <cuda.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -162,6 +163,42 @@ void launch(DType dt, int d, bool skip, const Params& p, dim3 grid, std::size_t 
   }
 }
 
+// cuTensorMapEncodeTiled through the runtime's driver entry point (no link against libcuda).
+using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+EncodeTiled encode_tiled() {
+  static const EncodeTiled fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();
+      return static_cast<EncodeTiled>(nullptr);
+    }
+    return reinterpret_cast<EncodeTiled>(f);
+  }();
+  return fn;
+}
+
+// K or V cache as a {d, Hk, rows} tensor with {64, 1, box_rows} boxes, 128B swizzle. False when
+// the layout does not flatten to rows (the kernel then uses per-row bulk copies).
+bool make_kv_map(CUtensorMap* map, const Tensor& t, std::int64_t rows_per_s0, int box_rows) {
+  EncodeTiled enc = encode_tiled();
+  if (!enc) return false;
+  if (t.stride[0] != rows_per_s0 * t.stride[1]) return false;  // (batch|page, key|slot) -> rows
+  const std::int64_t rows = t.shape[0] * rows_per_s0;
+  if (rows >= (std::int64_t{1} << 31) || t.shape[3] % 64 != 0) return false;
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(t.shape[3]), static_cast<cuuint64_t>(t.shape[2]),
+                              static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(t.stride[2]) * 2, static_cast<cuuint64_t>(t.stride[1]) * 2};
+  const cuuint32_t box[3] = {64, 1, static_cast<cuuint32_t>(box_rows)};
+  const cuuint32_t estr[3] = {1, 1, 1};
+  const CUtensorMapDataType dt = t.dtype == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  return enc(map, dt, 3, t.data, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
 std::size_t span_bytes(const Tensor& t) {
   if (t.numel() == 0) return 0;
   std::int64_t off = 0;
@@ -321,9 +358,22 @@ void cuda_decode(const DecodeProblem& p, const SkipConfig& skip, const RunOption
   if (r.batch > 65535 || r.hk > 65535) throw Error("q: batch and KV heads must be <= 65535 for the CUDA decode kernel");
   // Loads through the copy engine by default; BLASST_DECODE_LOADS=cpasync selects the per-thread
   // 16-byte cp.async path (kept for comparison in the benchmark).
+  // Loads: tensor-map boxes through the copy engine (default); BLASST_DECODE_LOADS=bulk (one bulk
+  // copy per key row) or =cpasync (16-byte cp.async per thread) select the other paths, kept for
+  // comparison in the benchmark and as the fallback for layouts a tensor map cannot describe.
   const char* loads_env = std::getenv("BLASST_DECODE_LOADS");
-  const bool cpasync = loads_env != nullptr && std::string(loads_env) == "cpasync";
-  kp.bulk = cpasync ? 0 : 1;
+  const std::string loads = loads_env ? loads_env : "";
+  kp.bulk = loads == "cpasync" ? 0 : 1;
+  kp.tma = 0;
+  if (loads.empty() || loads == "tma") {
+    const std::int64_t rows_per_s0 = r.paged ? r.page_size : p.k_cache.shape[1];
+    const int box_rows = static_cast<int>(r.paged ? std::min<std::int64_t>(r.page_size, decode::kTileKeys) : decode::kTileKeys);
+    if (box_rows >= 8 && make_kv_map(&kp.tmk, p.k_cache, rows_per_s0, box_rows) &&
+        make_kv_map(&kp.tmv, p.v_cache, rows_per_s0, box_rows)) {
+      kp.tma = 1;
+      kp.tma_box_rows = box_rows;
+    }
+  }
   launch(r.dtype, static_cast<int>(r.d), use_skip, kp,
          dim3(static_cast<unsigned>(r.hk), static_cast<unsigned>(num_splits), static_cast<unsigned>(r.batch)), smem, stream);
 

@@ -57,6 +57,15 @@ __device__ __forceinline__ void bulk_copy(std::uint32_t dst, const void* src, in
                "l"(src), "r"(bytes), "r"(bar)
                : "memory");
 }
+// Tensor-map (TMA) copy of one {64, 1, rows} box at coordinates (c0, c1, c2).
+__device__ __forceinline__ void tma_load_3d(std::uint32_t dst, const CUtensorMap* map, int c0, int c1, int c2,
+                                            std::uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
+      "[%5];" ::"r"(dst),
+      "l"(reinterpret_cast<std::uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+      : "memory");
+}
 __device__ __forceinline__ void mbar_arrive_expect_tx(std::uint32_t bar, int bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
 }
@@ -157,10 +166,17 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
     if (lam < 1.0) thr = static_cast<float>(log2(lam));
   }
 
-  extern __shared__ __align__(128) unsigned char smem[];
+  extern __shared__ __align__(1024) unsigned char smem[];  // 128B-swizzled TMA boxes need 1 KB
   unsigned char* sK = smem;
   constexpr int RB = kv_row_bytes(D);        // padded K/V row
   constexpr int kSlotBytes = kTileKeys * RB;
+  // Byte offset of 16-byte chunk `chunk` of key row `key` in a K/V slot: TMA boxes are 64-column
+  // halves of [128 keys][128 B] with the 128B swizzle; the other loads use padded rows.
+  const bool tma = p.tma != 0;
+  auto kv_off = [tma](int key, int chunk) -> std::uint32_t {
+    return tma ? static_cast<std::uint32_t>(((chunk >> 3) << 14) + key * 128 + (((chunk & 7) ^ (key & 7)) << 4))
+               : static_cast<std::uint32_t>(key * RB + chunk * 16);
+  };
   unsigned char* sV = sK + kStagesK * kSlotBytes;
   unsigned char* sP = sV + kStagesV * kSlotBytes;
   const int p_stage_bytes = mtiles * 16 * kTileKeys * 2;
@@ -172,7 +188,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
 
   if (tid == 0) {
     // Bulk loads: one arrive (with the expected bytes) per phase; cp.async: one per thread.
-    for (int i = 0; i < kStagesK + kStagesV; ++i) mbar_init(smem_u32(sBar + i), p.bulk ? 1 : kThreads);
+    for (int i = 0; i < kStagesK + kStagesV; ++i) mbar_init(smem_u32(sBar + i), (p.tma || p.bulk) ? 1 : kThreads);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
 
@@ -207,6 +223,33 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
       }
       return base + off + h * sh;
     };
+    if (p.tma) {
+      // A few large boxes per tile (rows of up to one page, 64 columns each) issued by one thread;
+      // the smem image is the 128B-swizzled layout kv_off() reads.
+      if (tid == 0) {
+        const int sub = p.tma_box_rows;
+        const std::int64_t left = Lk - t * kTileKeys;
+        const int valid = left < kTileKeys ? static_cast<int>(left) : kTileKeys;
+        const int nreq = (valid + sub - 1) / sub;
+        constexpr int kHalves = D / 64;
+        mbar_arrive_expect_tx(bar, nreq * kHalves * sub * 128);
+        const CUtensorMap* map = zero_tail ? &p.tmv : &p.tmk;  // zero_tail: the V cache
+        for (int j = 0; j < nreq; ++j) {
+          const std::int64_t key = t * kTileKeys + j * sub;
+          std::int64_t row;
+          if (p.page_table) {
+            const std::int32_t page = __ldg(p.page_table + b * p.pt_stride + (key >> p.log2_page));
+            row = static_cast<std::int64_t>(page) * (1 << p.log2_page) + (key & ((1 << p.log2_page) - 1));
+          } else {
+            row = b * p.lmax + key;
+          }
+#pragma unroll
+          for (int hf = 0; hf < kHalves; ++hf)
+            tma_load_3d(smem_u32(slot + hf * kTileKeys * 128 + j * sub * 128), map, hf * 64, h, static_cast<int>(row), bar);
+        }
+      }
+      return;
+    }
     if (p.bulk) {
       // One key row (2D contiguous bytes) per thread through the copy engine.
       const std::int64_t left = Lk - t * kTileKeys;
@@ -275,8 +318,19 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
   std::uint32_t prev_vpar = 0;
 
   // P.V of the tile whose P sits in P slot pslot and whose V sits in V slot vslot.
-  auto pv = [&](int pslot, int vslot, std::uint32_t vpar) {
+  auto pv = [&](int pslot, int vslot, std::uint32_t vpar, std::int64_t tile) {
     mbar_wait(barV0 + 8 * vslot, vpar);
+    if (tma && (tile + 1) * kTileKeys > Lk) {
+      // TMA boxes fill rows past the sequence end with other data (or leave them stale): zero this
+      // warp's columns of those rows, since P = 0 there but 0 * NaN is not 0.
+      const int valid = static_cast<int>(Lk - tile * kTileKeys);
+      unsigned char* Vz = sV + vslot * kSlotBytes;
+      for (int idx = lane; idx < (kTileKeys - valid) * kNT; idx += 32) {
+        const int key = valid + idx / kNT, chunk = warp * kNT + idx % kNT;
+        *reinterpret_cast<uint4*>(Vz + kv_off(key, chunk)) = make_uint4(0, 0, 0, 0);
+      }
+      __syncwarp();
+    }
     float alpha[4][2];
 #pragma unroll
     for (int mt = 0; mt < 4; ++mt)
@@ -305,7 +359,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
         const int key = ks * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
         const int chunk = warp * kNT + np * 2 + (lane >> 4);
         std::uint32_t r[4];
-        ldsm_x4_t(smem_u32(Vs + key * RB + chunk * 16), r);
+        ldsm_x4_t(smem_u32(Vs) + kv_off(key, chunk), r);
         bv[np * 2][0] = r[0];
         bv[np * 2][1] = r[1];
         bv[np * 2 + 1][0] = r[2];
@@ -345,7 +399,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
         const int key = warp * 32 + np * 16 + (lane & 7) + (lane >> 4) * 8;
         const int chunk = ks * 2 + ((lane >> 3) & 1);
         std::uint32_t r[4];
-        ldsm_x4(smem_u32(Ks + key * RB + chunk * 16), r);
+        ldsm_x4(smem_u32(Ks) + kv_off(key, chunk), r);
         bk[np * 2][0] = r[0];
         bk[np * 2][1] = r[1];
         bk[np * 2 + 1][0] = r[2];
@@ -465,7 +519,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
       load_tile(kbase, p.k_s0, p.k_s1, p.k_sh, sK + kslot * kSlotBytes, barK0 + 8 * kslot, t + kStagesK, false);
 
     // P.V of the previous survivor (its P was written before this iteration's barrier).
-    if (prev_keep) pv((i - 1) % kStagesV, prev_vslot, prev_vpar);
+    if (prev_keep) pv((i - 1) % kStagesV, prev_vslot, prev_vpar, t - 1);
     prev_keep = keep;
     if (keep) {
       prev_vslot = (kept_count - 1) % kStagesV;
@@ -473,7 +527,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
     }
   }
   __syncthreads();  // P of the last tile written by every warp
-  if (prev_keep) pv((n - 1) % kStagesV, prev_vslot, prev_vpar);
+  if (prev_keep) pv((n - 1) % kStagesV, prev_vslot, prev_vpar, t_begin + n - 1);
 
   // Row sums: quad, then across warps (every warp saw different keys).
   __syncthreads();

@@ -1,6 +1,7 @@
 // Internal: parameters and launchers of the decode kernels (host and device code).
 #pragma once
 
+#include <cuda.h>  // CUtensorMap
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -19,6 +20,10 @@ constexpr int kStagesV = 2;     // V / P ring depth (P.V runs one tile behind th
 constexpr int kHistBins = 1024 + 2;  // DeltaHistogram::kBins + 2
 
 struct Params {
+  // K/V caches as 3-D tensors {d, Hk, rows} for the copy engine (used when tma != 0): rows are
+  // b * Lmax + key (contiguous) or page * page_size + slot (paged).
+  CUtensorMap tmk, tmv;
+  int tma, tma_box_rows;
   const void* q;  // [B, q_len, Hq, D]
   std::int64_t q_sb, q_st, q_sh;
   const void* k;  // contiguous [B, Lmax, Hk, D] or paged [pages, page_size, Hk, D]
@@ -43,7 +48,7 @@ struct Params {
   unsigned long long* visited;  // [Hk] or nullptr
   unsigned long long* skipped;  // [Hk]
   unsigned long long* hist;     // [Hk, kHistBins] or nullptr
-  int bulk;  // 1: K/V rows by cp.async.bulk (copy engine); 0: 16-byte cp.async per thread
+  int bulk;  // without tma: 1 = one cp.async.bulk per key row, 0 = 16-byte cp.async per thread
 };
 
 struct MergeParams {
