@@ -9,7 +9,8 @@ MODE=${1:-all}
 OUT=${OUT:-/tmp/prefill_out}
 mkdir -p "$OUT"
 BUILD=${BUILD_DIR:-build-dev-prefill}
-export BLASST_COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+# .git does not travel to the device machine: pass BLASST_COMMIT=<hash> in the command there.
+export BLASST_COMMIT=${BLASST_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem --format=csv > "$OUT/gpu.txt" 2>&1
 SUMMARY=()
 
