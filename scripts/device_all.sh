@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Everything on the GPU machine in one call: build the whole project with the sm_90a kernels and
+# the Python extension, run every GoogleTest suite (GPU suites included), the Python GPU tests and
+# examples. Logs under $OUT; a short table last. Benchmarks: scripts/device_{prefill,decode}.sh.
+# Carry .deps/cutlass, .deps/include and .deps/googletest (scripts/bootstrap.sh makes them).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/device_all}
+mkdir -p "$OUT"
+BUILD=${BUILD_DIR:-build-device}
+SUMMARY=()
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader > "$OUT/gpu.txt" 2>&1
+
+t0=$(date +%s)
+cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBLASST_BUILD_PYTHON=ON \
+  -DPython_EXECUTABLE="$(command -v python3)" > "$OUT/build.log" 2>&1 &&
+  cmake --build "$BUILD" -j "$(nproc)" >> "$OUT/build.log" 2>&1
+rc=$?
+SUMMARY+=("build: rc=$rc ($(( $(date +%s) - t0 )) s)")
+if [ $rc -ne 0 ]; then grep -E "error|FAILED" "$OUT/build.log" | head -40; printf '%s\n' "${SUMMARY[@]}"; exit 1; fi
+
+t0=$(date +%s)
+timeout ${CTEST_TIMEOUT:-240} ctest --test-dir "$BUILD" -j 4 --output-on-failure > "$OUT/ctest.log" 2>&1
+rc=$?
+SUMMARY+=("ctest: rc=$rc ($(( $(date +%s) - t0 )) s): $(grep -E 'tests passed' "$OUT/ctest.log")")
+SUMMARY+=("  skipped: $(grep -c '(Skipped)' "$OUT/ctest.log")  failed: $(grep -E '\(Failed\)|\(Timeout\)|Exception' "$OUT/ctest.log" | tr '\n' ' ')")
+
+t0=$(date +%s)
+export PYTHONPATH="$PWD/$BUILD/python${PYTHONPATH:+:$PYTHONPATH}" BLASST_REQUIRE_GPU=1
+timeout ${PYTEST_TIMEOUT:-150} python3 -m pytest -p no:cacheprovider -q -rs tests/python > "$OUT/pytest.log" 2>&1
+rc=$?
+SUMMARY+=("pytest (GPU required): rc=$rc ($(( $(date +%s) - t0 )) s): $(tail -1 "$OUT/pytest.log")")
+timeout 60 python3 python/examples/denoise_loop.py --cuda --steps 8 > "$OUT/examples.log" 2>&1
+SUMMARY+=("example denoise_loop: rc=$?")
+
+echo "==== failures (if any)"
+grep -E "FAILED|Failure|Error" "$OUT/ctest.log" "$OUT/pytest.log" | head -30
+echo "==== summary ($(cat "$OUT/gpu.txt"))"
+printf '%s\n' "${SUMMARY[@]}"
