@@ -20,7 +20,8 @@ __version__ = _core.__version__
 
 __all__ = [
     "attention", "decode", "SkipSoftmax", "SkipStats", "SparseAttentionConfig", "load_config",
-    "load_model_configs", "cuda_available", "cuda_device_name", "built_with_cuda", "set_num_threads", "diffusion",
+    "load_model_configs", "cuda_available", "cuda_device_name", "built_with_cuda",
+    "set_num_threads", "diffusion",
 ]
 
 # With torch already loaded, register the custom ops now so that torch.compile finds them.
