@@ -18,12 +18,13 @@ const char* blasst_prefill_last_error() { return g_err; }
 // dtype: 0 bf16, 1 f16. lambda <= 0: skipping off. force_skip: run the skip variant anyway
 // (with lambda <= 0 it skips nothing: the cost of the variant at 0 % sparsity). Counters:
 // device pointers or null (visited/skipped [Hq], hist [Hq, 1026]); zeroed by the caller.
+// knobs: measurement switches (prefill_launch.hpp: 1 = no V loads, 2 = legacy grid order).
 // Returns 0 on success, 1 on error (message in blasst_prefill_last_error()).
 int blasst_prefill(const void* q, const void* k, const void* v, void* o, float* lse, long long B,
                    long long Lq, long long Lk, long long hq, long long hk, long long d, int dtype,
                    int causal, double lambda, int force_skip, void* stream,
                    unsigned long long* visited, unsigned long long* skipped,
-                   unsigned long long* hist) {
+                   unsigned long long* hist, int knobs) {
   using namespace blasst;
   try {
     const DType dt = dtype == 0 ? DType::bf16 : DType::f16;
@@ -37,7 +38,7 @@ int blasst_prefill(const void* q, const void* k, const void* v, void* o, float* 
     p.mask = causal ? MaskKind::causal : MaskKind::full;
     SkipConfig sk;
     if (lambda > 0) sk = SkipConfig::from_threshold(lambda);
-    sm90::prefill::launch_attention(p, sk, stream, force_skip != 0, visited, skipped, hist);
+    sm90::prefill::launch_attention(p, sk, stream, force_skip != 0, visited, skipped, hist, knobs);
     g_err[0] = 0;
     return 0;
   } catch (const std::exception& e) {

@@ -144,7 +144,7 @@ namespace blasst::sm90::prefill {
 std::vector<double> launch_attention(const AttentionProblem& p, const SkipConfig& skip,
                                      void* stream_ptr, bool force_skip_kernel,
                                      unsigned long long* visited, unsigned long long* skipped,
-                                     unsigned long long* hist) {
+                                     unsigned long long* hist, int bench_knobs) {
   using namespace blasst::detail;
   const ResolvedAttention r = validate_attention(p, DeviceKind::cuda);
   if (r.dtype != DType::bf16 && r.dtype != DType::f16)
@@ -204,12 +204,9 @@ std::vector<double> launch_attention(const AttentionProblem& p, const SkipConfig
   prm.hq = static_cast<int>(r.hq);
   prm.hk = static_cast<int>(r.hk);
   prm.group = static_cast<int>(r.group);
-  check_i32(r.hq * r.batch, "heads x batch");
+  check_i32(r.hq * r.batch * ((r.max_q_len + kBlockM - 1) / kBlockM), "CTA count (heads x batch x query blocks)");
   prm.max_q = static_cast<int>(check_i32(r.max_q_len, "max query length"));
   prm.num_m_blocks = static_cast<int>((r.max_q_len + kBlockM - 1) / kBlockM);
-  if (prm.num_m_blocks > 65535)  // grid.y walks the query blocks
-    throw Error("q: longest query sequence " + std::to_string(r.max_q_len) +
-                " exceeds the CUDA prefill kernel's limit of 65535 x 128 rows");
   prm.scale = static_cast<float>(r.scale);
   prm.scale_log2 = static_cast<float>(r.scale * 1.4426950408889634);
   prm.causal = r.mask == MaskKind::causal;
@@ -250,6 +247,8 @@ std::vector<double> launch_attention(const AttentionProblem& p, const SkipConfig
   prm.visited = visited;
   prm.skipped = skipped;
   prm.hist = hist;
+  prm.bench_no_v_loads = (bench_knobs & kKnobNoVLoads) != 0;
+  prm.bench_legacy_grid = (bench_knobs & kKnobLegacyGrid) != 0;
   const Elem e = r.dtype == DType::bf16 ? Elem::bf16 : Elem::f16;
   if (prm.num_m_blocks > 0 && r.batch > 0)
     launch(prm, e, static_cast<int>(d), use_skip_kernel, static_cast<cudaStream_t>(stream_ptr));

@@ -21,7 +21,11 @@ enum class Elem { bf16, f16 };
 std::vector<double> launch_attention(const AttentionProblem& p, const SkipConfig& skip,
                                      void* stream, bool force_skip_kernel,
                                      unsigned long long* visited, unsigned long long* skipped,
-                                     unsigned long long* hist);
+                                     unsigned long long* hist, int bench_knobs = 0);
+// bench_knobs bits (bench/prefill only): 1 = no V loads (wrong output, upper bound of V-load
+// skipping), 2 = legacy grid order (heads fastest).
+inline constexpr int kKnobNoVLoads = 1;
+inline constexpr int kKnobLegacyGrid = 2;
 
 // Launches the kernel for one (dtype, head dim, skip) combination on `stream`.
 // Throws blasst::Error on a CUDA error (launch included).

@@ -64,8 +64,10 @@ __device__ __forceinline__ void producer_run(KernelParams<Traits> const& kp, Pre
   for (int n = 0; n < w.n_max; ++n) {
     pipe_k.producer_acquire(st);
     copy(kp.tma_k.with(*pipe_k.producer_get_barrier(st)), tKgK(_, n), tKsK(_, st.index()));
-    pipe_v.producer_acquire(st);
-    copy(kp.tma_v.with(*pipe_v.producer_get_barrier(st)), tVgV(_, n), tVsV(_, st.index()));
+    if (!kp.p.bench_no_v_loads) {
+      pipe_v.producer_acquire(st);
+      copy(kp.tma_v.with(*pipe_v.producer_get_barrier(st)), tVgV(_, n), tVsV(_, st.index()));
+    }
     ++st;
   }
 }
@@ -136,6 +138,7 @@ __device__ __forceinline__ void consumer_mainloop(KernelParams<Traits> const& kp
   // 1: P V of tile n-1 still to issue; 2: tile n-1 skipped, only release its V stage.
   int pend = 0;
   const int other = (cwg + 1) % Traits::kNumMmaWG;
+  const bool no_v = p.bench_no_v_loads;  // measurement knob (see PrefillParams)
 
   // One tile; kFirst: nothing pending yet (peeled, so the dense loop body has no branch
   // around a wgmma).
@@ -150,7 +153,7 @@ __device__ __forceinline__ void consumer_mainloop(KernelParams<Traits> const& kp
     if constexpr (Traits::kPingPong) named_sync(kBarSched0 + cwg, Traits::kNumMmaThreads);
     wg_gemm<true, -1, false>(mma0, tSrQ, tSrK(_, _, _, st.index()), tSrS);
     if constexpr (kPV) {
-      pipe_v.consumer_wait(stp);
+      if (!no_v) pipe_v.consumer_wait(stp);
       wg_gemm<false, -1, true>(mma1, tOrP, tOrV(_, _, _, stp.index()), tOrO);
     }
     if constexpr (Traits::kPingPong) named_arrive(kBarSched0 + other, Traits::kNumMmaThreads);
@@ -186,10 +189,12 @@ __device__ __forceinline__ void consumer_mainloop(KernelParams<Traits> const& kp
     if constexpr (kPV) {
       warpgroup_wait<0>();
       warpgroup_fence_operand(tOrO);
-      pipe_v.consumer_release(stp);
+      if (!no_v) pipe_v.consumer_release(stp);
     } else if constexpr (!kFirst) {
-      pipe_v.consumer_wait(stp);
-      pipe_v.consumer_release(stp);
+      if (!no_v) {
+        pipe_v.consumer_wait(stp);
+        pipe_v.consumer_release(stp);
+      }
     }
     if (!skip) {
       Softmax::rescale(tOrO_rc, alpha);
@@ -212,9 +217,9 @@ __device__ __forceinline__ void consumer_mainloop(KernelParams<Traits> const& kp
       step(n, cute::false_type{}, cute::false_type{});
     }
   }
-  pipe_v.consumer_wait(stp);
+  if (!no_v) pipe_v.consumer_wait(stp);
   if (!Traits::kSkip || pend == 1) wg_gemm<false, 0, true>(mma1, tOrP, tOrV(_, _, _, stp.index()), tOrO);
-  pipe_v.consumer_release(stp);
+  if (!no_v) pipe_v.consumer_release(stp);
 }
 
 }  // namespace blasst::sm90::prefill

@@ -50,6 +50,12 @@ struct PrefillParams {
   unsigned long long* skipped = nullptr;
   unsigned long long* hist = nullptr;
   int num_m_blocks = 0;
+  // Measurement knobs for bench/prefill only (never set by the library):
+  //   bench_no_v_loads: the producer loads no V tile and the consumers do not wait for one (the
+  //     output is wrong): the upper bound of what skipping V loads could save.
+  //   bench_legacy_grid: the previous grid order (heads fastest) for an A/B of the scheduler.
+  bool bench_no_v_loads = false;
+  bool bench_legacy_grid = false;
 };
 
 }  // namespace blasst::sm90::prefill

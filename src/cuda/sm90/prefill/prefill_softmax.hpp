@@ -9,6 +9,14 @@
 
 namespace blasst::sm90::prefill {
 
+// 2^x without exp2f's denormal fix-up (FSETP + 2 FMUL per call in SASS); flushing tiny softmax
+// weights to zero is harmless. bf16 d128 kernel: 7025 -> 5952 SASS lines.
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 template <int kRows>
 struct OnlineSoftmax {
   float m[kRows];  // running max of raw scores (-inf: nothing seen)
@@ -41,12 +49,12 @@ struct OnlineSoftmax {
       const float m_new = fmaxf(m[mi], tmax[mi]);
       // A row with nothing visible yet keeps m = -inf: use 0 so that exp2(-inf - 0) = 0.
       const float m_scaled = (m_new == -INFINITY) ? 0.f : m_new * scale_log2;
-      alpha[mi] = exp2f(m[mi] * scale_log2 - m_scaled);  // m = -inf -> 0 (O and l are 0 anyway)
+      alpha[mi] = exp2_ftz(m[mi] * scale_log2 - m_scaled);  // m = -inf -> 0 (O and l are 0 anyway)
       m[mi] = m_new;
       float sum = 0.f;
       CUTLASS_PRAGMA_UNROLL
       for (int ni = 0; ni < size<1>(s); ++ni) {
-        s(mi, ni) = exp2f(fmaf(s(mi, ni), scale_log2, -m_scaled));
+        s(mi, ni) = exp2_ftz(fmaf(s(mi, ni), scale_log2, -m_scaled));
         sum += s(mi, ni);
       }
       l[mi] = l[mi] * alpha[mi] + sum;

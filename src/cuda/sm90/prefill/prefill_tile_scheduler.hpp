@@ -1,6 +1,7 @@
-// Internal: maps a CTA to its work (query block, head, sequence). Causal blocks near the end of
-// a sequence see the most keys; the grid's slow axis walks query blocks from the last to the
-// first, so the heaviest CTAs start first and the short ones fill the tail of the wave.
+// Internal: maps a CTA to its work (query block, head, sequence). A 1-D grid, head-major: the
+// CTAs that run together share one head's K/V (L2 hits instead of one HBM stream per head), and
+// within a head the query blocks go from the last to the first, so the heaviest causal CTAs start
+// first and the light ones fill the tail.
 #pragma once
 
 #include "cuda/sm90/prefill/prefill_params.hpp"
@@ -15,15 +16,18 @@ struct PrefillWork {
 
 struct HeavyFirstScheduler {
   static dim3 grid(const PrefillParams& p) {
-    return dim3(unsigned(p.hq) * unsigned(p.batch), unsigned(p.num_m_blocks), 1);
+    return dim3(unsigned(p.hq) * unsigned(p.batch) * unsigned(p.num_m_blocks), 1, 1);
   }
 
   // Returns false when the block lies past its sequence's end (ragged batches).
   template <int kBlockM, int kBlockN>
   __device__ static bool get(const PrefillParams& p, PrefillWork& w) {
-    w.m_block = p.num_m_blocks - 1 - int(blockIdx.y);
-    w.h = int(blockIdx.x) % p.hq;
-    w.b = int(blockIdx.x) / p.hq;
+    const int nbh = p.hq * p.batch;
+    const int bh = p.bench_legacy_grid ? int(blockIdx.x) % nbh : int(blockIdx.x) / p.num_m_blocks;
+    w.m_block = p.num_m_blocks - 1 -
+                (p.bench_legacy_grid ? int(blockIdx.x) / nbh : int(blockIdx.x) - bh * p.num_m_blocks);
+    w.h = bh % p.hq;
+    w.b = bh / p.hq;
     if (p.cu_q) {
       w.q_start = p.cu_q[w.b];
       w.q_len = p.cu_q[w.b + 1] - w.q_start;

@@ -30,7 +30,7 @@ struct PrefillTraits {
   static constexpr int kNumMmaWG = kBlockM / 64;
   static constexpr int kNumMmaThreads = kNumMmaWG * 128;
   static constexpr int kNumThreads = kNumMmaThreads + 128;  // + one producer warpgroup
-  static constexpr int kStages = 2;
+  static constexpr int kStages = kHeadDim_ == 128 ? 3 : 4;
   // setmaxnreg budget: 24 + 2 * 240 registers per lane-slot of a 3-warpgroup CTA <= 64K.
   static constexpr int kRegProducer = 24;
   static constexpr int kRegConsumer = 240;
