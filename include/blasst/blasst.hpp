@@ -152,6 +152,7 @@ struct DeltaHistogram {
   // linearly inside the bin.
   double sparsity_at(double lambda) const;
   // Smallest lambda with sparsity_at(lambda) >= s (inverse of the curve); s in [0, 1].
+  // +inf when no lambda reaches s (fewer deltas than needed lie below the top bin).
   double lambda_for(double s) const;
 };
 
