@@ -67,6 +67,44 @@ struct View {
   }
 };
 
+// Fields shared by both phases: shapes, data pointers, dtypes and the row/head strides of a
+// layout whose sequence dimension is `o` (0 for ragged [T, H, d], 1 for [B, L, H, d]).
+template <class Resolved>
+View make_view(const Resolved& r, const Tensor& q, const Tensor& k, const Tensor& v_,
+               const Tensor& out, const Tensor& lse, int o) {
+  View v;
+  v.batch = r.batch;
+  v.hq = r.hq;
+  v.hk = r.hk;
+  v.g = r.group;
+  v.d = r.d;
+  v.dv = r.dv;
+  v.mask = r.mask;
+  v.scale = r.scale;
+  v.k_len = r.k_len;
+  v.qd = q.data;
+  v.kd = k.data;
+  v.vd = v_.data;
+  v.od = out.data;
+  v.lsed = lse.data;
+  v.in_t = r.dtype;
+  v.out_t = out.dtype;
+  v.lse_t = lse.dtype;
+  v.q_si = q.stride[o];
+  v.q_sh = q.stride[o + 1];
+  v.o_si = out.stride[o];
+  v.o_sh = out.stride[o + 1];
+  v.k_sj = k.stride[o];
+  v.k_sh = k.stride[o + 1];
+  v.v_sj = v_.stride[o];
+  v.v_sh = v_.stride[o + 1];
+  if (lse.defined()) {
+    v.lse_sh = lse.stride[o];
+    v.lse_si = lse.stride[o + 1];
+  }
+  return v;
+}
+
 // The dtype switch sits outside the element loop.
 template <class Acc>
 void load_row(Acc* dst, const void* base, i64 off, DType t, i64 n) {
@@ -569,38 +607,8 @@ namespace reference {
 void attention(const AttentionProblem& p, const SkipConfig& skip, const RunOptions& opt,
                SkipStats* stats) {
   const detail::ResolvedAttention r = detail::validate_attention(p, DeviceKind::cpu);
-  View v;
-  v.batch = r.batch;
-  v.hq = r.hq;
-  v.hk = r.hk;
-  v.g = r.group;
-  v.d = r.d;
-  v.dv = r.dv;
-  v.mask = r.mask;
-  v.scale = r.scale;
+  View v = make_view(r, p.q, p.k, p.v, p.out, p.lse, r.ragged ? 0 : 1);
   v.q_len = r.q_len;
-  v.k_len = r.k_len;
-  v.qd = p.q.data;
-  v.kd = p.k.data;
-  v.vd = p.v.data;
-  v.od = p.out.data;
-  v.lsed = p.lse.data;
-  v.in_t = r.dtype;
-  v.out_t = p.out.dtype;
-  v.lse_t = p.lse.dtype;
-  const int o = r.ragged ? 0 : 1;  // sequence dimension
-  v.q_si = p.q.stride[o];
-  v.q_sh = p.q.stride[o + 1];
-  v.o_si = p.out.stride[o];
-  v.o_sh = p.out.stride[o + 1];
-  v.k_sj = p.k.stride[o];
-  v.k_sh = p.k.stride[o + 1];
-  v.v_sj = p.v.stride[o];
-  v.v_sh = p.v.stride[o + 1];
-  if (p.lse.defined()) {
-    v.lse_sh = p.lse.stride[o];
-    v.lse_si = p.lse.stride[o + 1];
-  }
   for (i64 b = 0; b < r.batch; ++b) {
     if (r.ragged) {
       v.q_base.push_back(r.q_start[b] * v.q_si);
@@ -622,38 +630,9 @@ void attention(const AttentionProblem& p, const SkipConfig& skip, const RunOptio
 void decode(const DecodeProblem& p, const SkipConfig& skip, const RunOptions& opt,
             SkipStats* stats) {
   const detail::ResolvedDecode r = detail::validate_decode(p, DeviceKind::cpu);
-  View v;
+  View v = make_view(r, p.q, p.k_cache, p.v_cache, p.out, p.lse, 1);
   v.decode = true;
-  v.batch = r.batch;
-  v.hq = r.hq;
-  v.hk = r.hk;
-  v.g = r.group;
-  v.d = r.d;
-  v.dv = r.dv;
-  v.mask = r.mask;
-  v.scale = r.scale;
   v.q_len.assign(r.batch, r.q_len);
-  v.k_len = r.k_len;
-  v.qd = p.q.data;
-  v.kd = p.k_cache.data;
-  v.vd = p.v_cache.data;
-  v.od = p.out.data;
-  v.lsed = p.lse.data;
-  v.in_t = r.dtype;
-  v.out_t = p.out.dtype;
-  v.lse_t = p.lse.dtype;
-  v.q_si = p.q.stride[1];
-  v.q_sh = p.q.stride[2];
-  v.o_si = p.out.stride[1];
-  v.o_sh = p.out.stride[2];
-  v.k_sj = p.k_cache.stride[1];
-  v.k_sh = p.k_cache.stride[2];
-  v.v_sj = p.v_cache.stride[1];
-  v.v_sh = p.v_cache.stride[2];
-  if (p.lse.defined()) {
-    v.lse_sh = p.lse.stride[1];
-    v.lse_si = p.lse.stride[2];
-  }
   if (r.paged) {
     v.page_table = p.page_table;
     v.pt_stride = r.max_pages_per_seq;
