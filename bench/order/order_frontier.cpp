@@ -55,7 +55,7 @@ double now_s() {
 
 // Prefill heads per length: the cost grows as L^2, so fewer heads at longer L keeps the whole
 // program within ~10 minutes on 2 cores (each head is an independent sample of the workload).
-i64 prefill_heads(i64 L) { return L <= 4096 ? 4 : 2; }
+i64 prefill_heads(i64 L) { return L <= 4096 ? 4 : (L <= 16384 ? 2 : 1); }
 
 // The decode kernel's split heuristic (src/cuda/sm90/decode/decode_api.cu, decode_split_tiles;
 // docs/decode_kernel.md), reproduced here so the CPU build needs no CUDA: tiles per split
