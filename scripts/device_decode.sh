@@ -3,13 +3,17 @@
 #   configure + build (test_gpu_decode, blasst_decode_bench), GPU tests, compute-sanitizer
 #   (memcheck, racecheck) on a small case, the benchmark; logs under $OUT, a short table last.
 # Usage: [BLASST_COMMIT=abc123] scripts/device_decode.sh [all|test|bench|quick]
-#   all: tests + sanitizer + full benchmark; test: no benchmark; bench: benchmark only;
-#   quick: tests + sanitizer + a 2-row benchmark.
+#   all: tests (4 and 8 warps, three load paths) + sanitizer + full benchmark; test: no benchmark;
+#   bench: benchmark only; quick (~80 s after the build): GPU tests without sanitizer (the
+#   8-warp kernels under every load path) and a 3-shape benchmark of 4 vs 8 warps beside cuDNN.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 START=$(date +%s)
-BUDGET=${DECODE_BUDGET_S:-340}  # whole script; the benchmark gets what is left
 MODE=${1:-all}
+DEFAULT_BUDGET=340
+[ "$MODE" = quick ] && DEFAULT_BUDGET=100
+# all/test/bench: the whole script; quick: what follows the build. The benchmark gets what is left.
+BUDGET=${DECODE_BUDGET_S:-$DEFAULT_BUDGET}
 OUT=${OUT:-/tmp/blasst_decode_out}
 mkdir -p "$OUT"
 BUILD=${BUILD_DIR:-build-device-decode}
@@ -28,6 +32,7 @@ if ! { cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBLASST_BUILD
   exit 1
 fi
 echo "build: $(( $(date +%s) - t0 )) s"
+[ "$MODE" = quick ] && START=$(date +%s)
 
 rc=0
 if [ "$MODE" != bench ]; then
@@ -37,15 +42,27 @@ if [ "$MODE" != bench ]; then
   grep -E "^\[  (PASSED|FAILED|SKIPPED)|FAILED|Failure|error" "$OUT/tests.log" | head -40
   echo "gpu tests: rc=$trc ($(( $(date +%s) - t0 )) s)"
   [ $trc -ne 0 ] && rc=1
-  # The alternative load paths (bulk copy per key row, per-thread cp.async) must stay correct too.
-  for loads in bulk cpasync; do
+  # The alternative load paths (bulk copy per key row, per-thread cp.async) and the 8-warp kernels
+  # must stay correct too. quick: the 8-warp kernels on a subset (the full binary above already
+  # runs GpuDecode.EightWarpsMatchReference on the default loads).
+  if [ "$MODE" = quick ]; then
+    VARIANTS="8:bulk 8:cpasync"
+    FILTER="--gtest_filter=GpuDecode.DenseMixedBatchAndForcedSplits:GpuDecode.PagedEveryPageSize:GpuDecode.DtypesHeadDimsOutputs"
+  else
+    VARIANTS="8:tma 4:bulk 4:cpasync 8:bulk 8:cpasync"
+    FILTER=""
+  fi
+  for v in $VARIANTS; do
+    w=${v%%:*} loads=${v#*:}
     t0=$(date +%s)
-    BLASST_DECODE_LOADS=$loads timeout ${TEST_TIMEOUT_S:-100} "$BUILD/tests/gpu_decode/test_gpu_decode" --gtest_brief=1 >> "$OUT/tests.log" 2>&1
+    BLASST_DECODE_WARPS=$w BLASST_DECODE_LOADS=$loads timeout ${TEST_TIMEOUT_S:-100} \
+      "$BUILD/tests/gpu_decode/test_gpu_decode" --gtest_brief=1 $FILTER >> "$OUT/tests.log" 2>&1
     trc=$?
-    echo "gpu tests (BLASST_DECODE_LOADS=$loads): rc=$trc ($(( $(date +%s) - t0 )) s)"
+    echo "gpu tests (BLASST_DECODE_WARPS=$w BLASST_DECODE_LOADS=$loads): rc=$trc ($(( $(date +%s) - t0 )) s)"
     [ $trc -ne 0 ] && rc=1
   done
-  for tool in memcheck racecheck; do
+  grep -E "^\[  FAILED  \] [A-Za-z]" "$OUT/tests.log" | sort -u | head -20
+  [ "$MODE" = quick ] || for tool in memcheck racecheck; do
     t0=$(date +%s)
     timeout ${SAN_TIMEOUT_S:-45} compute-sanitizer --tool $tool --error-exitcode 9 \
       "$BUILD/tests/gpu_decode/test_gpu_decode" --gtest_filter='GpuDecodeSanitizer.*' > "$OUT/sanitizer_$tool.log" 2>&1

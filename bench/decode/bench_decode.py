@@ -3,6 +3,9 @@
 
 Usage: bench_decode.py LIB.so OUTDIR [--quick]
 
+--quick: 3 shapes (B=1 32k 32/8, B=8 32k 32/8, B=64 32k 64/8), dense and skip 50/70 % for the
+4-warp and the 8-warp kernels (BLASST_DECODE_WARPS), cuDNN beside, no probes (~1 minute).
+
 Inputs: q [B, 1, Hq, d], K/V caches [B, L, Hk, d] bf16, contiguous. K is llm-like (an attention
 sink, a recency window, a few heavy-hitter keys, and a per-tile "topic" alignment that varies
 smoothly) so that skipping is real; lambda for each target sparsity comes from the one-pass curve
@@ -172,6 +175,22 @@ def write_report(rows, dev, copy_bw):
         lines.append(f"| {r['B']} | {r['L'] // 1024}k | {r['hq']}/{r['hk']} | {r['dense_us']:.1f} | {r['dense_tbs']:.2f} | "
                      f"{100 * r['dense_tbs'] / (copy_bw / 1e12):.0f}% | {f2(cud)} | {f2(r.get('flash_tbs'))} | "
                      f"{f2(r['dense_tbs'] / cud if cud else None)} | {sk(r, 'skip50')} | {sk(r, 'skip70')} | {sk(r, 'skip90')} |")
+    quick = [r for r in rows if "w8" in r]
+    if quick:
+        def sx(x):
+            return "n/a" if not x else f"{x['achieved']:.2f}, {x['speedup']:.2f}x"
+        lines += ["", "4 vs 8 warps per CTA (BLASST_DECODE_WARPS); skip: (achieved sparsity, speedup over the same "
+                  "kernel's dense)", "",
+                  "| B | L | Hq/Hk | w4 TB/s | w8 TB/s | w8/w4 | cuDNN TB/s | w8/cuDNN | w8 max diff | "
+                  "skip50 w4 | skip50 w8 | skip70 w4 | skip70 w8 |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in quick:
+            w4, w8, cud = r["w4"], r["w8"], r.get("cudnn_tbs")
+            lines.append(f"| {r['B']} | {r['L'] // 1024}k | {r['hq']}/{r['hk']} | {w4['dense_tbs']:.2f} | "
+                         f"{w8['dense_tbs']:.2f} | {w8['dense_tbs'] / w4['dense_tbs']:.2f} | {f2(cud)} | "
+                         f"{f2(w8['dense_tbs'] / cud if cud else None)} | {w8['max_diff_vs_w4']:.1e} | "
+                         f"{sx(w4.get('skip50'))} | {sx(w8.get('skip50'))} | {sx(w4.get('skip70'))} | "
+                         f"{sx(w8.get('skip70'))} |")
     probes = [r for r in rows if "dense_cpasync_tbs" in r]
     if probes:
         lines += ["", "Probes (dense TB/s): default (tensor-map boxes), one bulk copy per key row, per-thread 16-byte "
@@ -188,6 +207,37 @@ def write_report(rows, dev, copy_bw):
     return table
 
 
+def quick_warps(row, bufs, kv_bytes, nbuf, q, k, v, o, targets):
+    """Dense and skip timings of the 4- and 8-warp kernels on the same buffers (row["w4"], row["w8"]);
+    the 8-warp output is checked against the 4-warp one."""
+    lams = lambdas_for(q, k, v, o, targets)
+    ours(q, k, v, o, 0.0)
+    o4 = o.float().clone()
+    for w in (4, 8):
+        os.environ["BLASST_DECODE_WARPS"] = str(w)
+        try:
+            res = {}
+            ours(q, k, v, o, 0.0)
+            if w == 8:
+                res["max_diff_vs_w4"] = (o.float() - o4).abs().max().item()
+            t, _ = time_graph(lambda i: ours(*bufs[i], 0.0), nbuf)
+            res["dense_us"] = t * 1e6
+            res["dense_tbs"] = kv_bytes / t / 1e12
+            for s, lam in zip(targets, lams):
+                key = f"skip{int(s * 100)}"
+                if not (0 < lam < 1):
+                    res[key] = None
+                    continue
+                st = []
+                ours(q, k, v, o, lam, st)
+                t_s, _ = time_graph(lambda i: ours(*bufs[i], lam), nbuf)
+                res[key] = {"lambda": lam, "achieved": st[0] / max(st[1], 1), "us": t_s * 1e6, "speedup": t / t_s,
+                            "bound": 1.0 / (1.0 - (st[0] / max(st[1], 1)) / 2)}
+            row[f"w{w}"] = res
+        finally:
+            del os.environ["BLASST_DECODE_WARPS"]
+
+
 def main():
     torch.manual_seed(0)
     dev = torch.cuda.get_device_name()
@@ -197,9 +247,9 @@ def main():
     lens = [8192, 32768, 131072]
     gqas = [(32, 8), (64, 8), (64, 4)]
     if QUICK:
-        batches, lens, gqas = [1, 8], [32768], [(32, 8)]
+        batches, lens, gqas = [1, 8, 64], [32768], [(32, 8), (64, 8)]
     d = 128
-    targets = [0.5, 0.7, 0.9]
+    targets = [0.5, 0.7] if QUICK else [0.5, 0.7, 0.9]
     rows = []
     gen = torch.Generator(device="cuda")
     gen.manual_seed(1234)
@@ -208,6 +258,8 @@ def main():
     first = [(32, 8, 32768, 1), (32, 8, 32768, 8), (32, 8, 8192, 64), (32, 8, 32768, 32), (64, 8, 32768, 8),
              (64, 4, 32768, 8), (32, 8, 131072, 1), (32, 8, 8192, 1)]
     grid = [c for c in first if c in grid] + [c for c in grid if c not in first]
+    if QUICK:
+        grid = [(32, 8, 32768, 1), (32, 8, 32768, 8), (64, 8, 32768, 64)]
     for (hq, hk, L, B) in grid:
         if True:
             if True:
@@ -236,7 +288,9 @@ def main():
                 row["dense_us"] = t * 1e6
                 row["dense_tbs"] = kv_bytes / t / 1e12
                 row["timing"] = mode
-                if (hq, hk, L, B) in first[:3]:
+                if QUICK:
+                    quick_warps(row, bufs, kv_bytes, nbuf, q, k, v, o, targets)
+                if (hq, hk, L, B) in first[:3] and not QUICK:
                     # Probes: the per-thread cp.async load path, and a head-major cache layout.
                     for loads in ("bulk", "cpasync"):
                         os.environ["BLASST_DECODE_LOADS"] = loads
@@ -251,7 +305,7 @@ def main():
                     row["headmajor_max_diff"] = (hm[0][3].float() - o.float()).abs().max().item()
                     row["dense_headmajor_tbs"] = kv_bytes / t_h / 1e12
                     del hm
-                lams = lambdas_for(q, k, v, o, targets)
+                lams = [] if QUICK else lambdas_for(q, k, v, o, targets)  # quick: in quick_warps
                 for s, lam in zip(targets, lams):
                     key = f"skip{int(s * 100)}"
                     if not (0 < lam < 1):
@@ -263,7 +317,9 @@ def main():
                     row[key] = {"lambda": lam, "achieved": st[0] / max(st[1], 1), "split_tiles": st[2],
                                 "us": t_s * 1e6, "speedup": t / t_s,
                                 "bound": 1.0 / (1.0 - (st[0] / max(st[1], 1)) / 2)}
-                for name, be in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
+                peers = (("cudnn", SDPBackend.CUDNN_ATTENTION),) if QUICK else (
+                    ("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION))
+                for name, be in peers:
                     try:
                         views = [(qq.transpose(1, 2), kk.transpose(1, 2), vv.transpose(1, 2)) for qq, kk, vv, _ in bufs]
 

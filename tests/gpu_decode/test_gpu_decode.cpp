@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 #include <random>
@@ -442,6 +443,90 @@ TEST(GpuDecode, StagedHostTensors) {
   expect_close(gpu, run_ref(hp, {}, false), 1e-2, "staged");
 }
 
+// Selects the 8-warp instantiations (BLASST_DECODE_WARPS) for one scope, restoring the old value.
+class WarpsEnv {
+ public:
+  explicit WarpsEnv(const char* v) {
+    const char* old = std::getenv("BLASST_DECODE_WARPS");
+    had_ = old != nullptr;
+    if (had_) old_ = old;
+    setenv("BLASST_DECODE_WARPS", v, 1);
+  }
+  ~WarpsEnv() {
+    if (had_) setenv("BLASST_DECODE_WARPS", old_.c_str(), 1);
+    else unsetenv("BLASST_DECODE_WARPS");
+  }
+  WarpsEnv(const WarpsEnv&) = delete;
+  WarpsEnv& operator=(const WarpsEnv&) = delete;
+
+ private:
+  bool had_ = false;
+  std::string old_;
+};
+
+// The 8-warp kernels (16 keys of S and D/8 output columns per warp) on every instantiation:
+// dtypes x head dims x dense/skip, 64 rows, paged with splits, ragged tails.
+TEST(GpuDecode, EightWarpsMatchReference) {
+  SKIP_WITHOUT_GPU();
+  WarpsEnv env("8");
+  for (DType dt : {DType::bf16, DType::f16})
+    for (int d : {64, 128}) {
+      Case c;
+      c.dt = dt;
+      c.d = d;
+      c.lens = {640, 2049, 129};
+      c.q_len = 2;
+      check_dense(c);
+      check_dense(c, 3);
+      c.structured = true;
+      c.q_len = 1;
+      if (d == 128) {  // the settings of the 4-warp skip tests (enough sparsity at each d)
+        c.lens = {20000};
+        check_skip(c, blasst::SkipConfig::from_threshold(0.02));
+      } else {
+        c.hq = 32;
+        c.hk = 8;
+        c.lens = {12000};
+        check_skip(c, blasst::SkipConfig::from_factor(1500.0), 5);
+      }
+    }
+  Case c;  // 64 rows: g = 8, q_len = 8
+  c.hq = 16;
+  c.hk = 2;
+  c.q_len = 8;
+  c.lens = {7, 1500};
+  check_dense(c);
+  c.page = 16;
+  c.q_len = 3;
+  c.lens = {1, 129, 1000, 77};
+  check_dense(c, 2);
+  Case sk;  // paged skip with q_len > 1 (the setting of SkipMatchesReferenceThreshold)
+  sk.page = 64;
+  sk.structured = true;
+  sk.q_len = 4;
+  sk.lens = {9000, 129, 3000};
+  check_skip(sk, blasst::SkipConfig::from_threshold(0.02), 0, 0.02);
+}
+
+TEST(GpuDecode, BadWarpsSettingIsError) {
+  SKIP_WITHOUT_GPU();
+  WarpsEnv env("6");
+  Case c;
+  c.lens = {300};
+  HostProblem hp(c, 7);
+  std::vector<float> out(hp.out_elems()), lse(hp.lse_elems());
+  blasst::RunOptions opt;
+  opt.device = blasst::DeviceKind::cuda;
+  auto p = hp.problem(hp.q.data(), hp.k.data(), hp.v.data(), nullptr, hp.seqlens.data(), out.data(), lse.data(),
+                      blasst::DeviceKind::cpu);
+  try {
+    blasst::decode(p, {}, opt);
+    ADD_FAILURE() << "expected an error naming BLASST_DECODE_WARPS";
+  } catch (const blasst::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("BLASST_DECODE_WARPS"), std::string::npos) << e.what();
+  }
+}
+
 // Unsupported combinations are clear errors raised before any CUDA work (runs without a GPU).
 TEST(GpuDecode, UnsupportedCombosAreErrors) {
   Case c;
@@ -499,6 +584,22 @@ TEST(GpuDecodeSanitizer, Small) {
   c.q_len = 2;
   c.lens = {1, 129, 700};
   check_dense(c, 2);
+  c.structured = true;
+  c.lens = {2000};
+  check_skip(c, blasst::SkipConfig::from_threshold(0.05), 4, 0.0);
+}
+
+TEST(GpuDecodeSanitizer, SmallEightWarps) {
+  SKIP_WITHOUT_GPU();
+  WarpsEnv env("8");
+  Case c;
+  c.page = 16;
+  c.q_len = 2;
+  c.lens = {1, 129, 700};
+  check_dense(c, 2);
+  c.d = 64;  // one n8 column tile per warp in P.V
+  check_dense(c);
+  c.d = 128;
   c.structured = true;
   c.lens = {2000};
   check_skip(c, blasst::SkipConfig::from_threshold(0.05), 4, 0.0);

@@ -118,49 +118,69 @@ void check_supported(const DecodeProblem& p, const ResolvedDecode& r, const Skip
   if (skip.vote.split_tiles < 0) throw Error("skip.vote.split_tiles must be >= 0, got " + std::to_string(skip.vote.split_tiles));
 }
 
-int ctas_per_sm_uncached(DType dt, int d, bool skip, std::size_t smem);
+int ctas_per_sm_uncached(DType dt, int d, bool skip, int warps, std::size_t smem);
 
 // Cached per device and configuration: the occupancy query is not free on the host.
-int ctas_per_sm(DType dt, int d, bool skip, std::size_t smem) {
+int ctas_per_sm(DType dt, int d, bool skip, int warps, std::size_t smem) {
   static std::mutex mu;
   static std::vector<std::pair<std::uint64_t, int>> cache;
   int dev = 0;
   BLASST_CUDA_CHECK(cudaGetDevice(&dev));
   const std::uint64_t key = (static_cast<std::uint64_t>(dev) << 48) ^ (static_cast<std::uint64_t>(dt) << 40) ^
-                            (static_cast<std::uint64_t>(d) << 32) ^ (static_cast<std::uint64_t>(skip) << 31) ^ smem;
+                            (static_cast<std::uint64_t>(d) << 32) ^ (static_cast<std::uint64_t>(skip) << 31) ^
+                            (static_cast<std::uint64_t>(warps) << 24) ^ smem;
   {
     std::lock_guard<std::mutex> lock(mu);
     for (auto& e : cache)
       if (e.first == key) return e.second;
   }
-  const int n = ctas_per_sm_uncached(dt, d, skip, smem);
+  const int n = ctas_per_sm_uncached(dt, d, skip, warps, smem);
   std::lock_guard<std::mutex> lock(mu);
   cache.emplace_back(key, n);
   return n;
 }
 
-int ctas_per_sm_uncached(DType dt, int d, bool skip, std::size_t smem) {
+template <int W>
+int occupancy_w(DType dt, int d, bool skip, std::size_t smem) {
   using decode::occupancy_decode;
-  int n = 0;
   if (dt == DType::bf16) {
-    if (d == 128) n = skip ? occupancy_decode<__nv_bfloat16, 128, true>(smem) : occupancy_decode<__nv_bfloat16, 128, false>(smem);
-    else n = skip ? occupancy_decode<__nv_bfloat16, 64, true>(smem) : occupancy_decode<__nv_bfloat16, 64, false>(smem);
-  } else {
-    if (d == 128) n = skip ? occupancy_decode<__half, 128, true>(smem) : occupancy_decode<__half, 128, false>(smem);
-    else n = skip ? occupancy_decode<__half, 64, true>(smem) : occupancy_decode<__half, 64, false>(smem);
+    if (d == 128) return skip ? occupancy_decode<__nv_bfloat16, 128, true, W>(smem) : occupancy_decode<__nv_bfloat16, 128, false, W>(smem);
+    return skip ? occupancy_decode<__nv_bfloat16, 64, true, W>(smem) : occupancy_decode<__nv_bfloat16, 64, false, W>(smem);
   }
+  if (d == 128) return skip ? occupancy_decode<__half, 128, true, W>(smem) : occupancy_decode<__half, 128, false, W>(smem);
+  return skip ? occupancy_decode<__half, 64, true, W>(smem) : occupancy_decode<__half, 64, false, W>(smem);
+}
+
+int ctas_per_sm_uncached(DType dt, int d, bool skip, int warps, std::size_t smem) {
+  const int n = warps == 8 ? occupancy_w<8>(dt, d, skip, smem) : occupancy_w<4>(dt, d, skip, smem);
   return std::max(n, 1);
 }
 
-void launch(DType dt, int d, bool skip, const Params& p, dim3 grid, std::size_t smem, cudaStream_t s) {
+template <int W>
+void launch_w(DType dt, int d, bool skip, const Params& p, dim3 grid, std::size_t smem, cudaStream_t s) {
   using decode::launch_decode;
   if (dt == DType::bf16) {
-    if (d == 128) skip ? launch_decode<__nv_bfloat16, 128, true>(p, grid, smem, s) : launch_decode<__nv_bfloat16, 128, false>(p, grid, smem, s);
-    else skip ? launch_decode<__nv_bfloat16, 64, true>(p, grid, smem, s) : launch_decode<__nv_bfloat16, 64, false>(p, grid, smem, s);
+    if (d == 128) skip ? launch_decode<__nv_bfloat16, 128, true, W>(p, grid, smem, s) : launch_decode<__nv_bfloat16, 128, false, W>(p, grid, smem, s);
+    else skip ? launch_decode<__nv_bfloat16, 64, true, W>(p, grid, smem, s) : launch_decode<__nv_bfloat16, 64, false, W>(p, grid, smem, s);
   } else {
-    if (d == 128) skip ? launch_decode<__half, 128, true>(p, grid, smem, s) : launch_decode<__half, 128, false>(p, grid, smem, s);
-    else skip ? launch_decode<__half, 64, true>(p, grid, smem, s) : launch_decode<__half, 64, false>(p, grid, smem, s);
+    if (d == 128) skip ? launch_decode<__half, 128, true, W>(p, grid, smem, s) : launch_decode<__half, 128, false, W>(p, grid, smem, s);
+    else skip ? launch_decode<__half, 64, true, W>(p, grid, smem, s) : launch_decode<__half, 64, false, W>(p, grid, smem, s);
   }
+}
+
+void launch(DType dt, int d, bool skip, int warps, const Params& p, dim3 grid, std::size_t smem, cudaStream_t s) {
+  if (warps == 8) launch_w<8>(dt, d, skip, p, grid, smem, s);
+  else launch_w<4>(dt, d, skip, p, grid, smem, s);
+}
+
+// Warps per CTA: BLASST_DECODE_WARPS=4|8 (anything else is an error, never a silent fallback).
+int decode_warps() {
+  const char* env = std::getenv("BLASST_DECODE_WARPS");
+  if (env == nullptr || *env == '\0') return decode::kDefaultWarps;
+  const std::string v = env;
+  if (v == "4") return 4;
+  if (v == "8") return 8;
+  throw Error("BLASST_DECODE_WARPS: expected 4 or 8, got '" + v + "'");
 }
 
 // cuTensorMapEncodeTiled through the runtime's driver entry point (no link against libcuda).
@@ -304,14 +324,15 @@ void cuda_decode(const DecodeProblem& p, const SkipConfig& skip, const RunOption
   const bool use_skip = lam_mode != 0;
 
   const int mtiles = static_cast<int>((rows + 15) / 16);
-  const std::size_t smem = decode::smem_bytes(static_cast<int>(r.d), mtiles);
+  const int warps = decode_warps();
+  const std::size_t smem = decode::smem_bytes(static_cast<int>(r.d), mtiles, warps);
   int dev = 0;
   BLASST_CUDA_CHECK(cudaGetDevice(&dev));
   const std::int64_t max_tiles = (r.max_k_len + decode::kTileKeys - 1) / decode::kTileKeys;
   std::int64_t split_tiles = skip.vote.split_tiles;
   if (split_tiles == 0)
     split_tiles = decode_split_tiles(r.batch, r.hk, max_tiles, device_info(dev).sms,
-                                     ctas_per_sm(r.dtype, static_cast<int>(r.d), use_skip, smem));
+                                     ctas_per_sm(r.dtype, static_cast<int>(r.d), use_skip, warps, smem));
   split_tiles = std::max<std::int64_t>(split_tiles, 1);
   const std::int64_t num_splits = std::max<std::int64_t>((max_tiles + split_tiles - 1) / split_tiles, 1);
   if (num_splits > 65535) throw Error("skip.vote.split_tiles: too many splits (" + std::to_string(num_splits) + ")");
@@ -374,7 +395,7 @@ void cuda_decode(const DecodeProblem& p, const SkipConfig& skip, const RunOption
       kp.tma_box_rows = box_rows;
     }
   }
-  launch(r.dtype, static_cast<int>(r.d), use_skip, kp,
+  launch(r.dtype, static_cast<int>(r.d), use_skip, warps, kp,
          dim3(static_cast<unsigned>(r.hk), static_cast<unsigned>(num_splits), static_cast<unsigned>(r.batch)), smem, stream);
 
   decode::MergeParams mp{};

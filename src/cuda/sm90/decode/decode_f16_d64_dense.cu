@@ -3,5 +3,5 @@
 #include "cuda/sm90/decode/decode_kernel.cuh"
 
 namespace blasst::detail::decode {
-BLASST_DECODE_INSTANTIATE(__half, 64, false)
+BLASST_DECODE_INSTANTIATE(__half, 64, false, 4)
 }  // namespace blasst::detail::decode

@@ -5,15 +5,17 @@
 // tiles), so every K/V byte is read once per group. Keys are visited in 128-key tiles (the SPEC §2
 // tile); the vote group for the skip is every row of the CTA.
 //
-// Pipeline (4 warps, no warp specialisation):
-//   - K tiles stream through an NK-deep ring, loaded with 16-byte cp.async that complete on a
-//     per-slot mbarrier (cp.async.mbarrier.arrive.noinc), so K and V slots complete independently.
-//   - Tile i: S = Q K^T with mma.sync m16n8k16 (each warp 32 keys), row maxima, the vote
+// Pipeline (W = 4 or 8 warps, no warp specialisation):
+//   - K tiles stream through an NK-deep ring (tensor-map boxes, bulk rows or 16-byte cp.async),
+//     each slot completing on its own mbarrier, so K and V slots complete independently.
+//   - Tile i: S = Q K^T with mma.sync m16n8k16 (each warp 128/W keys), row maxima, the vote
 //     (__syncthreads_or), then, for a surviving tile only, P = exp2(S - m) to shared memory and the
 //     V load of that tile. The V of tile i is consumed one iteration later (P.V of tile i runs after
 //     the scores of tile i+1), so the V load is in flight while the next K tile is scored and
 //     skipped V tiles leave no bubble: the next survivor's V is issued as soon as it is known.
-//   - P.V: each warp owns D/4 output columns over all 128 keys of the tile (P from shared memory).
+//   - P.V: each warp owns D/W output columns over all 128 keys of the tile (P from shared memory).
+// With one warp per scheduler (W = 4) every dependent instruction's latency is exposed; W = 8
+// gives each scheduler two warps with half the work each.
 // Each CTA writes a normalised fp32 partial (O, LSE); decode_merge.cu combines the splits.
 #pragma once
 
@@ -78,6 +80,9 @@ __device__ __forceinline__ void ldsm_x4(std::uint32_t addr, std::uint32_t (&r)[4
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(addr));
 }
+__device__ __forceinline__ void ldsm_x2_t(std::uint32_t addr, std::uint32_t (&r)[2]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];" : "=r"(r[0]), "=r"(r[1]) : "r"(addr));
+}
 __device__ __forceinline__ void ldsm_x4_t(std::uint32_t addr, std::uint32_t (&r)[4]) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -128,13 +133,19 @@ __device__ __forceinline__ int hist_bin(double delta) {
 
 // ---- the kernel ------------------------------------------------------------------------------
 
-template <class T, int D, bool kSkip>
-__global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_constant__ Params p) {
+// d = 64 with 8 warps: cap registers at 128 so two CTAs fit per SM (their 104.5 KB of shared
+// memory do when g * q_len <= 16); 0 spills at 128 (ptxas). d = 128: shared memory allows one CTA.
+template <class T, int D, bool kSkip, int W>
+__global__ void __launch_bounds__(W * 32, (W == 8 && D == 64) ? 2 : 1) decode_kernel(const __grid_constant__ Params p) {
+  constexpr int kThr = W * 32;
   constexpr int CH = D / 8;                 // 16-byte chunks per K/V row
-  constexpr int kRowsPerPass = kThreads / CH;
+  constexpr int kRowsPerPass = kThr / CH;
   constexpr int kPasses = kTileKeys / kRowsPerPass;
-  constexpr int kNT = D / 8 / kWarps;       // P.V n8 tiles per warp (D/4 columns)
-  static_assert(kNT == 2 || kNT == 4, "D must be 64 or 128");
+  constexpr int kNT = D / 8 / W;            // P.V n8 tiles per warp (D/W columns)
+  constexpr int kKW = kTileKeys / W;        // keys per warp in S = Q K^T
+  constexpr int kSN = kKW / 8;              // S n8 tiles per warp
+  static_assert(W == 4 || W == 8, "4 or 8 warps");
+  static_assert(kNT == 1 || kNT == 2 || kNT == 4, "D must be 64 or 128");
 
   // Let the merge kernel (launched with programmatic serialisation) get scheduled early; it waits
   // for this grid's completion with griddepcontrol.wait before reading anything.
@@ -152,7 +163,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
   const std::int64_t part_row0 = ((static_cast<std::int64_t>(b) * p.hk + h) * p.num_splits + split) * p.rows;
 
   if (n == 0) {  // a split past this sequence's end: an empty partial
-    for (int r = tid; r < p.rows; r += kThreads) {
+    for (int r = tid; r < p.rows; r += kThr) {
       p.lse_part[part_row0 + r] = -INFINITY;
       for (int c = 0; c < D; ++c) p.o_part[(part_row0 + r) * D + c] = 0.f;
     }
@@ -182,20 +193,20 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
   const int p_stage_bytes = mtiles * 16 * kTileKeys * 2;
   unsigned char* sQ = sP + kStagesV * p_stage_bytes;
   float* sAlpha = reinterpret_cast<float*>(sQ + mtiles * 16 * D * 2);  // [kStagesV][kMaxRows]
-  float* sRed = sAlpha + kStagesV * kMaxRows;                           // [2][kWarps][kMaxRows]
-  unsigned long long* sBar = reinterpret_cast<unsigned long long*>(sRed + 2 * kWarps * kMaxRows);
+  float* sRed = sAlpha + kStagesV * kMaxRows;                           // [2][W][kMaxRows]
+  unsigned long long* sBar = reinterpret_cast<unsigned long long*>(sRed + 2 * W * kMaxRows);
   const std::uint32_t barK0 = smem_u32(sBar), barV0 = smem_u32(sBar + kStagesK);
 
   if (tid == 0) {
     // Bulk loads: one arrive (with the expected bytes) per phase; cp.async: one per thread.
-    for (int i = 0; i < kStagesK + kStagesV; ++i) mbar_init(smem_u32(sBar + i), (p.tma || p.bulk) ? 1 : kThreads);
+    for (int i = 0; i < kStagesK + kStagesV; ++i) mbar_init(smem_u32(sBar + i), (p.tma || p.bulk) ? 1 : kThr);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
 
   // Q rows (zero padding rows past R) into shared memory.
   {
     const T* q = static_cast<const T*>(p.q);
-    for (int idx = tid; idx < mtiles * 16 * CH; idx += kThreads) {
+    for (int idx = tid; idx < mtiles * 16 * CH; idx += kThr) {
       const int r = idx / CH, c = idx % CH;
       uint4 val = make_uint4(0, 0, 0, 0);
       if (r < p.rows) {
@@ -257,7 +268,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
       if (tid == 0) mbar_arrive_expect_tx(bar, valid * D * 2);
       if (tid < valid) {
         bulk_copy(smem_u32(slot + tid * RB), key_src(t * kTileKeys + tid), D * 2, bar);
-      } else if (zero_tail) {
+      } else if (zero_tail && tid < kTileKeys) {
         // V rows past the end are read by P.V (with P = 0): zeros, never stale NaNs. Ordinary
         // stores, ordered before the P.V by the next iteration's barrier.
 #pragma unroll
@@ -354,6 +365,10 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
     for (int ks = 0; ks < kTileKeys / 16; ++ks) {
       // B fragments of V (keys ks*16.., this warp's columns) via ldmatrix.trans.
       std::uint32_t bv[kNT][2];
+      if constexpr (kNT == 1) {  // 8 columns per warp (d = 64, 8 warps): keys 0-7 and 8-15
+        const int key = ks * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+        ldsm_x2_t(smem_u32(Vs) + kv_off(key, warp), bv[0]);
+      }
 #pragma unroll
       for (int np = 0; np < kNT / 2; ++np) {
         const int key = ks * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
@@ -382,21 +397,21 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
     const std::int64_t t = t_begin + i;
     mbar_wait(barK0 + 8 * kslot, (i / kStagesK) & 1);
 
-    // S = Q K^T for this warp's 32 keys.
-    float s[4][4][4];
+    // S = Q K^T for this warp's 128 / W keys.
+    float s[4][kSN][4];
 #pragma unroll
     for (int mt = 0; mt < 4; ++mt)
 #pragma unroll
-      for (int nt = 0; nt < 4; ++nt)
+      for (int nt = 0; nt < kSN; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.f;
     const unsigned char* Ks = sK + kslot * kSlotBytes;
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks) {
-      std::uint32_t bk[4][2];
+      std::uint32_t bk[kSN][2];
 #pragma unroll
-      for (int np = 0; np < 2; ++np) {
-        const int key = warp * 32 + np * 16 + (lane & 7) + (lane >> 4) * 8;
+      for (int np = 0; np < kSN / 2; ++np) {
+        const int key = warp * kKW + np * 16 + (lane & 7) + (lane >> 4) * 8;
         const int chunk = ks * 2 + ((lane >> 3) & 1);
         std::uint32_t r[4];
         ldsm_x4(smem_u32(Ks) + kv_off(key, chunk), r);
@@ -411,14 +426,14 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
           std::uint32_t a[4];
           ldsm_x4(smem_u32(sQ + swz(mt * 16 + (lane & 15), ks * 2 + (lane >> 4), CH)), a);
 #pragma unroll
-          for (int nt = 0; nt < 4; ++nt) mma16816<T>(s[mt][nt], a, bk[nt][0], bk[nt][1]);
+          for (int nt = 0; nt < kSN; ++nt) mma16816<T>(s[mt][nt], a, bk[nt][0], bk[nt][1]);
         }
       }
     }
 
     // Scale, mask, this warp's row maxima, and this thread's vote.
-    const int key0 = static_cast<int>(t * kTileKeys - 0) + warp * 32 + 2 * (lane & 3);
-    float* red = sRed + (i & 1) * kWarps * kMaxRows;
+    const int key0 = static_cast<int>(t * kTileKeys) + warp * kKW + 2 * (lane & 3);
+    float* red = sRed + (i & 1) * W * kMaxRows;
     bool want = false;
 #pragma unroll
     for (int mt = 0; mt < 4; ++mt) {
@@ -427,7 +442,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
         float mx = -INFINITY;
         if (mt < mtiles) {
 #pragma unroll
-          for (int nt = 0; nt < 4; ++nt)
+          for (int nt = 0; nt < kSN; ++nt)
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
               const int key = key0 + nt * 8 + e;
@@ -465,7 +480,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
           const int r = mt * 16 + hf * 8 + (lane >> 2);
           float tm = -INFINITY;
 #pragma unroll
-          for (int w = 0; w < kWarps; ++w) tm = fmaxf(tm, red[w * kMaxRows + r]);
+          for (int w = 0; w < W; ++w) tm = fmaxf(tm, red[w * kMaxRows + r]);
           const float dl = tm == -INFINITY ? -INFINITY : tm - m_run[mt][hf];
           dmax = fmaxf(dmax, dl);
         }
@@ -486,7 +501,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
             const int r = mt * 16 + hf * 8 + (lane >> 2);
             float tm = -INFINITY;
 #pragma unroll
-            for (int w = 0; w < kWarps; ++w) tm = fmaxf(tm, red[w * kMaxRows + r]);
+            for (int w = 0; w < W; ++w) tm = fmaxf(tm, red[w * kMaxRows + r]);
             const float m_old = m_run[mt][hf];
             const float m_new = fmaxf(m_old, tm);
             // Rows with nothing visible yet keep m = -inf; exp2 against 0 keeps their P at 0.
@@ -495,11 +510,11 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
             m_run[mt][hf] = m_new;
             float sum = 0.f;
 #pragma unroll
-            for (int nt = 0; nt < 4; ++nt) {
+            for (int nt = 0; nt < kSN; ++nt) {
               const float p0 = exp2f(s[mt][nt][hf * 2] - m_use);
               const float p1 = exp2f(s[mt][nt][hf * 2 + 1] - m_use);
               sum += p0 + p1;
-              const int key = warp * 32 + nt * 8 + 2 * (lane & 3);
+              const int key = warp * kKW + nt * 8 + 2 * (lane & 3);
               *reinterpret_cast<std::uint32_t*>(Ps + swz(r, key / 8, kTileKeys / 8) + (key & 7) * 2) =
                   pack2<T>(p0, p1);
             }
@@ -531,7 +546,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
 
   // Row sums: quad, then across warps (every warp saw different keys).
   __syncthreads();
-  float* lred = sRed;  // reuse: [kWarps][kMaxRows]
+  float* lred = sRed;  // reuse: [W][kMaxRows]
 #pragma unroll
   for (int mt = 0; mt < 4; ++mt)
 #pragma unroll
@@ -551,10 +566,10 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
         if (r < p.rows) {
           float l = 0.f;
 #pragma unroll
-          for (int w = 0; w < kWarps; ++w) l += lred[w * kMaxRows + r];
+          for (int w = 0; w < W; ++w) l += lred[w * kMaxRows + r];
           const bool empty = !(l > 0.f);
           const float inv = empty ? 0.f : 1.f / l;
-          float* dst = p.o_part + (part_row0 + r) * D + warp * (D / kWarps) + 2 * (lane & 3);
+          float* dst = p.o_part + (part_row0 + r) * D + warp * (D / W) + 2 * (lane & 3);
 #pragma unroll
           for (int nt = 0; nt < kNT; ++nt)
             *reinterpret_cast<float2*>(dst + nt * 8) =
@@ -572,33 +587,33 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
 }
 
 // Host-side launchers (declared in decode_params.hpp), instantiated once per
-// decode_<dtype>_d<D>_<dense|skip>.cu.
-template <class T, int D, bool kSkip>
+// decode_<dtype>_d<D>_<dense|skip>[_w8].cu.
+template <class T, int D, bool kSkip, int W>
 void launch_decode(const Params& p, dim3 grid, std::size_t smem, cudaStream_t stream) {
-  auto* fn = &decode_kernel<T, D, kSkip>;
+  auto* fn = &decode_kernel<T, D, kSkip, W>;
   cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (e == cudaSuccess) {
-    fn<<<grid, kThreads, smem, stream>>>(p);
+    fn<<<grid, W * 32, smem, stream>>>(p);
     e = cudaGetLastError();
   }
   if (e != cudaSuccess) throw_cuda(e, "decode_kernel launch", __FILE__, __LINE__);
 }
 
-template <class T, int D, bool kSkip>
+template <class T, int D, bool kSkip, int W>
 int occupancy_decode(std::size_t smem) {
-  auto* fn = &decode_kernel<T, D, kSkip>;
+  auto* fn = &decode_kernel<T, D, kSkip, W>;
   int n = 0;
   if (cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)) != cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, fn, kThreads, smem) != cudaSuccess) {
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, fn, W * 32, smem) != cudaSuccess) {
     cudaGetLastError();
     return 0;
   }
   return n;
 }
 
-#define BLASST_DECODE_INSTANTIATE(T, D, SKIP)                                                   \
-  template void launch_decode<T, D, SKIP>(const Params&, dim3, std::size_t, cudaStream_t); \
-  template int occupancy_decode<T, D, SKIP>(std::size_t);
+#define BLASST_DECODE_INSTANTIATE(T, D, SKIP, W)                                              \
+  template void launch_decode<T, D, SKIP, W>(const Params&, dim3, std::size_t, cudaStream_t); \
+  template int occupancy_decode<T, D, SKIP, W>(std::size_t);
 
 
 }  // namespace blasst::detail::decode

@@ -11,8 +11,10 @@
 
 namespace blasst::detail::decode {
 
-constexpr int kThreads = 128;  // 4 warps
-constexpr int kWarps = kThreads / 32;
+// Warps per CTA: 4 (measured, the default) or 8 (BLASST_DECODE_WARPS=8: half the keys of S and
+// half the output columns of P.V per warp, so two warps per scheduler overlap the per-tile
+// latency chain that limits the 4-warp kernel; see bench/results/decode_log.md).
+constexpr int kDefaultWarps = 4;
 constexpr int kTileKeys = 128;  // SPEC §2 tile
 constexpr int kMaxRows = 64;    // g * q_len
 constexpr int kStagesK = 3;     // K ring depth
@@ -68,19 +70,19 @@ struct MergeParams {
 // 8 different bank groups and each key row stays one contiguous destination for a bulk copy.
 constexpr int kv_row_bytes(int D) { return 2 * D + 16; }
 
-constexpr std::size_t smem_bytes(int D, int mtiles) {
+constexpr std::size_t smem_bytes(int D, int mtiles, int warps) {
   return std::size_t(kStagesK + kStagesV) * kTileKeys * kv_row_bytes(D)  // K, V rings
          + std::size_t(kStagesV) * mtiles * 16 * kTileKeys * 2  // P ring
          + std::size_t(mtiles) * 16 * D * 2                     // Q
          + std::size_t(kStagesV) * kMaxRows * 4                 // alpha ring
-         + std::size_t(2) * kWarps * kMaxRows * 4               // row-max exchange (2 buffers)
+         + std::size_t(2) * warps * kMaxRows * 4                // row-max exchange (2 buffers)
          + std::size_t(kStagesK + kStagesV) * 8;                // mbarriers
 }
 
-template <class T, int D, bool kSkip>
+template <class T, int D, bool kSkip, int W>
 void launch_decode(const Params& p, dim3 grid, std::size_t smem, cudaStream_t stream);
 // Max CTAs per SM of an instantiation at this shared-memory size (0 on error).
-template <class T, int D, bool kSkip>
+template <class T, int D, bool kSkip, int W>
 int occupancy_decode(std::size_t smem);
 // Combines the split partials into out / lse (launched with programmatic serialisation).
 void launch_merge(const MergeParams& p, cudaStream_t stream);
