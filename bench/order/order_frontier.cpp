@@ -8,7 +8,8 @@
 //
 // Usage: blasst_order_frontier [--out DIR] [--prefix NAME] [--lengths 4096,16384,32768]
 //          [--decode-lengths 8192,32768,131072] [--targets 0.5,0.7,0.9] [--no-prefill]
-//          [--no-decode] [--threads 2] [--commit HASH] [--no-png]
+//          [--no-decode] [--threads 2] [--commit HASH] [--no-png] [--workloads llm,dit]
+//          [--heads H (prefill heads at every length; default 4 at L <= 4k, 2 at <= 16k, else 1)]
 // Writes DIR/PREFIX.md, DIR/PREFIX.json, DIR/PREFIX.csv and DIR/PREFIX_<workload>.png.
 #include <algorithm>
 #include <chrono>
@@ -42,6 +43,8 @@ struct Options {
   std::vector<i64> lengths = {4096, 16384, 32768};
   std::vector<i64> decode_lengths = {8192, 32768, 131072};
   std::vector<double> targets = {0.5, 0.6, 0.7, 0.8, 0.9};
+  std::vector<WorkloadKind> workloads = {WorkloadKind::llm, WorkloadKind::dit};
+  i64 heads = 0;  // prefill heads; 0 = by length (prefill_heads)
   bool prefill = true, decode = true, png = true;
   int threads = 2;
   std::string commit = "unknown";
@@ -138,7 +141,7 @@ PrefillCase run_prefill(WorkloadKind kind, i64 L, const Options& opt) {
   pc.kind = kind;
   pc.mask = kind == WorkloadKind::dit ? MaskKind::full : MaskKind::causal;
   pc.L = L;
-  pc.H = prefill_heads(L);
+  pc.H = opt.heads > 0 ? opt.heads : prefill_heads(L);
   WorkloadSpec ws;
   ws.kind = kind;
   ws.seq_len = L;
@@ -744,7 +747,7 @@ int run(int argc, char** argv) {
   std::vector<PrefillCase> pcs;
   std::vector<DecodeCase> dcs;
   if (opt.prefill)
-    for (WorkloadKind kind : {WorkloadKind::llm, WorkloadKind::dit})
+    for (WorkloadKind kind : opt.workloads)
       for (i64 L : opt.lengths) {
         pcs.push_back(run_prefill(kind, L, opt));
         const PrefillCase& c = pcs.back();
