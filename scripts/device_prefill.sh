@@ -2,7 +2,9 @@
 # Prefill kernel, one device call: configure + build the prefill targets, run the GPU tests,
 # compute-sanitizer (memcheck + racecheck) on small configurations, the benchmark; logs and
 # results under $OUT; a short summary and the benchmark table last.
-#   usage: scripts/device_prefill.sh [all|test|bench]   (BENCH_ARGS: extra bench_prefill.py args)
+#   usage: scripts/device_prefill.sh [all|test|bench|quick]   (BENCH_ARGS: extra bench_prefill.py args)
+#   quick: build, GPU tests (no sanitizers), the reduced benchmark (bench_prefill.py --quick:
+#          d128 16k/32k, skip-variant overhead knobs, skip at 50/70/90 %), ~100 s on an H200.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 MODE=${1:-all}
@@ -32,12 +34,14 @@ if [ $smoke -ne 0 ]; then
   MODE=none
 fi
 
-if [ "$MODE" = all ] || [ "$MODE" = test ]; then
+if [ "$MODE" = all ] || [ "$MODE" = test ] || [ "$MODE" = quick ]; then
   t0=$(date +%s)
   timeout 150 "$BUILD/tests/gpu_prefill/test_gpu_prefill" --gtest_filter=-GpuPrefillSanitizer.* > "$OUT/tests.log" 2>&1; rc1=$?
   timeout 60 "$BUILD/tests/gpu_prefill/test_gpu_prefill_ref" > "$OUT/tests_ref.log" 2>&1; rc2=$?
   SUMMARY+=("tests: rc=$rc1 ref rc=$rc2 ($(( $(date +%s) - t0 )) s)")
   grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|error:|Expected|Which is|Value of|\[skip\]|\[ref\]|OK \]" "$OUT/tests.log" "$OUT/tests_ref.log" | head -80
+fi
+if [ "$MODE" = all ] || [ "$MODE" = test ]; then
   t0=$(date +%s)
   for tool in memcheck racecheck; do
     timeout 60 compute-sanitizer --tool $tool --error-exitcode 9 \
@@ -51,6 +55,12 @@ if [ "$MODE" = all ] || [ "$MODE" = bench ]; then
   PYTHONUNBUFFERED=1 timeout 150 python3 bench/prefill/bench_prefill.py --lib "$BUILD/bench/prefill/libblasst_prefill_bench.so" \
     --out "$OUT" ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1
   SUMMARY+=("bench: rc=$? ($(( $(date +%s) - t0 )) s)")
+fi
+if [ "$MODE" = quick ]; then
+  t0=$(date +%s)
+  PYTHONUNBUFFERED=1 timeout 100 python3 bench/prefill/bench_prefill.py --quick --lib "$BUILD/bench/prefill/libblasst_prefill_bench.so" \
+    --out "$OUT" ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1
+  SUMMARY+=("quick bench: rc=$? ($(( $(date +%s) - t0 )) s)")
 fi
 echo "==== summary"
 cat "$OUT/gpu.txt"

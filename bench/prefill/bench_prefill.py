@@ -166,9 +166,12 @@ def main():
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--quick", action="store_true",
+                    help="reduced suite for the skip-variant overhead (quick_main)")
     args = ap.parse_args()
     lib = load_lib(args.lib)
+    if args.quick:
+        return quick_main(args, lib)
     dev = torch.cuda.get_device_name()
     commit = os.environ.get("BLASST_COMMIT", "unknown")
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -183,8 +186,6 @@ def main():
         configs.append(("random", 1, 16384, 32, 32, 64, causal))
         configs.append(("llm", 1, 16384, 32, 32, 64, causal))
     configs.append(("dit", 1, 32760, 40, 40, 128, False))
-    if args.quick:
-        configs = [c for c in configs if c[2] <= 4096]
     rows = []
     for (kind, B, L, H, Hk, d, causal) in configs:
         q, k, v = gen(kind, B, L, H, Hk, d, 1234 + L + d + int(causal), bf)
@@ -273,6 +274,98 @@ def main():
     table = "\n".join(lines)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "bench_prefill.json"), "w") as fh:
+        json.dump(dict(meta=meta, rows=rows), fh, indent=1)
+    with open(os.path.join(args.out, "bench_prefill.md"), "w") as fh:
+        fh.write(table + "\n")
+    print(table)
+
+
+# bench knobs of the library (prefill_launch.hpp)
+K_NOV, K_LEGACY_VOTE, K_NO_VOTE, K_WARP_VOTE = 1, 4, 8, 16
+
+
+def quick_main(args, lib):
+    """d128 bf16, 16k and 32k, causal and full. random: dense, cuDNN, and the skip variant at 0 %
+    with the library's vote, the run-2 vote (knob 4), no vote (8), the warp-local vote (16), and
+    with a real but tiny lambda (1e-30: nothing skips, the vote is not trivially 'keep'). llm: dense
+    and skip at 50/70/90 % with the library's vote and the run-2 vote."""
+    dev = torch.cuda.get_device_name()
+    commit = os.environ.get("BLASST_COMMIT", "unknown")
+    rows = []
+    for L in (16384, 32768):
+        for causal in (True, False):
+            for kind in ("random", "llm"):
+                q, k, v = gen(kind, 1, L, 32, 32, 128, 1234 + L + 128 + int(causal), torch.bfloat16)
+                ours = Ours(lib, q, k, v, causal)
+                fl = flops(1, 32, L, L, 128, causal)
+                tf = lambda ms: fl / (ms * 1e-3) / 1e12
+                t = lambda fn: median_ms(fn, args.iters, args.warmup)[0]
+                r = dict(workload=kind, L=L, mask="causal" if causal else "full")
+                r["dense_ms"] = t(lambda: ours())
+                r["dense_tflops"] = tf(r["dense_ms"])
+                if kind == "random":
+                    try:
+                        r["cudnn_ms"] = t(lambda: sdpa(q, k, v, causal, SDPBackend.CUDNN_ATTENTION))
+                        r["ratio_vs_cudnn"] = r["cudnn_ms"] / r["dense_ms"]
+                    except Exception as ex:  # backend unavailable: keep going, the knobs matter more
+                        r["cudnn_error"] = str(ex)[:200]
+                    for name, lam, kn in (("skip0", 0.0, 0), ("skip0_legacy_vote", 0.0, K_LEGACY_VOTE),
+                                          ("skip0_no_vote", 0.0, K_NO_VOTE),
+                                          ("skip0_warp_vote", 0.0, K_WARP_VOTE),
+                                          ("skip0_tiny_lambda", 1e-30, 0)):
+                        r[name + "_ovh"] = t(lambda: ours(lam, 1, None, kn)) / r["dense_ms"] - 1
+                    c = ours.counters(False)
+                    ours(1e-30, 1, c)
+                    torch.cuda.synchronize()
+                    r["tiny_lambda_skipped"] = c[1].sum().item()
+                else:
+                    cnt = ours.counters(True)
+                    ours(0.0, 1, cnt)
+                    torch.cuda.synchronize()
+                    hist = cnt[2].view(32, HIST_SLOTS).sum(0).double()
+                    r["skip"] = []
+                    for s in (0.5, 0.7, 0.9):
+                        lam, _ = lambda_for(hist, s)
+                        e = dict(target=s, **{"lambda": lam})
+                        if lam is not None:
+                            c2 = ours.counters(False)
+                            ours(lam, 0, c2)
+                            torch.cuda.synchronize()
+                            e["achieved"] = c2[1].sum().item() / max(1, c2[0].sum().item())
+                            e["speedup"] = r["dense_ms"] / t(lambda: ours(lam))
+                            o_new = ours.o.clone()
+                            e["speedup_legacy_vote"] = r["dense_ms"] / t(lambda: ours(lam, 0, None, K_LEGACY_VOTE))
+                            # Both votes must make the same decisions: bitwise equal outputs.
+                            e["same_output_as_legacy_vote"] = bool(torch.equal(o_new, ours.o))
+                        r["skip"].append(e)
+                rows.append(r)
+                print(json.dumps(r), flush=True)
+                del q, k, v, ours
+                torch.cuda.empty_cache()
+    meta = dict(date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), commit=commit, gpu=dev,
+                torch=torch.__version__, iters=args.iters, warmup=args.warmup, suite="quick")
+    pc = lambda x: "-" if x is None else f"{100 * x:+.1f}%"
+    lines = [f"# prefill quick benchmark  {meta['date']}  commit {commit}  {dev}", "",
+             "skip variant at 0 % sparsity, time over dense (random inputs); vote = library (BAR.RED), "
+             "run2 = shuffles+smem+bar.sync (knob 4), none = no vote (knob 8), warp = warp-local (knob 16), "
+             "tiny = lambda 1e-30", "",
+             "| L | mask | dense TF/s | ours/cuDNN | vote | run2 | none | warp | tiny |", "|" + "---|" * 9]
+    for r in rows:
+        if r["workload"] == "random":
+            lines.append(f"| {r['L']} | {r['mask']} | {r['dense_tflops']:.0f} | {r.get('ratio_vs_cudnn', float('nan')):.3f} | "
+                         f"{pc(r['skip0_ovh'])} | {pc(r['skip0_legacy_vote_ovh'])} | {pc(r['skip0_no_vote_ovh'])} | "
+                         f"{pc(r['skip0_warp_vote_ovh'])} | {pc(r['skip0_tiny_lambda_ovh'])} |")
+    lines += ["", "llm inputs: speedup over dense at s = 0.5 / 0.7 / 0.9 (achieved; library vote / run-2 vote)", "",
+              "| L | mask | dense TF/s | s=0.5 | s=0.7 | s=0.9 |", "|" + "---|" * 6]
+    for r in rows:
+        if r["workload"] == "llm":
+            cells = [("n/a" if "speedup" not in e else
+                      f"{e['achieved']:.2f}: {e['speedup']:.2f}x / {e['speedup_legacy_vote']:.2f}x"
+                      + ("" if e["same_output_as_legacy_vote"] else " OUTPUT DIFFERS")) for e in r["skip"]]
+            lines.append(f"| {r['L']} | {r['mask']} | {r['dense_tflops']:.0f} | " + " | ".join(cells) + " |")
+    table = "\n".join(lines)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "bench_prefill_quick.json"), "w") as fh:
         json.dump(dict(meta=meta, rows=rows), fh, indent=1)
     with open(os.path.join(args.out, "bench_prefill.md"), "w") as fh:
         fh.write(table + "\n")

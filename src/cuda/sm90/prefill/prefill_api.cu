@@ -249,6 +249,13 @@ std::vector<double> launch_attention(const AttentionProblem& p, const SkipConfig
   prm.hist = hist;
   prm.bench_no_v_loads = (bench_knobs & kKnobNoVLoads) != 0;
   prm.bench_legacy_grid = (bench_knobs & kKnobLegacyGrid) != 0;
+  prm.bench_vote = (bench_knobs & kKnobLegacyVote) ? 1
+                   : (bench_knobs & kKnobNoVote)   ? 2
+                   : (bench_knobs & kKnobWarpVote) ? 3
+                                                   : 0;
+  // The warp-local vote could split a warpgroup's wgmma; it is only defined when nothing skips.
+  if (prm.bench_vote == 3 && skip.enabled)
+    throw Error("bench_knobs: the warp-local vote knob needs skipping off");
   const Elem e = r.dtype == DType::bf16 ? Elem::bf16 : Elem::f16;
   if (prm.num_m_blocks > 0 && r.batch > 0)
     launch(prm, e, static_cast<int>(d), use_skip_kernel, static_cast<cudaStream_t>(stream_ptr));

@@ -23,9 +23,14 @@ std::vector<double> launch_attention(const AttentionProblem& p, const SkipConfig
                                      unsigned long long* visited, unsigned long long* skipped,
                                      unsigned long long* hist, int bench_knobs = 0);
 // bench_knobs bits (bench/prefill only): 1 = no V loads (wrong output, upper bound of V-load
-// skipping), 2 = legacy grid order (heads fastest).
+// skipping), 2 = legacy grid order (heads fastest), 4 = run-2 vote (shuffles + smem +
+// bar.sync), 8 = no vote (never skip, skip structure kept), 16 = warp-local vote without the
+// cross-warp barrier (skipping off only). See PrefillParams::bench_vote.
 inline constexpr int kKnobNoVLoads = 1;
 inline constexpr int kKnobLegacyGrid = 2;
+inline constexpr int kKnobLegacyVote = 4;
+inline constexpr int kKnobNoVote = 8;
+inline constexpr int kKnobWarpVote = 16;
 
 // Launches the kernel for one (dtype, head dim, skip) combination on `stream`.
 // Throws blasst::Error on a CUDA error (launch included).

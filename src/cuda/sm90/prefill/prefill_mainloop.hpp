@@ -130,6 +130,10 @@ __device__ __forceinline__ void consumer_mainloop(KernelParams<Traits> const& kp
     }
     n_vis = visible_tiles(row0 + cwg * 64, 64, w.q_len, w.k_len, p.causal, kBlockN);
   }
+  // ln(lambda) = -inf never skips; the vote still runs (statistics, and no shortcut that would
+  // make the 0 %-sparsity cost look smaller than with a real lambda).
+  const bool can_skip = ln_lambda > -INFINITY;
+  const int vote_mode = p.hist != nullptr ? 1 : p.bench_vote;
 
   cutlass::arch::ClusterTransactionBarrier::wait(&ss.barrier_q, 0);
 
@@ -169,17 +173,30 @@ __device__ __forceinline__ void consumer_mainloop(KernelParams<Traits> const& kp
 
     bool skip = false;
     if constexpr (Traits::kSkip) {
-      float* slots = ss.vote[cwg][n & 1];
-      vote_delta(tmax, sm.m, row, w.q_len, p.scale, slots);
-      named_sync(kBarVote0 + cwg, 128);
-      const float delta = fmaxf(fmaxf(slots[0], slots[1]), fmaxf(slots[2], slots[3]));
-      skip = delta < ln_lambda;
+      if (vote_mode == 0) {
+        // One BAR.RED of per-thread predicates: the decision without the warpgroup max (3
+        // shuffles, smem store, bar.sync, smem loads on the softmax's critical path).
+        const bool keep = vote_keep(tmax, sm.m, row, w.q_len, p.scale, ln_lambda);
+        const bool any_keep = named_sync_or(kBarVote0 + cwg, 128, keep);
+        skip = can_skip && !any_keep;
+      } else if (vote_mode == 1) {
+        // The histogram needs delta itself: warpgroup max through smem (also bench knob 1).
+        float* slots = ss.vote[cwg][n & 1];
+        vote_delta(tmax, sm.m, row, w.q_len, p.scale, slots);
+        named_sync(kBarVote0 + cwg, 128);
+        const float delta = fmaxf(fmaxf(slots[0], slots[1]), fmaxf(slots[2], slots[3]));
+        skip = delta < ln_lambda;
+        if (p.hist != nullptr && n < n_vis && mma_tid % 128 == 0) {
+          atomicAdd(p.hist + std::size_t(w.h) * kHistSlots + hist_bin(delta), 1ull);
+        }
+      } else if (vote_mode == 3) {
+        // bench only, skipping off: the vote's arithmetic without the cross-warp barrier.
+        const bool keep = vote_keep(tmax, sm.m, row, w.q_len, p.scale, ln_lambda);
+        skip = can_skip && !__any_sync(0xffffffffu, keep);
+      }  // vote_mode 2 (bench only): no vote, skip stays false
       if (n < n_vis) {
         cnt.visited += 1;
         cnt.skipped += skip ? 1 : 0;
-        if (p.hist != nullptr && mma_tid % 128 == 0) {
-          atomicAdd(p.hist + std::size_t(w.h) * kHistSlots + hist_bin(delta), 1ull);
-        }
       }
     }
 

@@ -54,8 +54,14 @@ struct PrefillParams {
   //   bench_no_v_loads: the producer loads no V tile and the consumers do not wait for one (the
   //     output is wrong): the upper bound of what skipping V loads could save.
   //   bench_legacy_grid: the previous grid order (heads fastest) for an A/B of the scheduler.
+  //   bench_vote: 0 = the library's vote (BAR.RED of per-thread predicates; the histogram
+  //     path uses the smem max of mode 1); 1 = the run-2 vote (shuffle max, smem slots,
+  //     bar.sync) for an A/B; 2 = no vote at all (skip = false, no barrier; branches and loop
+  //     bodies kept): the cost of the skip structure alone; 3 = warp-local vote without the
+  //     cross-warp barrier (only with skipping off: the API rejects it otherwise).
   bool bench_no_v_loads = false;
   bool bench_legacy_grid = false;
+  int bench_vote = 0;
 };
 
 }  // namespace blasst::sm90::prefill

@@ -44,4 +44,23 @@ __device__ __forceinline__ float vote_delta(float const (&tmax)[kRows], float co
   return d;
 }
 
+// This thread's share of "do not skip": some of its voting rows has delta_r >= ln(lambda). Same
+// per-row terms as vote_delta, so with ln(lambda) > -inf the OR of this over the warpgroup is
+// exactly !(delta_G < ln(lambda)) (NaN terms count for neither, as fmaxf ignores them; no voting
+// row -> skip, as delta_G = -inf). The caller handles ln(lambda) = -inf (never skip).
+template <int kRows>
+__device__ __forceinline__ bool vote_keep(float const (&tmax)[kRows], float const (&m)[kRows],
+                                          int const (&row)[kRows], int q_len, float scale,
+                                          float ln_lambda) {
+  bool keep = false;
+  CUTLASS_PRAGMA_UNROLL
+  for (int i = 0; i < kRows; ++i) {
+    if (row[i] < q_len && tmax[i] != -INFINITY) {
+      const float di = (m[i] == -INFINITY) ? INFINITY : (tmax[i] - m[i]) * scale;
+      keep = keep || (di >= ln_lambda);
+    }
+  }
+  return keep;
+}
+
 }  // namespace blasst::sm90::prefill
