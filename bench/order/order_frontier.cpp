@@ -7,7 +7,7 @@
 // unsplit pass at the same lambda.
 //
 // Usage: blasst_order_frontier [--out DIR] [--prefix NAME] [--lengths 4096,16384,32768]
-//          [--decode-lengths 8192,32768,131072] [--targets 0.5,0.7,0.9] [--no-prefill]
+//          [--decode-lengths 8192,32768,131072] [--targets 0.5,0.6,0.7,0.8,0.9] [--no-prefill]
 //          [--no-decode] [--threads 2] [--commit HASH] [--no-png] [--workloads llm,dit]
 //          [--heads H (prefill heads at every length; default 4 at L <= 4k, 2 at <= 16k, else 1)]
 // Writes DIR/PREFIX.md, DIR/PREFIX.json, DIR/PREFIX.csv and DIR/PREFIX_<workload>.png.
@@ -731,6 +731,18 @@ int run(int argc, char** argv) {
       opt.targets = parse_list(next());
       for (double t : opt.targets)
         if (!(t > 0 && t < 1)) throw Error("--targets: each must be in (0, 1)");
+    } else if (a == "--workloads") {
+      opt.workloads.clear();
+      std::stringstream ss(next());
+      std::string item;
+      while (std::getline(ss, item, ',')) {
+        const WorkloadKind k = parse_workload(item);
+        if (k == WorkloadKind::random) throw Error("--workloads: llm and/or dit");
+        opt.workloads.push_back(k);
+      }
+    } else if (a == "--heads") {
+      opt.heads = std::stoll(next());
+      if (opt.heads < 1) throw Error("--heads must be >= 1");
     } else if (a == "--no-prefill") opt.prefill = false;
     else if (a == "--no-decode") opt.decode = false;
     else if (a == "--no-png") opt.png = false;
