@@ -281,14 +281,15 @@ def main():
 
 
 # bench knobs of the library (prefill_launch.hpp)
-K_NOV, K_LEGACY_VOTE, K_NO_VOTE, K_WARP_VOTE = 1, 4, 8, 16
+K_NOV, K_LEGACY_VOTE, K_NO_VOTE, K_WARP_VOTE, K_DENSE_GATED = 1, 4, 8, 16, 32
 
 
 def quick_main(args, lib):
     """d128 bf16, 16k and 32k, causal and full. random: dense, cuDNN, and the skip variant at 0 %
     with the library's vote, the run-2 vote (knob 4), no vote (8), the warp-local vote (16), and
     with a real but tiny lambda (1e-30: nothing skips, the vote is not trivially 'keep'). llm: dense
-    and skip at 50/70/90 % with the library's vote and the run-2 vote."""
+    and skip at 50/70/90 % with the library's vote and the run-2 vote. Both: the gated dense
+    instantiation (knob 32) against dense (must be bitwise equal)."""
     dev = torch.cuda.get_device_name()
     commit = os.environ.get("BLASST_COMMIT", "unknown")
     rows = []
@@ -303,6 +304,11 @@ def quick_main(args, lib):
                 r = dict(workload=kind, L=L, mask="causal" if causal else "full")
                 r["dense_ms"] = t(lambda: ours())
                 r["dense_tflops"] = tf(r["dense_ms"])
+                o_dense = ours.o.clone()
+                # Gated dense (knob 32): same math, P V wait kept after the exponentials.
+                r["gated_speedup"] = r["dense_ms"] / t(lambda: ours(knobs=K_DENSE_GATED))
+                r["gated_same_output"] = bool(torch.equal(o_dense, ours.o))
+                del o_dense
                 if kind == "random":
                     try:
                         r["cudnn_ms"] = t(lambda: sdpa(q, k, v, causal, SDPBackend.CUDNN_ATTENTION))
@@ -349,20 +355,23 @@ def quick_main(args, lib):
              "skip variant at 0 % sparsity, time over dense (random inputs); vote = library (BAR.RED), "
              "run2 = shuffles+smem+bar.sync (knob 4), none = no vote (knob 8), warp = warp-local (knob 16), "
              "tiny = lambda 1e-30", "",
-             "| L | mask | dense TF/s | ours/cuDNN | vote | run2 | none | warp | tiny |", "|" + "---|" * 9]
+             "gated = speedup of the gated dense instantiation (knob 32) over dense", "",
+             "| L | mask | dense TF/s | ours/cuDNN | gated | vote | run2 | none | warp | tiny |", "|" + "---|" * 10]
     for r in rows:
         if r["workload"] == "random":
             lines.append(f"| {r['L']} | {r['mask']} | {r['dense_tflops']:.0f} | {r.get('ratio_vs_cudnn', float('nan')):.3f} | "
+                         f"{r['gated_speedup']:.3f}x{'' if r['gated_same_output'] else ' OUTPUT DIFFERS'} | "
                          f"{pc(r['skip0_ovh'])} | {pc(r['skip0_legacy_vote_ovh'])} | {pc(r['skip0_no_vote_ovh'])} | "
                          f"{pc(r['skip0_warp_vote_ovh'])} | {pc(r['skip0_tiny_lambda_ovh'])} |")
     lines += ["", "llm inputs: speedup over dense at s = 0.5 / 0.7 / 0.9 (achieved; library vote / run-2 vote)", "",
-              "| L | mask | dense TF/s | s=0.5 | s=0.7 | s=0.9 |", "|" + "---|" * 6]
+              "| L | mask | dense TF/s | gated | s=0.5 | s=0.7 | s=0.9 |", "|" + "---|" * 7]
     for r in rows:
         if r["workload"] == "llm":
             cells = [("n/a" if "speedup" not in e else
                       f"{e['achieved']:.2f}: {e['speedup']:.2f}x / {e['speedup_legacy_vote']:.2f}x"
                       + ("" if e["same_output_as_legacy_vote"] else " OUTPUT DIFFERS")) for e in r["skip"]]
-            lines.append(f"| {r['L']} | {r['mask']} | {r['dense_tflops']:.0f} | " + " | ".join(cells) + " |")
+            lines.append(f"| {r['L']} | {r['mask']} | {r['dense_tflops']:.0f} | {r['gated_speedup']:.3f}x"
+                         f"{'' if r['gated_same_output'] else ' OUTPUT DIFFERS'} | " + " | ".join(cells) + " |")
     table = "\n".join(lines)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "bench_prefill_quick.json"), "w") as fh:

@@ -76,6 +76,12 @@ std::int64_t check_i32(std::int64_t v, const char* what) {
 
 void launch(const PrefillParams& prm, Elem e, int d, bool skip, cudaStream_t s) {
   using pf::run_prefill;
+  if (prm.bench_dense_gated && !skip) {
+    if (e != Elem::bf16 || d != 128)
+      throw Error("bench_knobs: the gated dense variant exists for bf16, d = 128 only");
+    pf::run_prefill_gated<Elem::bf16, 128>(prm, s);
+    return;
+  }
   if (e == Elem::bf16) {
     if (d == 64) skip ? run_prefill<Elem::bf16, 64, true>(prm, s) : run_prefill<Elem::bf16, 64, false>(prm, s);
     else skip ? run_prefill<Elem::bf16, 128, true>(prm, s) : run_prefill<Elem::bf16, 128, false>(prm, s);
@@ -253,6 +259,7 @@ std::vector<double> launch_attention(const AttentionProblem& p, const SkipConfig
                    : (bench_knobs & kKnobNoVote)   ? 2
                    : (bench_knobs & kKnobWarpVote) ? 3
                                                    : 0;
+  prm.bench_dense_gated = (bench_knobs & kKnobDenseGated) != 0;
   // The warp-local vote could split a warpgroup's wgmma; it is only defined when nothing skips.
   if (prm.bench_vote == 3 && skip.enabled)
     throw Error("bench_knobs: the warp-local vote knob needs skipping off");

@@ -117,6 +117,12 @@ void run_prefill(const PrefillParams& p, cudaStream_t stream) {
   launch_prefill<PrefillTraits<typename ElemType<E>::type, kHeadDim, kSkip>>(p, stream);
 }
 
+// Bench-only dense variant with the gate (PrefillTraits::kGate); see prefill_launch.hpp.
+template <Elem E, int kHeadDim>
+void run_prefill_gated(const PrefillParams& p, cudaStream_t stream) {
+  launch_prefill<PrefillTraits<typename ElemType<E>::type, kHeadDim, false, true>>(p, stream);
+}
+
 }  // namespace blasst::sm90::prefill
 
 #define BLASST_PREFILL_INSTANTIATE(E, D, S)                                                  \

@@ -31,6 +31,13 @@ inline constexpr int kKnobLegacyGrid = 2;
 inline constexpr int kKnobLegacyVote = 4;
 inline constexpr int kKnobNoVote = 8;
 inline constexpr int kKnobWarpVote = 16;
+// 32 = dense runs the gated instantiation (bf16, d = 128 only): same math, the softmax under a
+// never-taken runtime branch, which keeps ptxas from hoisting the P V wait above the exponentials.
+inline constexpr int kKnobDenseGated = 32;
+
+template <Elem E, int kHeadDim>
+void run_prefill_gated(const PrefillParams& p, cudaStream_t stream);
+extern template void run_prefill_gated<Elem::bf16, 128>(const PrefillParams&, cudaStream_t);
 
 // Launches the kernel for one (dtype, head dim, skip) combination on `stream`.
 // Throws blasst::Error on a CUDA error (launch included).

@@ -199,6 +199,9 @@ __device__ __forceinline__ void consumer_mainloop(KernelParams<Traits> const& kp
         cnt.skipped += skip ? 1 : 0;
       }
     }
+    // Gated dense (bench): an opaque, always-false runtime skip. With this branch around the
+    // exponentials ptxas keeps the wait for P V after them (the overlap that plain dense loses).
+    if constexpr (Traits::kGate) skip = p.bench_gate_skip;
 
     float alpha[kRows];
     if (!skip) sm.update(tSrS_rc, tmax, p.scale_log2, alpha);

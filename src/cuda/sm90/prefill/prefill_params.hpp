@@ -62,6 +62,10 @@ struct PrefillParams {
   bool bench_no_v_loads = false;
   bool bench_legacy_grid = false;
   int bench_vote = 0;
+  //   bench_gate_skip: read only by the gated dense instantiation (run_prefill_gated); always
+  //     false: a value ptxas cannot fold, so the branch around the softmax stays in the code.
+  bool bench_gate_skip = false;
+  bool bench_dense_gated = false;  // launch the gated dense instantiation (bf16 d128 only)
 };
 
 }  // namespace blasst::sm90::prefill

@@ -18,11 +18,14 @@ namespace blasst::sm90::prefill {
 using namespace cute;
 using cute::Tensor;  // not blasst::Tensor
 
-template <class Element_, int kHeadDim_, bool kSkip_>
+// kGate (dense only, bench instantiation): the softmax and the O update sit under a runtime
+// branch that is never taken (PrefillParams::bench_gate_skip), the skip variant's shape.
+template <class Element_, int kHeadDim_, bool kSkip_, bool kGate_ = false>
 struct PrefillTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr bool kSkip = kSkip_;
+  static constexpr bool kGate = kGate_ && !kSkip_;
   // 128 query rows per CTA = two consumer warpgroups of 64 rows (the skip vote group);
   // 128 keys per tile = the SPEC tile.
   static constexpr int kBlockM = 128;
