@@ -473,7 +473,8 @@ std::vector<Verdict> verdicts(const std::vector<PrefillCase>& pcs, const std::ve
         worst_u = std::max(worst_u, loss_u);
         if (loss > 0.02) x.pass = false;
       }
-    x.detail = "largest loss: seeded " + fmt("%.4f", worst) + ", unseeded " + fmt("%.4f", worst_u);
+    if (x.measured)
+      x.detail = "largest loss: seeded " + fmt("%.4f", worst) + ", unseeded " + fmt("%.4f", worst_u);
     v.push_back(x);
   }
   return v;
