@@ -272,9 +272,9 @@ TEST(GpuPrefill, UnsupportedCombinationsThrow) {
 }
 
 // The bench knobs that must not change results (bench/prefill): the run-2 vote (shuffles + smem
-// max + bar.sync) against the library's BAR.RED vote, and the gated dense instantiation against
-// dense. Same decisions and the same arithmetic in the same order: bitwise-equal outputs and
-// equal counters. Device tensors through launch_attention (the bench's path).
+// max + bar.sync) against the library's BAR.RED vote (same binary, same decisions: bitwise-equal
+// outputs and equal counters), and the gated dense instantiation against dense (same math in
+// another binary: within rounding). Device tensors through launch_attention (the bench's path).
 TEST(GpuPrefill, BenchKnobsKeepResults) {
   REQUIRE_GPU();
   namespace pf = blasst::sm90::prefill;
@@ -338,7 +338,15 @@ TEST(GpuPrefill, BenchKnobsKeepResults) {
   }
   EXPECT_GT(skipped_any, 0u) << "nothing skipped: the comparison above tested no skip";
   const Res d0 = run(SkipConfig{}, 0), d1 = run(SkipConfig{}, pf::kKnobDenseGated);
-  EXPECT_TRUE(d0.o == d1.o) << "gated dense differs from dense";
+  // Different binaries: ptxas may contract differently around the branch, so within 2 bf16
+  // ulps of the value (not bitwise); the bench reports whether it is bitwise.
+  double worst = 0;
+  for (std::size_t i = 0; i < on; ++i) {
+    const double x = from16(d0.o[i], c.dt), y = from16(d1.o[i], c.dt);
+    ASSERT_FALSE(std::isnan(x) || std::isnan(y)) << "NaN at " << i;
+    worst = std::max(worst, std::abs(x - y) / (std::abs(x) + 1e-3));
+  }
+  EXPECT_LE(worst, 2.0 / 128) << "gated dense differs from dense";
   for (void* x : {qd, kd, vd, od, static_cast<void*>(cnt)}) cudaFree(x);
 }
 
