@@ -18,7 +18,7 @@ SUMMARY=()
 
 t0=$(date +%s)
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBLASST_BUILD_CLI=OFF > "$OUT/build.log" 2>&1
-if ! cmake --build "$BUILD" -j16 --target test_gpu_prefill test_gpu_prefill_ref blasst_prefill_bench >> "$OUT/build.log" 2>&1; then
+if ! cmake --build "$BUILD" -j16 --target test_gpu_prefill test_gpu_prefill_ref test_gpu_prefill_knobs blasst_prefill_bench >> "$OUT/build.log" 2>&1; then
   grep -E "error|FAILED" "$OUT/build.log" | head -40
   echo "BUILD FAILED"; exit 1
 fi
@@ -40,8 +40,9 @@ if [ "$MODE" = all ] || [ "$MODE" = test ] || [ "$MODE" = quick ]; then
   T1=150; T2=60; [ "$MODE" = quick ] && { T1=60; T2=30; }
   timeout $T1 "$BUILD/tests/gpu_prefill/test_gpu_prefill" --gtest_filter=-GpuPrefillSanitizer.* > "$OUT/tests.log" 2>&1; rc1=$?
   timeout $T2 "$BUILD/tests/gpu_prefill/test_gpu_prefill_ref" > "$OUT/tests_ref.log" 2>&1; rc2=$?
-  SUMMARY+=("tests: rc=$rc1 ref rc=$rc2 ($(( $(date +%s) - t0 )) s)")
-  grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|error:|Expected|Which is|Value of|\[skip\]|\[ref\]|OK \]" "$OUT/tests.log" "$OUT/tests_ref.log" | head -80
+  timeout $T2 "$BUILD/tests/gpu_prefill/test_gpu_prefill_knobs" > "$OUT/tests_knobs.log" 2>&1; rc3=$?
+  SUMMARY+=("tests: rc=$rc1 ref rc=$rc2 knobs rc=$rc3 ($(( $(date +%s) - t0 )) s)")
+  grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|error:|Expected|Which is|Value of|\[skip\]|\[ref\]|OK \]" "$OUT/tests.log" "$OUT/tests_ref.log" "$OUT/tests_knobs.log" | head -80
 fi
 if [ "$MODE" = all ] || [ "$MODE" = test ]; then
   t0=$(date +%s)
