@@ -281,7 +281,7 @@ void check_dense(const Case& c, std::int64_t split_tiles = 0) {
 // Skip check: same layout in the reference; same skipped pairs (counts per KV head, up to ties
 // within rounding) and outputs within tolerance.
 void check_skip(const Case& c, const blasst::SkipConfig& skip0, std::int64_t split_tiles = 0,
-                double min_sparsity = 0.05) {
+                double min_sparsity = 0.01) {
   const std::uint64_t seed = fresh_seed();
   SCOPED_TRACE(describe(c) + " split_tiles=" + std::to_string(split_tiles) + " seed=" + std::to_string(seed));
   HostProblem hp(c, seed);
@@ -311,6 +311,9 @@ void check_skip(const Case& c, const blasst::SkipConfig& skip0, std::int64_t spl
                   : ref.stats.hist[h].counts[i] - gpu.stats.hist[h].counts[i];
     EXPECT_LE(static_cast<double>(diff), 2 + 0.02 * static_cast<double>(ref.stats.visited[h])) << "kv head " << h;
   }
+  // Input adequacy, not kernel behaviour: the check above only means something if tiles were
+  // skipped. The floor is loose because the data is fresh each run (H200 run of 62881c8 saw
+  // 0.038-0.041 at 20000 keys for some seeds, under the former 0.05 floor).
   EXPECT_GE(ref.stats.sparsity(), min_sparsity) << "the structured data should give real sparsity";
   ASSERT_EQ(gpu.stats.lambda.size(), ref.stats.lambda.size());
   for (std::size_t b = 0; b < ref.stats.lambda.size(); ++b) EXPECT_DOUBLE_EQ(gpu.stats.lambda[b], ref.stats.lambda[b]);
