@@ -11,10 +11,11 @@
 
 namespace blasst::detail::decode {
 
-// Warps per CTA: 4 (measured, the default) or 8 (BLASST_DECODE_WARPS=8: half the keys of S and
-// half the output columns of P.V per warp, so two warps per scheduler overlap the per-tile
-// latency chain that limits the 4-warp kernel; see bench/results/decode_log.md).
-constexpr int kDefaultWarps = 4;
+// Warps per CTA: 8 (the default since the H200 run of 62881c8: 1.15-1.17x the 4-warp kernel's
+// dense bandwidth, skip faster in absolute time too) or 4 (BLASST_DECODE_WARPS=4). With 8, each
+// warp takes half the keys of S and half the output columns of P.V, so two warps per scheduler
+// overlap the per-tile latency chain that limits the 4-warp kernel (bench/results/decode_log.md).
+constexpr int kDefaultWarps = 8;
 constexpr int kTileKeys = 128;  // SPEC §2 tile
 constexpr int kMaxRows = 64;    // g * q_len
 constexpr int kStagesK = 3;     // K ring depth
