@@ -266,10 +266,8 @@ def _attention_impl(q, k, v, causal, scale, skip, cu_seqlens_q, cu_seqlens_k, ma
                              f"with cu_seqlens), got q {list(qs)} and v {list(vs)}")
         out_shape = (qs[0], qs[1], qs[2], vs[3])
         lse_shape = (qs[0], qs[2], qs[1])
-    cfg, gated = _effective_skip(skip)
-    raw, hist, deltas = _stats_target(stats)
-    out = frame.empty(out_shape, True)
-    lse = frame.empty(lse_shape, False) if (return_lse or lse_always) else None
+    cfg, gated, raw, hist, deltas, out, lse = _prepare(frame, out_shape, lse_shape, skip, stats,
+                                                       return_lse or lse_always)
     with frame.device_guard():
         _core.attention(frame.export(q, "q"), frame.export(k, "k"), frame.export(v, "v"),
                         frame.export(out, "out"), None if lse is None else frame.export(lse, "lse"),
@@ -278,10 +276,7 @@ def _attention_impl(q, k, v, causal, scale, skip, cu_seqlens_q, cu_seqlens_k, ma
                         _opt_int("max_seqlen_q", max_seqlen_q), _opt_int("max_seqlen_k", max_seqlen_k),
                         bool(causal), _opt_scale(scale), cfg, frame.stream() if frame.cuda else 0,
                         raw, hist, deltas, _settings["num_threads"])
-    _fill_stats(stats, raw, gated)
-    if return_lse or lse_always:
-        return out, lse
-    return out
+    return _finish(stats, raw, gated, out, lse)
 
 
 def decode(q, k_cache, v_cache, *, page_table=None, seqlens=None,
@@ -314,10 +309,8 @@ def _decode_impl(q, k_cache, v_cache, page_table, seqlens, max_seqlen_k, skip, s
                          f"got q {list(qs)} and v_cache {list(vs)}")
     out_shape = (qs[0], qs[1], qs[2], vs[3])
     lse_shape = (qs[0], qs[2], qs[1])
-    cfg, gated = _effective_skip(skip)
-    raw, hist, deltas = _stats_target(stats)
-    out = frame.empty(out_shape, True)
-    lse = frame.empty(lse_shape, False) if (return_lse or lse_always) else None
+    cfg, gated, raw, hist, deltas, out, lse = _prepare(frame, out_shape, lse_shape, skip, stats,
+                                                       return_lse or lse_always)
     with frame.device_guard():
         _core.decode(frame.export(q, "q"), frame.export(k_cache, "k_cache"),
                      frame.export(v_cache, "v_cache"), frame.export(out, "out"),
@@ -325,10 +318,7 @@ def _decode_impl(q, k_cache, v_cache, page_table, seqlens, max_seqlen_k, skip, s
                      frame.index(page_table, "page_table"), frame.index(seqlens, "seqlens"),
                      _opt_int("max_seqlen_k", max_seqlen_k), bool(causal), _opt_scale(scale), cfg,
                      frame.stream() if frame.cuda else 0, raw, hist, deltas, _settings["num_threads"])
-    _fill_stats(stats, raw, gated)
-    if return_lse or lse_always:
-        return out, lse
-    return out
+    return _finish(stats, raw, gated, out, lse)
 
 
 def cuda_available() -> bool:
@@ -342,3 +332,17 @@ def cuda_device_name() -> str:
 
 def built_with_cuda() -> bool:
     return bool(_core.built_with_cuda)
+
+
+def _prepare(frame, out_shape, lse_shape, skip, stats, want_lse):
+    """Shared by attention and decode: skip settings, stats buffers, outputs in q's framework."""
+    cfg, gated = _effective_skip(skip)
+    raw, hist, deltas = _stats_target(stats)
+    out = frame.empty(out_shape, True)
+    lse = frame.empty(lse_shape, False) if want_lse else None
+    return cfg, gated, raw, hist, deltas, out, lse
+
+
+def _finish(stats, raw, gated, out, lse):
+    _fill_stats(stats, raw, gated)
+    return out if lse is None else (out, lse)
