@@ -33,12 +33,14 @@ extern "C" {
 const char* bdb_last_error() { return g_err.c_str(); }
 
 // lambda <= 0: dense. stats (optional, 3 values): skipped, visited, split_tiles (synchronises).
+// order: 0 natural, 1 max-first (seeded splits).
 int bdb_decode(void* q, void* k, void* v, void* out, int B, int L, int hq, int hk, int d, int dtype, double lambda,
-               void* stream, std::int64_t* stats, int head_major) {
+               void* stream, std::int64_t* stats, int head_major, int order) {
   try {
     auto p = make(q, k, v, out, B, L, hq, hk, d, dtype, head_major);
     blasst::SkipConfig skip;
     if (lambda > 0) skip = blasst::SkipConfig::from_threshold(lambda);
+    if (lambda > 0 && order == 1) skip.vote.order = blasst::VisitOrder::max_first;
     blasst::RunOptions opt;
     opt.stream = stream;
     opt.collect_stats = stats != nullptr;
@@ -57,16 +59,23 @@ int bdb_decode(void* q, void* k, void* v, void* out, int B, int L, int hq, int h
 }
 
 // One dense pass with the delta histogram (SPEC §5) merged over heads; for each target sparsity
-// the lambda of the one-pass curve (DeltaHistogram::lambda_for).
+// the lambda of the one-pass curve (DeltaHistogram::lambda_for). order 1: the deltas of seeded
+// splits (max-first), from the skip kernel with lambda >= 1 (it skips nothing, but counts against
+// the seeds).
 int bdb_lambdas(void* q, void* k, void* v, void* out, int B, int L, int hq, int hk, int d, int dtype, void* stream,
-                const double* targets, int n, double* lambdas) {
+                const double* targets, int n, double* lambdas, int order) {
   try {
     auto p = make(q, k, v, out, B, L, hq, hk, d, dtype);
     blasst::RunOptions opt;
     opt.stream = stream;
     opt.collect_histogram = true;
     blasst::SkipStats st;
-    blasst::decode(p, {}, opt, &st);
+    blasst::SkipConfig skip;
+    if (order == 1) {
+      skip = blasst::SkipConfig::from_factor(1e30);
+      skip.vote.order = blasst::VisitOrder::max_first;
+    }
+    blasst::decode(p, skip, opt, &st);
     blasst::DeltaHistogram h;
     for (const auto& x : st.hist) h.merge(x);
     for (int i = 0; i < n; ++i) lambdas[i] = h.lambda_for(targets[i]);

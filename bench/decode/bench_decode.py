@@ -3,8 +3,12 @@
 
 Usage: bench_decode.py LIB.so OUTDIR [--quick]
 
---quick: 3 shapes (B=1 32k 32/8, B=8 32k 32/8, B=64 32k 64/8), dense and skip 50/70 % for the
-4-warp and the 8-warp kernels (BLASST_DECODE_WARPS), cuDNN beside, no probes (~1 minute).
+--quick: 3 shapes (B=1 32k 32/8, B=8 32k 32/8, B=64 32k 64/8), dense and skip 50/70 % in both
+visit orders, cuDNN beside, no probes (~1 minute).
+
+Skip rows are measured for both visit orders (SPEC §2a): natural, and max-first (= seeded splits in
+decode). Each order gets its own lambda from its own one-pass curve, so the orders are compared at
+equal achieved sparsity; "err" is the relative L2 difference of the skip output from our dense one.
 
 Inputs: q [B, 1, Hq, d], K/V caches [B, L, Hk, d] bf16, contiguous. K is llm-like (an attention
 sink, a recency window, a few heavy-hitter keys, and a per-tile "topic" alignment that varies
@@ -39,7 +43,7 @@ def check(rc):
         raise RuntimeError(LIB.bdb_last_error().decode())
 
 
-def ours(q, k, v, o, lam, stats=None, head_major=0):
+def ours(q, k, v, o, lam, stats=None, head_major=0, order=0):
     if head_major:
         B, hk, L, d = k.shape
     else:
@@ -47,18 +51,18 @@ def ours(q, k, v, o, lam, stats=None, head_major=0):
     hq = q.shape[2]
     st = (ctypes.c_int64 * 3)() if stats is not None else None
     check(LIB.bdb_decode(vp(q.data_ptr()), vp(k.data_ptr()), vp(v.data_ptr()), vp(o.data_ptr()), B, L, hq, hk, d, 0,
-                         ctypes.c_double(lam), vp(torch.cuda.current_stream().cuda_stream), st, head_major))
+                         ctypes.c_double(lam), vp(torch.cuda.current_stream().cuda_stream), st, head_major, order))
     if stats is not None:
         stats.extend([st[0], st[1], st[2]])
 
 
-def lambdas_for(q, k, v, o, targets):
+def lambdas_for(q, k, v, o, targets, order=0):
     B, L, hk, d = k.shape
     hq = q.shape[2]
     t = (ctypes.c_double * len(targets))(*targets)
     res = (ctypes.c_double * len(targets))()
     check(LIB.bdb_lambdas(vp(q.data_ptr()), vp(k.data_ptr()), vp(v.data_ptr()), vp(o.data_ptr()), B, L, hq, hk, d, 0,
-                          vp(torch.cuda.current_stream().cuda_stream), t, len(targets), res))
+                          vp(torch.cuda.current_stream().cuda_stream), t, len(targets), res, order))
     return list(res)
 
 
@@ -175,22 +179,19 @@ def write_report(rows, dev, copy_bw):
         lines.append(f"| {r['B']} | {r['L'] // 1024}k | {r['hq']}/{r['hk']} | {r['dense_us']:.1f} | {r['dense_tbs']:.2f} | "
                      f"{100 * r['dense_tbs'] / (copy_bw / 1e12):.0f}% | {f2(cud)} | {f2(r.get('flash_tbs'))} | "
                      f"{f2(r['dense_tbs'] / cud if cud else None)} | {sk(r, 'skip50')} | {sk(r, 'skip70')} | {sk(r, 'skip90')} |")
-    quick = [r for r in rows if "w8" in r]
-    if quick:
+    if any("mf50" in r for r in rows):
         def sx(x):
-            return "n/a" if not x else f"{x['achieved']:.2f}, {x['speedup']:.2f}x"
-        lines += ["", "4 vs 8 warps per CTA (BLASST_DECODE_WARPS); skip: (achieved sparsity, speedup over the same "
-                  "kernel's dense)", "",
-                  "| B | L | Hq/Hk | w4 TB/s | w8 TB/s | w8/w4 | cuDNN TB/s | w8/cuDNN | w8 max diff | "
-                  "skip50 w4 | skip50 w8 | skip70 w4 | skip70 w8 |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-        for r in quick:
-            w4, w8, cud = r["w4"], r["w8"], r.get("cudnn_tbs")
-            lines.append(f"| {r['B']} | {r['L'] // 1024}k | {r['hq']}/{r['hk']} | {w4['dense_tbs']:.2f} | "
-                         f"{w8['dense_tbs']:.2f} | {w8['dense_tbs'] / w4['dense_tbs']:.2f} | {f2(cud)} | "
-                         f"{f2(w8['dense_tbs'] / cud if cud else None)} | {w8['max_diff_vs_w4']:.1e} | "
-                         f"{sx(w4.get('skip50'))} | {sx(w8.get('skip50'))} | {sx(w4.get('skip70'))} | "
-                         f"{sx(w8.get('skip70'))} |")
+            return "n/a" if not x else f"{x['achieved']:.2f}, {x['speedup']:.2f}x, err {x['err']:.3f}"
+        lines += ["", "Visit order (SPEC §2a): natural vs max-first (seeded splits), each at the lambda of its own "
+                  "one-pass curve; (achieved sparsity, speedup over our dense, rel. L2 error vs our dense output)", "",
+                  "| B | L | Hq/Hk | split tiles | natural 50 | max-first 50 | natural 70 | max-first 70 | "
+                  "natural 90 | max-first 90 |", "|---|---|---|---|---|---|---|---|---|---|"]
+        for r in rows:
+            if "mf50" not in r:
+                continue
+            lines.append(f"| {r['B']} | {r['L'] // 1024}k | {r['hq']}/{r['hk']} | {r.get('split_tiles', '?')} | "
+                         f"{sx(r.get('skip50'))} | {sx(r.get('mf50'))} | {sx(r.get('skip70'))} | {sx(r.get('mf70'))} | "
+                         f"{sx(r.get('skip90'))} | {sx(r.get('mf90'))} |")
     probes = [r for r in rows if "dense_cpasync_tbs" in r]
     if probes:
         lines += ["", "Probes (dense TB/s): default (tensor-map boxes), one bulk copy per key row, per-thread 16-byte "
@@ -207,35 +208,25 @@ def write_report(rows, dev, copy_bw):
     return table
 
 
-def quick_warps(row, bufs, kv_bytes, nbuf, q, k, v, o, targets):
-    """Dense and skip timings of the 4- and 8-warp kernels on the same buffers (row["w4"], row["w8"]);
-    the 8-warp output is checked against the 4-warp one."""
-    lams = lambdas_for(q, k, v, o, targets)
+def skip_rows(row, bufs, kv_bytes, nbuf, q, k, v, o, targets, t_dense):
+    """Skip timings per target sparsity in both visit orders (row["skip50"], row["mf50"], ...)."""
     ours(q, k, v, o, 0.0)
-    o4 = o.float().clone()
-    for w in (4, 8):
-        os.environ["BLASST_DECODE_WARPS"] = str(w)
-        try:
-            res = {}
-            ours(q, k, v, o, 0.0)
-            if w == 8:
-                res["max_diff_vs_w4"] = (o.float() - o4).abs().max().item()
-            t, _ = time_graph(lambda i: ours(*bufs[i], 0.0), nbuf)
-            res["dense_us"] = t * 1e6
-            res["dense_tbs"] = kv_bytes / t / 1e12
-            for s, lam in zip(targets, lams):
-                key = f"skip{int(s * 100)}"
-                if not (0 < lam < 1):
-                    res[key] = None
-                    continue
-                st = []
-                ours(q, k, v, o, lam, st)
-                t_s, _ = time_graph(lambda i: ours(*bufs[i], lam), nbuf)
-                res[key] = {"lambda": lam, "achieved": st[0] / max(st[1], 1), "us": t_s * 1e6, "speedup": t / t_s,
-                            "bound": 1.0 / (1.0 - (st[0] / max(st[1], 1)) / 2)}
-            row[f"w{w}"] = res
-        finally:
-            del os.environ["BLASST_DECODE_WARPS"]
+    o_dense = o.float().clone()
+    for order, prefix in ((0, "skip"), (1, "mf")):
+        lams = lambdas_for(q, k, v, o, targets, order)
+        for s, lam in zip(targets, lams):
+            key = f"{prefix}{int(s * 100)}"
+            if not (0 < lam < 1):
+                row[key] = None
+                continue
+            st = []
+            ours(q, k, v, o, lam, st, order=order)
+            err = ((o.float() - o_dense).norm() / o_dense.norm()).item()
+            t_s, _ = time_graph(lambda i: ours(*bufs[i], lam, order=order), nbuf)
+            ach = st[0] / max(st[1], 1)
+            row["split_tiles"] = st[2]
+            row[key] = {"lambda": lam, "achieved": ach, "split_tiles": st[2], "us": t_s * 1e6,
+                        "speedup": t_dense / t_s, "bound": 1.0 / (1.0 - ach / 2), "err": err}
 
 
 def main():
@@ -288,8 +279,6 @@ def main():
                 row["dense_us"] = t * 1e6
                 row["dense_tbs"] = kv_bytes / t / 1e12
                 row["timing"] = mode
-                if QUICK:
-                    quick_warps(row, bufs, kv_bytes, nbuf, q, k, v, o, targets)
                 if (hq, hk, L, B) in first[:3] and not QUICK:
                     # Probes: the per-thread cp.async load path, and a head-major cache layout.
                     for loads in ("bulk", "cpasync"):
@@ -305,18 +294,7 @@ def main():
                     row["headmajor_max_diff"] = (hm[0][3].float() - o.float()).abs().max().item()
                     row["dense_headmajor_tbs"] = kv_bytes / t_h / 1e12
                     del hm
-                lams = [] if QUICK else lambdas_for(q, k, v, o, targets)  # quick: in quick_warps
-                for s, lam in zip(targets, lams):
-                    key = f"skip{int(s * 100)}"
-                    if not (0 < lam < 1):
-                        row[key] = None
-                        continue
-                    st = []
-                    ours(q, k, v, o, lam, st)
-                    t_s, _ = time_graph(lambda i: ours(*bufs[i], lam), nbuf)
-                    row[key] = {"lambda": lam, "achieved": st[0] / max(st[1], 1), "split_tiles": st[2],
-                                "us": t_s * 1e6, "speedup": t / t_s,
-                                "bound": 1.0 / (1.0 - (st[0] / max(st[1], 1)) / 2)}
+                skip_rows(row, bufs, kv_bytes, nbuf, q, k, v, o, targets, t)
                 peers = (("cudnn", SDPBackend.CUDNN_ATTENTION),) if QUICK else (
                     ("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION))
                 for name, be in peers:

@@ -446,53 +446,31 @@ TEST(GpuDecode, StagedHostTensors) {
   expect_close(gpu, run_ref(hp, {}, false), 1e-2, "staged");
 }
 
-// Selects the 8-warp instantiations (BLASST_DECODE_WARPS) for one scope, restoring the old value.
-class WarpsEnv {
- public:
-  explicit WarpsEnv(const char* v) {
-    const char* old = std::getenv("BLASST_DECODE_WARPS");
-    had_ = old != nullptr;
-    if (had_) old_ = old;
-    setenv("BLASST_DECODE_WARPS", v, 1);
-  }
-  ~WarpsEnv() {
-    if (had_) setenv("BLASST_DECODE_WARPS", old_.c_str(), 1);
-    else unsetenv("BLASST_DECODE_WARPS");
-  }
-  WarpsEnv(const WarpsEnv&) = delete;
-  WarpsEnv& operator=(const WarpsEnv&) = delete;
-
- private:
-  bool had_ = false;
-  std::string old_;
-};
-
-// The 8-warp kernels (16 keys of S and D/8 output columns per warp) on every instantiation:
-// dtypes x head dims x dense/skip, 64 rows, paged with splits, ragged tails.
-TEST(GpuDecode, EightWarpsMatchReference) {
+// Every instantiation (dtype x head dim x dense/skip x m-tiles): g * q_len <= 16 rows run the
+// one-m-tile kernels, 17..64 rows the four-m-tile ones; paged with splits, ragged tails.
+TEST(GpuDecode, EveryInstantiationMatchesReference) {
   SKIP_WITHOUT_GPU();
-  WarpsEnv env("8");
   for (DType dt : {DType::bf16, DType::f16})
-    for (int d : {64, 128}) {
-      Case c;
-      c.dt = dt;
-      c.d = d;
-      c.lens = {640, 2049, 129};
-      c.q_len = 2;
-      check_dense(c);
-      check_dense(c, 3);
-      c.structured = true;
-      c.q_len = 1;
-      if (d == 128) {  // the settings of the 4-warp skip tests (enough sparsity at each d)
-        c.lens = {20000};
-        check_skip(c, blasst::SkipConfig::from_threshold(0.02));
-      } else {
-        c.hq = 32;
-        c.hk = 8;
-        c.lens = {12000};
-        check_skip(c, blasst::SkipConfig::from_factor(1500.0), 5);
+    for (int d : {64, 128})
+      for (int ql : {2, 4}) {  // hq 16 / hk 2: 16 rows (one m-tile) or 32 rows (four)
+        Case c;
+        c.dt = dt;
+        c.d = d;
+        c.hq = 16;
+        c.hk = 2;
+        c.lens = {640, 2049, 129};
+        c.q_len = ql;
+        check_dense(c);
+        check_dense(c, 3);
+        c.structured = true;
+        if (d == 128) {  // the settings of the skip tests above (enough sparsity at each d)
+          c.lens = {20000};
+          check_skip(c, blasst::SkipConfig::from_threshold(0.02));
+        } else {
+          c.lens = {12000};
+          check_skip(c, blasst::SkipConfig::from_factor(1500.0), 5);
+        }
       }
-    }
   Case c;  // 64 rows: g = 8, q_len = 8
   c.hq = 16;
   c.hk = 2;
@@ -511,23 +489,41 @@ TEST(GpuDecode, EightWarpsMatchReference) {
   check_skip(sk, blasst::SkipConfig::from_threshold(0.02), 0, 0.02);
 }
 
-TEST(GpuDecode, BadWarpsSettingIsError) {
+// Max-first order in decode = seeded splits (SPEC §2a): every split starts from the scores of the
+// sink and last tiles. Same skipped pairs as the reference with the reported layout (which the
+// kernel reports even with a single split), also with forced splits, paged, q_len > 1, lambda >= 1
+// for one sequence (its deltas still count against the seeds) and both m-tile families.
+TEST(GpuDecode, SeededSplitsMatchReference) {
   SKIP_WITHOUT_GPU();
-  WarpsEnv env("6");
-  Case c;
-  c.lens = {300};
-  HostProblem hp(c, 7);
-  std::vector<float> out(hp.out_elems()), lse(hp.lse_elems());
-  blasst::RunOptions opt;
-  opt.device = blasst::DeviceKind::cuda;
-  auto p = hp.problem(hp.q.data(), hp.k.data(), hp.v.data(), nullptr, hp.seqlens.data(), out.data(), lse.data(),
-                      blasst::DeviceKind::cpu);
-  try {
-    blasst::decode(p, {}, opt);
-    ADD_FAILURE() << "expected an error naming BLASST_DECODE_WARPS";
-  } catch (const blasst::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("BLASST_DECODE_WARPS"), std::string::npos) << e.what();
+  blasst::SkipConfig skip = blasst::SkipConfig::from_threshold(0.02);
+  skip.vote.order = blasst::VisitOrder::max_first;
+  for (int ql : {1, 4}) {
+    Case c;
+    c.structured = true;
+    c.q_len = ql;
+    c.lens = {20000};
+    check_skip(c, skip);
+    check_skip(c, skip, 7);
+    check_skip(c, skip, 1000);  // one split: seeded too
+    c.page = 32;
+    c.lens = {9000, 129, 3000, 0};
+    check_skip(c, skip, 5, 0.02);
   }
+  blasst::SkipConfig f = blasst::SkipConfig::from_factor(1500.0);
+  f.vote.order = blasst::VisitOrder::max_first;
+  Case c;
+  c.structured = true;
+  c.hq = 32;
+  c.hk = 8;
+  c.lens = {70000, 1000, 33000};
+  check_skip(c, f);
+  c.dt = DType::f16;
+  c.d = 64;
+  c.hq = 16;
+  c.hk = 2;
+  c.q_len = 8;  // 64 rows
+  c.lens = {12000};
+  check_skip(c, f, 5);
 }
 
 // Unsupported combinations are clear errors raised before any CUDA work (runs without a GPU).
@@ -571,9 +567,6 @@ TEST(GpuDecode, UnsupportedCombosAreErrors) {
     blasst::SkipConfig s = blasst::SkipConfig::from_threshold(0.01);
     s.vote.tile_keys = 64;
     expect_error(base(), s, "tile_keys");
-    s.vote.tile_keys = 128;
-    s.vote.order = blasst::VisitOrder::max_first;
-    expect_error(base(), s, "natural order");
   }
 }
 
@@ -592,20 +585,25 @@ TEST(GpuDecodeSanitizer, Small) {
   check_skip(c, blasst::SkipConfig::from_threshold(0.05), 4, 0.0);
 }
 
-TEST(GpuDecodeSanitizer, SmallEightWarps) {
+TEST(GpuDecodeSanitizer, SmallSeededAndWideRows) {
   SKIP_WITHOUT_GPU();
-  WarpsEnv env("8");
   Case c;
   c.page = 16;
-  c.q_len = 2;
+  c.hq = 16;
+  c.hk = 2;
+  c.q_len = 4;  // 32 rows: the four-m-tile kernels
   c.lens = {1, 129, 700};
   check_dense(c, 2);
-  c.d = 64;  // one n8 column tile per warp in P.V
+  c.d = 64;
   check_dense(c);
   c.d = 128;
   c.structured = true;
   c.lens = {2000};
   check_skip(c, blasst::SkipConfig::from_threshold(0.05), 4, 0.0);
+  blasst::SkipConfig s = blasst::SkipConfig::from_threshold(0.05);
+  s.vote.order = blasst::VisitOrder::max_first;
+  c.q_len = 1;
+  check_skip(c, s, 4, 0.0);
 }
 
 }  // namespace

@@ -112,75 +112,68 @@ void check_supported(const DecodeProblem& p, const ResolvedDecode& r, const Skip
     validate(skip);
     if (skip.vote.tile_keys != decode::kTileKeys)
       throw Error("skip.vote.tile_keys: the CUDA decode kernel uses 128-key tiles, got " + std::to_string(skip.vote.tile_keys));
-    if (skip.vote.order != VisitOrder::natural)
-      throw Error("skip.vote.order: the CUDA decode kernel visits tiles in natural order only");
   }
   if (skip.vote.split_tiles < 0) throw Error("skip.vote.split_tiles must be >= 0, got " + std::to_string(skip.vote.split_tiles));
 }
 
-int ctas_per_sm_uncached(DType dt, int d, bool skip, int warps, std::size_t smem);
+int ctas_per_sm_uncached(DType dt, int d, bool skip, int mt, std::size_t smem);
 
 // Cached per device and configuration: the occupancy query is not free on the host.
-int ctas_per_sm(DType dt, int d, bool skip, int warps, std::size_t smem) {
+int ctas_per_sm(DType dt, int d, bool skip, int mt, std::size_t smem) {
   static std::mutex mu;
   static std::vector<std::pair<std::uint64_t, int>> cache;
   int dev = 0;
   BLASST_CUDA_CHECK(cudaGetDevice(&dev));
   const std::uint64_t key = (static_cast<std::uint64_t>(dev) << 48) ^ (static_cast<std::uint64_t>(dt) << 40) ^
                             (static_cast<std::uint64_t>(d) << 32) ^ (static_cast<std::uint64_t>(skip) << 31) ^
-                            (static_cast<std::uint64_t>(warps) << 24) ^ smem;
+                            (static_cast<std::uint64_t>(mt) << 24) ^ smem;
   {
     std::lock_guard<std::mutex> lock(mu);
     for (auto& e : cache)
       if (e.first == key) return e.second;
   }
-  const int n = ctas_per_sm_uncached(dt, d, skip, warps, smem);
+  const int n = ctas_per_sm_uncached(dt, d, skip, mt, smem);
   std::lock_guard<std::mutex> lock(mu);
   cache.emplace_back(key, n);
   return n;
 }
 
-template <int W>
-int occupancy_w(DType dt, int d, bool skip, std::size_t smem) {
+template <int MT>
+int occupancy_mt(DType dt, int d, bool skip, std::size_t smem) {
   using decode::occupancy_decode;
   if (dt == DType::bf16) {
-    if (d == 128) return skip ? occupancy_decode<__nv_bfloat16, 128, true, W>(smem) : occupancy_decode<__nv_bfloat16, 128, false, W>(smem);
-    return skip ? occupancy_decode<__nv_bfloat16, 64, true, W>(smem) : occupancy_decode<__nv_bfloat16, 64, false, W>(smem);
+    if (d == 128) return skip ? occupancy_decode<__nv_bfloat16, 128, true, MT>(smem) : occupancy_decode<__nv_bfloat16, 128, false, MT>(smem);
+    return skip ? occupancy_decode<__nv_bfloat16, 64, true, MT>(smem) : occupancy_decode<__nv_bfloat16, 64, false, MT>(smem);
   }
-  if (d == 128) return skip ? occupancy_decode<__half, 128, true, W>(smem) : occupancy_decode<__half, 128, false, W>(smem);
-  return skip ? occupancy_decode<__half, 64, true, W>(smem) : occupancy_decode<__half, 64, false, W>(smem);
+  if (d == 128) return skip ? occupancy_decode<__half, 128, true, MT>(smem) : occupancy_decode<__half, 128, false, MT>(smem);
+  return skip ? occupancy_decode<__half, 64, true, MT>(smem) : occupancy_decode<__half, 64, false, MT>(smem);
 }
 
-int ctas_per_sm_uncached(DType dt, int d, bool skip, int warps, std::size_t smem) {
-  const int n = warps == 8 ? occupancy_w<8>(dt, d, skip, smem) : occupancy_w<4>(dt, d, skip, smem);
+int ctas_per_sm_uncached(DType dt, int d, bool skip, int mt, std::size_t smem) {
+  const int n = mt == 1 ? occupancy_mt<1>(dt, d, skip, smem) : occupancy_mt<4>(dt, d, skip, smem);
   return std::max(n, 1);
 }
 
-template <int W>
-void launch_w(DType dt, int d, bool skip, const Params& p, dim3 grid, std::size_t smem, cudaStream_t s) {
+template <int MT>
+void launch_mt(DType dt, int d, bool skip, const Params& p, dim3 grid, std::size_t smem, cudaStream_t s) {
   using decode::launch_decode;
   if (dt == DType::bf16) {
-    if (d == 128) skip ? launch_decode<__nv_bfloat16, 128, true, W>(p, grid, smem, s) : launch_decode<__nv_bfloat16, 128, false, W>(p, grid, smem, s);
-    else skip ? launch_decode<__nv_bfloat16, 64, true, W>(p, grid, smem, s) : launch_decode<__nv_bfloat16, 64, false, W>(p, grid, smem, s);
+    if (d == 128) skip ? launch_decode<__nv_bfloat16, 128, true, MT>(p, grid, smem, s) : launch_decode<__nv_bfloat16, 128, false, MT>(p, grid, smem, s);
+    else skip ? launch_decode<__nv_bfloat16, 64, true, MT>(p, grid, smem, s) : launch_decode<__nv_bfloat16, 64, false, MT>(p, grid, smem, s);
   } else {
-    if (d == 128) skip ? launch_decode<__half, 128, true, W>(p, grid, smem, s) : launch_decode<__half, 128, false, W>(p, grid, smem, s);
-    else skip ? launch_decode<__half, 64, true, W>(p, grid, smem, s) : launch_decode<__half, 64, false, W>(p, grid, smem, s);
+    if (d == 128) skip ? launch_decode<__half, 128, true, MT>(p, grid, smem, s) : launch_decode<__half, 128, false, MT>(p, grid, smem, s);
+    else skip ? launch_decode<__half, 64, true, MT>(p, grid, smem, s) : launch_decode<__half, 64, false, MT>(p, grid, smem, s);
   }
 }
 
-void launch(DType dt, int d, bool skip, int warps, const Params& p, dim3 grid, std::size_t smem, cudaStream_t s) {
-  if (warps == 8) launch_w<8>(dt, d, skip, p, grid, smem, s);
-  else launch_w<4>(dt, d, skip, p, grid, smem, s);
+void launch(DType dt, int d, bool skip, int mt, const Params& p, dim3 grid, std::size_t smem, cudaStream_t s) {
+  if (mt == 1) launch_mt<1>(dt, d, skip, p, grid, smem, s);
+  else launch_mt<4>(dt, d, skip, p, grid, smem, s);
 }
 
-// Warps per CTA: BLASST_DECODE_WARPS=4|8 (anything else is an error, never a silent fallback).
-int decode_warps() {
-  const char* env = std::getenv("BLASST_DECODE_WARPS");
-  if (env == nullptr || *env == '\0') return decode::kDefaultWarps;
-  const std::string v = env;
-  if (v == "4") return 4;
-  if (v == "8") return 8;
-  throw Error("BLASST_DECODE_WARPS: expected 4 or 8, got '" + v + "'");
+std::size_t smem_for(int d, int mt) {
+  return d == 128 ? (mt == 1 ? decode::smem_bytes(128, 1) : decode::smem_bytes(128, 4))
+                  : (mt == 1 ? decode::smem_bytes(64, 1) : decode::smem_bytes(64, 4));
 }
 
 // cuTensorMapEncodeTiled through the runtime's driver entry point (no link against libcuda).
@@ -321,18 +314,20 @@ void cuda_decode(const DecodeProblem& p, const SkipConfig& skip, const RunOption
       lam_mode = lam_value < static_cast<double>(r.max_k_len) ? 2 : 0;
     }
   }
-  const bool use_skip = lam_mode != 0;
+  // max-first order in split-KV decode = seeded splits (SPEC §2a): the skip instantiation runs even
+  // when no sequence can skip (lambda >= 1), so its statistics count deltas against the seeds.
+  const bool seeded = skip.enabled && skip.vote.order == VisitOrder::max_first;
+  const bool use_skip = lam_mode != 0 || seeded;
 
-  const int mtiles = static_cast<int>((rows + 15) / 16);
-  const int warps = decode_warps();
-  const std::size_t smem = decode::smem_bytes(static_cast<int>(r.d), mtiles, warps);
+  const int mtiles = decode::mtiles_for(static_cast<int>(rows));
+  const std::size_t smem = smem_for(static_cast<int>(r.d), mtiles);
   int dev = 0;
   BLASST_CUDA_CHECK(cudaGetDevice(&dev));
   const std::int64_t max_tiles = (r.max_k_len + decode::kTileKeys - 1) / decode::kTileKeys;
   std::int64_t split_tiles = skip.vote.split_tiles;
   if (split_tiles == 0)
     split_tiles = decode_split_tiles(r.batch, r.hk, max_tiles, device_info(dev).sms,
-                                     ctas_per_sm(r.dtype, static_cast<int>(r.d), use_skip, warps, smem));
+                                     ctas_per_sm(r.dtype, static_cast<int>(r.d), use_skip, mtiles, smem));
   split_tiles = std::max<std::int64_t>(split_tiles, 1);
   const std::int64_t num_splits = std::max<std::int64_t>((max_tiles + split_tiles - 1) / split_tiles, 1);
   if (num_splits > 65535) throw Error("skip.vote.split_tiles: too many splits (" + std::to_string(num_splits) + ")");
@@ -365,11 +360,12 @@ void cuda_decode(const DecodeProblem& p, const SkipConfig& skip, const RunOption
   kp.seqlens = p.seqlens_k;
   kp.lmax = r.paged ? r.max_k_len : p.k_cache.shape[1];
   kp.batch = static_cast<int>(r.batch); kp.hk = static_cast<int>(r.hk); kp.group = static_cast<int>(r.group);
-  kp.q_len = static_cast<int>(r.q_len); kp.rows = static_cast<int>(rows); kp.mtiles = mtiles;
+  kp.q_len = static_cast<int>(r.q_len); kp.rows = static_cast<int>(rows);
   kp.causal = r.mask == MaskKind::causal ? 1 : 0;
   kp.scale_log2 = static_cast<float>(r.scale * 1.4426950408889634);
   kp.lam_mode = lam_mode; kp.lam_value = lam_value;
   kp.split_tiles = static_cast<int>(split_tiles); kp.num_splits = static_cast<int>(num_splits);
+  kp.seeded = seeded ? 1 : 0;
   kp.o_part = o_part.as<float>(); kp.lse_part = lse_part.as<float>();
   if (want_stats) {
     kp.visited = counts.as<unsigned long long>();
@@ -395,7 +391,7 @@ void cuda_decode(const DecodeProblem& p, const SkipConfig& skip, const RunOption
       kp.tma_box_rows = box_rows;
     }
   }
-  launch(r.dtype, static_cast<int>(r.d), use_skip, warps, kp,
+  launch(r.dtype, static_cast<int>(r.d), use_skip, mtiles, kp,
          dim3(static_cast<unsigned>(r.hk), static_cast<unsigned>(num_splits), static_cast<unsigned>(r.batch)), smem, stream);
 
   decode::MergeParams mp{};
@@ -418,10 +414,12 @@ void cuda_decode(const DecodeProblem& p, const SkipConfig& skip, const RunOption
     st.granularity.tile_keys = decode::kTileKeys;
     st.granularity.rows = static_cast<int>(r.q_len);
     st.granularity.heads = static_cast<int>(r.group);
-    st.granularity.split_tiles = num_splits > 1 ? split_tiles : 0;
-    st.granularity.order = VisitOrder::natural;
+    // A seeded layout is reported even with one split: the reference then seeds that split too.
+    st.granularity.split_tiles = (num_splits > 1 || seeded) ? split_tiles : 0;
+    st.granularity.order = seeded ? VisitOrder::max_first : VisitOrder::natural;
     st.counted_at = std::to_string(r.q_len) + " rows x " + std::to_string(r.group) +
-                    " heads (every query row of a KV group) x 128 keys, split_tiles " + std::to_string(split_tiles);
+                    " heads (every query row of a KV group) x 128 keys, split_tiles " + std::to_string(split_tiles) +
+                    (seeded ? ", seeded splits (max-first)" : ", natural order");
     // Per-sequence lambda (host lengths; read them when the capture-safe path skipped that).
     std::vector<std::int64_t> k_len = r.k_len;
     if (k_len.empty()) {

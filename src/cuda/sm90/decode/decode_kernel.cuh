@@ -5,17 +5,18 @@
 // tiles), so every K/V byte is read once per group. Keys are visited in 128-key tiles (the SPEC §2
 // tile); the vote group for the skip is every row of the CTA.
 //
-// Pipeline (W = 4 or 8 warps, no warp specialisation):
+// Pipeline (8 warps, no warp specialisation; ring depths in decode_params.hpp):
 //   - K tiles stream through an NK-deep ring (tensor-map boxes, bulk rows or 16-byte cp.async),
 //     each slot completing on its own mbarrier, so K and V slots complete independently.
-//   - Tile i: S = Q K^T with mma.sync m16n8k16 (each warp 128/W keys), row maxima, the vote
-//     (__syncthreads_or), then, for a surviving tile only, P = exp2(S - m) to shared memory and the
-//     V load of that tile. The V of tile i is consumed one iteration later (P.V of tile i runs after
-//     the scores of tile i+1), so the V load is in flight while the next K tile is scored and
-//     skipped V tiles leave no bubble: the next survivor's V is issued as soon as it is known.
-//   - P.V: each warp owns D/W output columns over all 128 keys of the tile (P from shared memory).
-// With one warp per scheduler (W = 4) every dependent instruction's latency is exposed; W = 8
-// gives each scheduler two warps with half the work each.
+//   - Tile i: S = Q K^T with mma.sync m16n8k16 (each warp 16 keys), row maxima, the vote
+//     (__syncthreads_or), then, for a surviving tile only, P = exp2(S - m) into a P ring and the
+//     V load of that tile into an NV-deep V ring. P.V of a survivor runs NV - 1 survivors later,
+//     so each V load has NV - 1 iterations to land (the first kernel waited one iteration, and
+//     that wait bounded it: bench/results/decode_log.md) and a skipped V leaves no bubble: the
+//     next survivor's V is requested as soon as its vote is known while the K ring stays full.
+//   - P.V: each warp owns D/8 output columns over all 128 keys of the tile (P from shared memory).
+//   - Seeded splits (max-first order, SPEC §2a): a prologue scores the sink and last tiles and
+//     starts the running maxima there.
 // Each CTA writes a normalised fp32 partial (O, LSE); decode_merge.cu combines the splits.
 #pragma once
 
@@ -133,19 +134,21 @@ __device__ __forceinline__ int hist_bin(double delta) {
 
 // ---- the kernel ------------------------------------------------------------------------------
 
-// d = 64 with 8 warps: cap registers at 128 so two CTAs fit per SM (their 104.5 KB of shared
-// memory do when g * q_len <= 16); 0 spills at 128 (ptxas). d = 128: shared memory allows one CTA.
-template <class T, int D, bool kSkip, int W>
-__global__ void __launch_bounds__(W * 32, (W == 8 && D == 64) ? 2 : 1) decode_kernel(const __grid_constant__ Params p) {
+template <class T, int D, bool kSkip, int MT>
+__global__ void __launch_bounds__(kWarps * 32, min_ctas(D, MT)) decode_kernel(const __grid_constant__ Params p) {
+  constexpr int W = kWarps;
   constexpr int kThr = W * 32;
-  constexpr int CH = D / 8;                 // 16-byte chunks per K/V row
+  constexpr int NK = stages_k(D, MT), NV = stages_v(D, MT);
+  constexpr int kLag = NV - 1;               // survivors between a tile's vote and its P.V
+  constexpr int kRows = MT * 16;             // padded rows
+  constexpr int CH = D / 8;                  // 16-byte chunks per K/V row
   constexpr int kRowsPerPass = kThr / CH;
   constexpr int kPasses = kTileKeys / kRowsPerPass;
-  constexpr int kNT = D / 8 / W;            // P.V n8 tiles per warp (D/W columns)
-  constexpr int kKW = kTileKeys / W;        // keys per warp in S = Q K^T
-  constexpr int kSN = kKW / 8;              // S n8 tiles per warp
-  static_assert(W == 4 || W == 8, "4 or 8 warps");
-  static_assert(kNT == 1 || kNT == 2 || kNT == 4, "D must be 64 or 128");
+  constexpr int kNT = D / 8 / W;             // P.V n8 tiles per warp (D/W columns)
+  constexpr int kKW = kTileKeys / W;         // keys per warp in S = Q K^T
+  constexpr int kSN = kKW / 8;               // S n8 tiles per warp
+  static_assert(kNT == 1 || kNT == 2, "D must be 64 or 128 with 8 warps");
+  static_assert(kLag >= 1, "P.V runs at least one survivor behind its vote");
 
   // Let the merge kernel (launched with programmatic serialisation) get scheduled early; it waits
   // for this grid's completion with griddepcontrol.wait before reading anything.
@@ -154,7 +157,6 @@ __global__ void __launch_bounds__(W * 32, (W == 8 && D == 64) ? 2 : 1) decode_ke
   // Heads fastest: the CTAs that run together read neighbouring head rows of the same keys.
   const int h = blockIdx.x, split = blockIdx.y, b = blockIdx.z;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int mtiles = p.mtiles;
   const std::int64_t Lk = p.seqlens ? static_cast<std::int64_t>(p.seqlens[b]) : p.lmax;
   const std::int64_t ntiles = (Lk + kTileKeys - 1) / kTileKeys;
   const std::int64_t t_begin = static_cast<std::int64_t>(split) * p.split_tiles;
@@ -178,9 +180,8 @@ __global__ void __launch_bounds__(W * 32, (W == 8 && D == 64) ? 2 : 1) decode_ke
   }
 
   extern __shared__ __align__(1024) unsigned char smem[];  // 128B-swizzled TMA boxes need 1 KB
-  unsigned char* sK = smem;
-  constexpr int RB = kv_row_bytes(D);        // padded K/V row
-  constexpr int kSlotBytes = kTileKeys * RB;
+  constexpr int RB = kv_row_bytes(D);
+  constexpr int kSlotBytes = static_cast<int>(kv_slot_bytes(D));
   // Byte offset of 16-byte chunk `chunk` of key row `key` in a K/V slot: TMA boxes are 64-column
   // halves of [128 keys][128 B] with the 128B swizzle; the other loads use padded rows.
   const bool tma = p.tma != 0;
@@ -188,25 +189,28 @@ __global__ void __launch_bounds__(W * 32, (W == 8 && D == 64) ? 2 : 1) decode_ke
     return tma ? static_cast<std::uint32_t>(((chunk >> 3) << 14) + key * 128 + (((chunk & 7) ^ (key & 7)) << 4))
                : static_cast<std::uint32_t>(key * RB + chunk * 16);
   };
-  unsigned char* sV = sK + kStagesK * kSlotBytes;
-  unsigned char* sP = sV + kStagesV * kSlotBytes;
-  const int p_stage_bytes = mtiles * 16 * kTileKeys * 2;
-  unsigned char* sQ = sP + kStagesV * p_stage_bytes;
-  float* sAlpha = reinterpret_cast<float*>(sQ + mtiles * 16 * D * 2);  // [kStagesV][kMaxRows]
-  float* sRed = sAlpha + kStagesV * kMaxRows;                           // [2][W][kMaxRows]
-  unsigned long long* sBar = reinterpret_cast<unsigned long long*>(sRed + 2 * W * kMaxRows);
-  const std::uint32_t barK0 = smem_u32(sBar), barV0 = smem_u32(sBar + kStagesK);
+  unsigned char* sK = smem;
+  unsigned char* sV = sK + NK * kSlotBytes;
+  unsigned char* sP = sV + NV * kSlotBytes;
+  constexpr int kPStage = kRows * kTileKeys * 2;
+  unsigned char* sQ = sP + NV * kPStage;
+  float* sAlpha = reinterpret_cast<float*>(sQ + kRows * D * 2);  // [NV][kRows]
+  float* sRed = sAlpha + NV * kRows;                              // [2][W][kRows]
+  int* sVTile = reinterpret_cast<int*>(sRed + 2 * W * kRows);     // [NV] tile index per V slot
+  unsigned long long* sBar = reinterpret_cast<unsigned long long*>(
+      (reinterpret_cast<std::uintptr_t>(sVTile + NV) + 7) & ~std::uintptr_t{7});
+  const std::uint32_t barK0 = smem_u32(sBar), barV0 = smem_u32(sBar + NK), barS0 = smem_u32(sBar + NK + NV);
 
   if (tid == 0) {
     // Bulk loads: one arrive (with the expected bytes) per phase; cp.async: one per thread.
-    for (int i = 0; i < kStagesK + kStagesV; ++i) mbar_init(smem_u32(sBar + i), (p.tma || p.bulk) ? 1 : kThr);
+    for (int i = 0; i < NK + NV + 2; ++i) mbar_init(smem_u32(sBar + i), (p.tma || p.bulk) ? 1 : kThr);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
 
   // Q rows (zero padding rows past R) into shared memory.
   {
     const T* q = static_cast<const T*>(p.q);
-    for (int idx = tid; idx < mtiles * 16 * CH; idx += kThr) {
+    for (int idx = tid; idx < kRows * CH; idx += kThr) {
       const int r = idx / CH, c = idx % CH;
       uint4 val = make_uint4(0, 0, 0, 0);
       if (r < p.rows) {
@@ -223,7 +227,7 @@ __global__ void __launch_bounds__(W * 32, (W == 8 && D == 64) ? 2 : 1) decode_ke
   const T* vbase = static_cast<const T*>(p.v);
   const int ld_row = tid / CH, ld_chunk = tid % CH;
   auto load_tile = [&](const T* base, std::int64_t s0, std::int64_t s1, std::int64_t sh, unsigned char* slot,
-                       std::uint32_t bar, std::int64_t t, bool zero_tail) {
+                       std::uint32_t bar, std::int64_t t, bool is_v) {
     auto key_src = [&](std::int64_t key) {
       std::int64_t off;
       if (p.page_table) {
@@ -244,7 +248,7 @@ __global__ void __launch_bounds__(W * 32, (W == 8 && D == 64) ? 2 : 1) decode_ke
         const int nreq = (valid + sub - 1) / sub;
         constexpr int kHalves = D / 64;
         mbar_arrive_expect_tx(bar, nreq * kHalves * sub * 128);
-        const CUtensorMap* map = zero_tail ? &p.tmv : &p.tmk;  // zero_tail: the V cache
+        const CUtensorMap* map = is_v ? &p.tmv : &p.tmk;
         for (int j = 0; j < nreq; ++j) {
           const std::int64_t key = t * kTileKeys + j * sub;
           std::int64_t row;
@@ -268,9 +272,9 @@ __global__ void __launch_bounds__(W * 32, (W == 8 && D == 64) ? 2 : 1) decode_ke
       if (tid == 0) mbar_arrive_expect_tx(bar, valid * D * 2);
       if (tid < valid) {
         bulk_copy(smem_u32(slot + tid * RB), key_src(t * kTileKeys + tid), D * 2, bar);
-      } else if (zero_tail && tid < kTileKeys) {
+      } else if (is_v && tid < kTileKeys) {
         // V rows past the end are read by P.V (with P = 0): zeros, never stale NaNs. Ordinary
-        // stores, ordered before the P.V by the next iteration's barrier.
+        // stores, ordered before the P.V by the barrier of a later iteration.
 #pragma unroll
         for (int c = 0; c < CH; ++c) *reinterpret_cast<uint4*>(slot + tid * RB + c * 16) = make_uint4(0, 0, 0, 0);
       }
@@ -293,14 +297,21 @@ __global__ void __launch_bounds__(W * 32, (W == 8 && D == 64) ? 2 : 1) decode_ke
 
   __syncthreads();  // mbarrier init + Q visible
 
-  for (int i = 0; i < kStagesK && i < n; ++i)
+  const bool seeded = kSkip && p.seeded != 0;
+  auto seed_tile = [ntiles](int j) -> std::int64_t { return j == 0 ? 0 : ntiles - 1; };
+  if (seeded) {
+    // The seed tiles' K go into V slots 0 and 1 (free until the first vote) on their own barriers.
+    for (int j = 0; j < 2; ++j)
+      load_tile(kbase, p.k_s0, p.k_s1, p.k_sh, sV + j * kSlotBytes, barS0 + 8 * j, seed_tile(j), false);
+  }
+  for (int i = 0; i < NK && i < n; ++i)
     load_tile(kbase, p.k_s0, p.k_s1, p.k_sh, sK + i * kSlotBytes, barK0 + 8 * i, t_begin + i, false);
 
   // Per-thread row state: rows lane/4 + 8*half + 16*mt. m in log2 units; l is this thread's partial.
-  float m_run[4][2], l_run[4][2];
-  int row_lim[4][2];  // keys < row_lim are visible to the row (0 for padding rows)
+  float m_run[MT][2], l_run[MT][2];
+  int row_lim[MT][2];  // keys < row_lim are visible to the row (0 for padding rows)
 #pragma unroll
-  for (int mt = 0; mt < 4; ++mt)
+  for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
       m_run[mt][hf] = -INFINITY;
@@ -315,97 +326,25 @@ __global__ void __launch_bounds__(W * 32, (W == 8 && D == 64) ? 2 : 1) decode_ke
       }
       row_lim[mt][hf] = static_cast<int>(lim < 0x7fffffff ? lim : 0x7fffffff);
     }
-  float o_acc[4][kNT][4];
+  float o_acc[MT][kNT][4];
 #pragma unroll
-  for (int mt = 0; mt < 4; ++mt)
+  for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) o_acc[mt][nt][e] = 0.f;
 
-  int kept_count = 0, skipped_count = 0;
-  bool prev_keep = false;
-  int prev_vslot = 0;
-  std::uint32_t prev_vpar = 0;
-
-  // P.V of the tile whose P sits in P slot pslot and whose V sits in V slot vslot.
-  auto pv = [&](int pslot, int vslot, std::uint32_t vpar, std::int64_t tile) {
-    mbar_wait(barV0 + 8 * vslot, vpar);
-    if (tma && (tile + 1) * kTileKeys > Lk) {
-      // TMA boxes fill rows past the sequence end with other data (or leave them stale): zero this
-      // warp's columns of those rows, since P = 0 there but 0 * NaN is not 0.
-      const int valid = static_cast<int>(Lk - tile * kTileKeys);
-      unsigned char* Vz = sV + vslot * kSlotBytes;
-      for (int idx = lane; idx < (kTileKeys - valid) * kNT; idx += 32) {
-        const int key = valid + idx / kNT, chunk = warp * kNT + idx % kNT;
-        *reinterpret_cast<uint4*>(Vz + kv_off(key, chunk)) = make_uint4(0, 0, 0, 0);
-      }
-      __syncwarp();
-    }
-    float alpha[4][2];
+  // S = scale * Q K^T for this warp's 128 / W keys of the tile in slot Ks (log2 units), masked;
+  // the warp's row maxima go to wmax (this thread's rows) and red[warp][row].
+  float s[MT][kSN][4];
+  float wmax[MT][2];
+  auto score = [&](const unsigned char* Ks, std::int64_t t, float* red) {
 #pragma unroll
-    for (int mt = 0; mt < 4; ++mt)
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) alpha[mt][hf] = sAlpha[pslot * kMaxRows + mt * 16 + hf * 8 + (lane >> 2)];
-#pragma unroll
-    for (int mt = 0; mt < 4; ++mt) {
-      if (mt < mtiles) {
-#pragma unroll
-        for (int nt = 0; nt < kNT; ++nt) {
-          o_acc[mt][nt][0] *= alpha[mt][0];
-          o_acc[mt][nt][1] *= alpha[mt][0];
-          o_acc[mt][nt][2] *= alpha[mt][1];
-          o_acc[mt][nt][3] *= alpha[mt][1];
-        }
-      }
-    }
-    const unsigned char* Ps = sP + pslot * p_stage_bytes;
-    const unsigned char* Vs = sV + vslot * kSlotBytes;
-#pragma unroll
-    for (int ks = 0; ks < kTileKeys / 16; ++ks) {
-      // B fragments of V (keys ks*16.., this warp's columns) via ldmatrix.trans.
-      std::uint32_t bv[kNT][2];
-      if constexpr (kNT == 1) {  // 8 columns per warp (d = 64, 8 warps): keys 0-7 and 8-15
-        const int key = ks * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
-        ldsm_x2_t(smem_u32(Vs) + kv_off(key, warp), bv[0]);
-      }
-#pragma unroll
-      for (int np = 0; np < kNT / 2; ++np) {
-        const int key = ks * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
-        const int chunk = warp * kNT + np * 2 + (lane >> 4);
-        std::uint32_t r[4];
-        ldsm_x4_t(smem_u32(Vs) + kv_off(key, chunk), r);
-        bv[np * 2][0] = r[0];
-        bv[np * 2][1] = r[1];
-        bv[np * 2 + 1][0] = r[2];
-        bv[np * 2 + 1][1] = r[3];
-      }
-#pragma unroll
-      for (int mt = 0; mt < 4; ++mt) {
-        if (mt < mtiles) {
-          std::uint32_t a[4];
-          ldsm_x4(smem_u32(Ps + swz(mt * 16 + (lane & 15), ks * 2 + (lane >> 4), kTileKeys / 8)), a);
-#pragma unroll
-          for (int nt = 0; nt < kNT; ++nt) mma16816<T>(o_acc[mt][nt], a, bv[nt][0], bv[nt][1]);
-        }
-      }
-    }
-  };
-
-  for (int i = 0; i < n; ++i) {
-    const int kslot = i % kStagesK;
-    const std::int64_t t = t_begin + i;
-    mbar_wait(barK0 + 8 * kslot, (i / kStagesK) & 1);
-
-    // S = Q K^T for this warp's 128 / W keys.
-    float s[4][kSN][4];
-#pragma unroll
-    for (int mt = 0; mt < 4; ++mt)
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
       for (int nt = 0; nt < kSN; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.f;
-    const unsigned char* Ks = sK + kslot * kSlotBytes;
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks) {
       std::uint32_t bk[kSN][2];
@@ -421,50 +360,140 @@ __global__ void __launch_bounds__(W * 32, (W == 8 && D == 64) ? 2 : 1) decode_ke
         bk[np * 2 + 1][1] = r[3];
       }
 #pragma unroll
-      for (int mt = 0; mt < 4; ++mt) {
-        if (mt < mtiles) {
-          std::uint32_t a[4];
-          ldsm_x4(smem_u32(sQ + swz(mt * 16 + (lane & 15), ks * 2 + (lane >> 4), CH)), a);
+      for (int mt = 0; mt < MT; ++mt) {
+        std::uint32_t a[4];
+        ldsm_x4(smem_u32(sQ + swz(mt * 16 + (lane & 15), ks * 2 + (lane >> 4), CH)), a);
 #pragma unroll
-          for (int nt = 0; nt < kSN; ++nt) mma16816<T>(s[mt][nt], a, bk[nt][0], bk[nt][1]);
-        }
+        for (int nt = 0; nt < kSN; ++nt) mma16816<T>(s[mt][nt], a, bk[nt][0], bk[nt][1]);
       }
     }
-
-    // Scale, mask, this warp's row maxima, and this thread's vote.
     const int key0 = static_cast<int>(t * kTileKeys) + warp * kKW + 2 * (lane & 3);
-    float* red = sRed + (i & 1) * W * kMaxRows;
-    bool want = false;
 #pragma unroll
-    for (int mt = 0; mt < 4; ++mt) {
+    for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
         float mx = -INFINITY;
-        if (mt < mtiles) {
 #pragma unroll
-          for (int nt = 0; nt < kSN; ++nt)
+        for (int nt = 0; nt < kSN; ++nt)
 #pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const int key = key0 + nt * 8 + e;
-              float v = s[mt][nt][hf * 2 + e] * p.scale_log2;
-              v = key < row_lim[mt][hf] ? v : -INFINITY;
-              s[mt][nt][hf * 2 + e] = v;
-              mx = fmaxf(mx, v);
-            }
-        }
+          for (int e = 0; e < 2; ++e) {
+            const int key = key0 + nt * 8 + e;
+            float v = s[mt][nt][hf * 2 + e] * p.scale_log2;
+            v = key < row_lim[mt][hf] ? v : -INFINITY;
+            s[mt][nt][hf * 2 + e] = v;
+            mx = fmaxf(mx, v);
+          }
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        if constexpr (kSkip) {
-          // delta of this row against this warp's keys; -inf when none is visible, +inf on the
-          // row's first visible tile (m = -inf): the first tile is never skipped.
+        wmax[mt][hf] = mx;
+        if ((lane & 3) == 0) red[warp * kRows + mt * 16 + hf * 8 + (lane >> 2)] = mx;
+      }
+    }
+  };
+  // The tile maximum of row (mt, hf) over every warp's keys (after the barrier that follows score).
+  auto tile_max = [&](const float* red, int mt, int hf) {
+    const int r = mt * 16 + hf * 8 + (lane >> 2);
+    float tm = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < W; ++w) tm = fmaxf(tm, red[w * kRows + r]);
+    return tm;
+  };
+
+  if (seeded) {
+    // Seeded split (SPEC §2a): m starts at the row's maximum over the seed tiles (computed by every
+    // split of the group; the seed tiles mostly come from L2 after the first split reads them).
+    for (int j = 0; j < 2; ++j) {
+      mbar_wait(barS0 + 8 * j, 0);
+      float* red = sRed + j * W * kRows;
+      score(sV + j * kSlotBytes, seed_tile(j), red);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf)
+        m_run[mt][hf] = fmaxf(tile_max(sRed, mt, hf), tile_max(sRed + W * kRows, mt, hf));
+    __syncthreads();  // sRed and the seed slots are reused below
+  }
+
+  int skipped_count = 0;
+  int kept = 0, done = 0;  // survivors whose V load was issued / whose P.V is done
+
+  // P.V of survivor k (P in P slot k % NV, V in V slot k % NV).
+  auto pv = [&](int k) {
+    const int slot = k % NV;
+    mbar_wait(barV0 + 8 * slot, static_cast<std::uint32_t>((k / NV) & 1));
+    const std::int64_t tile = sVTile[slot];
+    if (tma && (tile + 1) * kTileKeys > Lk) {
+      // TMA boxes fill rows past the sequence end with other data (or leave them stale): zero this
+      // warp's columns of those rows, since P = 0 there but 0 * NaN is not 0.
+      const int valid = static_cast<int>(Lk - tile * kTileKeys);
+      unsigned char* Vz = sV + slot * kSlotBytes;
+      for (int idx = lane; idx < (kTileKeys - valid) * kNT; idx += 32) {
+        const int key = valid + idx / kNT, chunk = warp * kNT + idx % kNT;
+        *reinterpret_cast<uint4*>(Vz + kv_off(key, chunk)) = make_uint4(0, 0, 0, 0);
+      }
+      __syncwarp();
+    }
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      const float a0 = sAlpha[slot * kRows + mt * 16 + (lane >> 2)];
+      const float a1 = sAlpha[slot * kRows + mt * 16 + 8 + (lane >> 2)];
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) {
+        o_acc[mt][nt][0] *= a0;
+        o_acc[mt][nt][1] *= a0;
+        o_acc[mt][nt][2] *= a1;
+        o_acc[mt][nt][3] *= a1;
+      }
+    }
+    const unsigned char* Ps = sP + slot * kPStage;
+    const unsigned char* Vs = sV + slot * kSlotBytes;
+#pragma unroll
+    for (int ks = 0; ks < kTileKeys / 16; ++ks) {
+      // B fragments of V (keys ks*16.., this warp's columns) via ldmatrix.trans.
+      std::uint32_t bv[kNT][2];
+      const int key = ks * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+      if constexpr (kNT == 1) {  // 8 columns per warp (d = 64): keys 0-7 and 8-15
+        ldsm_x2_t(smem_u32(Vs) + kv_off(key, warp), bv[0]);
+      } else {
+        std::uint32_t r[4];
+        ldsm_x4_t(smem_u32(Vs) + kv_off(key, warp * 2 + (lane >> 4)), r);
+        bv[0][0] = r[0];
+        bv[0][1] = r[1];
+        bv[1][0] = r[2];
+        bv[1][1] = r[3];
+      }
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        std::uint32_t a[4];
+        ldsm_x4(smem_u32(Ps + swz(mt * 16 + (lane & 15), ks * 2 + (lane >> 4), kTileKeys / 8)), a);
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) mma16816<T>(o_acc[mt][nt], a, bv[nt][0], bv[nt][1]);
+      }
+    }
+  };
+
+  for (int i = 0; i < n; ++i) {
+    const int kslot = i % NK;
+    const std::int64_t t = t_begin + i;
+    mbar_wait(barK0 + 8 * kslot, static_cast<std::uint32_t>((i / NK) & 1));
+    float* red = sRed + (i & 1) * W * kRows;
+    score(sK + kslot * kSlotBytes, t, red);
+
+    // The vote: delta of each of this thread's rows against this warp's keys; -inf when none is
+    // visible, +inf on the row's first visible tile (m = -inf): that tile is never skipped.
+    bool keep = true;
+    if constexpr (kSkip) {
+      bool want = false;
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const float mx = wmax[mt][hf];
           const float dl = mx == -INFINITY ? -INFINITY : mx - m_run[mt][hf];
           want |= dl >= thr;
         }
-        if ((lane & 3) == 0) red[warp * kMaxRows + mt * 16 + hf * 8 + (lane >> 2)] = mx;
-      }
-    }
-    bool keep = true;
-    if constexpr (kSkip) {
       keep = __syncthreads_or(want) != 0;
     } else {
       __syncthreads();
@@ -474,13 +503,10 @@ __global__ void __launch_bounds__(W * 32, (W == 8 && D == 64) ? 2 : 1) decode_ke
     if (p.visited != nullptr && warp == 0) {
       float dmax = -INFINITY;
 #pragma unroll
-      for (int mt = 0; mt < 4; ++mt)
+      for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
-          const int r = mt * 16 + hf * 8 + (lane >> 2);
-          float tm = -INFINITY;
-#pragma unroll
-          for (int w = 0; w < W; ++w) tm = fmaxf(tm, red[w * kMaxRows + r]);
+          const float tm = tile_max(red, mt, hf);
           const float dl = tm == -INFINITY ? -INFINITY : tm - m_run[mt][hf];
           dmax = fmaxf(dmax, dl);
         }
@@ -489,94 +515,83 @@ __global__ void __launch_bounds__(W * 32, (W == 8 && D == 64) ? 2 : 1) decode_ke
         atomicAdd(p.hist + static_cast<std::int64_t>(h) * kHistBins + hist_bin(static_cast<double>(dmax) * 0.6931471805599453), 1ull);
     }
 
-    const int pslot = i % kStagesV;
     if (keep) {
-      // New maxima, rescale factors, P = exp2(S - m) to shared memory, partial row sums.
-      unsigned char* Ps = sP + pslot * p_stage_bytes;
+      // New maxima, rescale factors, P = exp2(S - m) into P slot kept % NV, partial row sums, and
+      // the tile's V load into the V slot of the same index (free: its previous survivor's P.V ran
+      // before this iteration's barrier).
+      const int slot = kept % NV;
+      unsigned char* Ps = sP + slot * kPStage;
 #pragma unroll
-      for (int mt = 0; mt < 4; ++mt) {
-        if (mt < mtiles) {
+      for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-          for (int hf = 0; hf < 2; ++hf) {
-            const int r = mt * 16 + hf * 8 + (lane >> 2);
-            float tm = -INFINITY;
+        for (int hf = 0; hf < 2; ++hf) {
+          const int r = mt * 16 + hf * 8 + (lane >> 2);
+          const float m_old = m_run[mt][hf];
+          const float m_new = fmaxf(m_old, tile_max(red, mt, hf));
+          // Rows with nothing visible yet keep m = -inf; exp2 against 0 keeps their P at 0.
+          const float m_use = m_new == -INFINITY ? 0.f : m_new;
+          const float alpha = exp2f(m_old - m_use);  // 0 when m_old = -inf
+          m_run[mt][hf] = m_new;
+          float sum = 0.f;
 #pragma unroll
-            for (int w = 0; w < W; ++w) tm = fmaxf(tm, red[w * kMaxRows + r]);
-            const float m_old = m_run[mt][hf];
-            const float m_new = fmaxf(m_old, tm);
-            // Rows with nothing visible yet keep m = -inf; exp2 against 0 keeps their P at 0.
-            const float m_use = m_new == -INFINITY ? 0.f : m_new;
-            const float alpha = exp2f(m_old - m_use);  // 0 when m_old = -inf
-            m_run[mt][hf] = m_new;
-            float sum = 0.f;
-#pragma unroll
-            for (int nt = 0; nt < kSN; ++nt) {
-              const float p0 = exp2f(s[mt][nt][hf * 2] - m_use);
-              const float p1 = exp2f(s[mt][nt][hf * 2 + 1] - m_use);
-              sum += p0 + p1;
-              const int key = warp * kKW + nt * 8 + 2 * (lane & 3);
-              *reinterpret_cast<std::uint32_t*>(Ps + swz(r, key / 8, kTileKeys / 8) + (key & 7) * 2) =
-                  pack2<T>(p0, p1);
-            }
-            l_run[mt][hf] = l_run[mt][hf] * alpha + sum;
-            if (warp == 0 && (lane & 3) == 0) sAlpha[pslot * kMaxRows + r] = alpha;
+          for (int nt = 0; nt < kSN; ++nt) {
+            const float p0 = exp2f(s[mt][nt][hf * 2] - m_use);
+            const float p1 = exp2f(s[mt][nt][hf * 2 + 1] - m_use);
+            sum += p0 + p1;
+            const int key = warp * kKW + nt * 8 + 2 * (lane & 3);
+            *reinterpret_cast<std::uint32_t*>(Ps + swz(r, key / 8, kTileKeys / 8) + (key & 7) * 2) = pack2<T>(p0, p1);
           }
+          l_run[mt][hf] = l_run[mt][hf] * alpha + sum;
+          if (warp == 0 && (lane & 3) == 0) sAlpha[slot * kRows + r] = alpha;
         }
       }
-      const int vslot = kept_count % kStagesV;
-      load_tile(vbase, p.v_s0, p.v_s1, p.v_sh, sV + vslot * kSlotBytes, barV0 + 8 * vslot, t, true);
-      ++kept_count;
+      if (tid == 0) sVTile[slot] = static_cast<int>(t);
+      load_tile(vbase, p.v_s0, p.v_s1, p.v_sh, sV + slot * kSlotBytes, barV0 + 8 * slot, t, true);
+      ++kept;
     } else {
       ++skipped_count;
     }
     // The K slot of tile i is free (every warp passed the vote): refill it.
-    if (i + kStagesK < n)
-      load_tile(kbase, p.k_s0, p.k_s1, p.k_sh, sK + kslot * kSlotBytes, barK0 + 8 * kslot, t + kStagesK, false);
+    if (i + NK < n) load_tile(kbase, p.k_s0, p.k_s1, p.k_sh, sK + kslot * kSlotBytes, barK0 + 8 * kslot, t + NK, false);
 
-    // P.V of the previous survivor (its P was written before this iteration's barrier).
-    if (prev_keep) pv((i - 1) % kStagesV, prev_vslot, prev_vpar, t - 1);
-    prev_keep = keep;
-    if (keep) {
-      prev_vslot = (kept_count - 1) % kStagesV;
-      prev_vpar = static_cast<std::uint32_t>(((kept_count - 1) / kStagesV) & 1);
-    }
+    // P.V of the survivors more than kLag behind (their P was written before this iteration's
+    // barrier), so each V load has had kLag iterations to land.
+    while (kept - done > kLag) pv(done++);
   }
-  __syncthreads();  // P of the last tile written by every warp
-  if (prev_keep) pv((n - 1) % kStagesV, prev_vslot, prev_vpar, t_begin + n - 1);
+  __syncthreads();  // P of the last survivors written by every warp
+  while (done < kept) pv(done++);
 
   // Row sums: quad, then across warps (every warp saw different keys).
   __syncthreads();
-  float* lred = sRed;  // reuse: [W][kMaxRows]
+  float* lred = sRed;  // reuse: [W][kRows]
 #pragma unroll
-  for (int mt = 0; mt < 4; ++mt)
+  for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
       float v = l_run[mt][hf];
       v += __shfl_xor_sync(0xffffffffu, v, 1);
       v += __shfl_xor_sync(0xffffffffu, v, 2);
-      if ((lane & 3) == 0) lred[warp * kMaxRows + mt * 16 + hf * 8 + (lane >> 2)] = v;
+      if ((lane & 3) == 0) lred[warp * kRows + mt * 16 + hf * 8 + (lane >> 2)] = v;
     }
   __syncthreads();
 #pragma unroll
-  for (int mt = 0; mt < 4; ++mt) {
-    if (mt < mtiles) {
+  for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        const int r = mt * 16 + hf * 8 + (lane >> 2);
-        if (r < p.rows) {
-          float l = 0.f;
+    for (int hf = 0; hf < 2; ++hf) {
+      const int r = mt * 16 + hf * 8 + (lane >> 2);
+      if (r < p.rows) {
+        float l = 0.f;
 #pragma unroll
-          for (int w = 0; w < W; ++w) l += lred[w * kMaxRows + r];
-          const bool empty = !(l > 0.f);
-          const float inv = empty ? 0.f : 1.f / l;
-          float* dst = p.o_part + (part_row0 + r) * D + warp * (D / W) + 2 * (lane & 3);
+        for (int w = 0; w < W; ++w) l += lred[w * kRows + r];
+        const bool empty = !(l > 0.f);
+        const float inv = empty ? 0.f : 1.f / l;
+        float* dst = p.o_part + (part_row0 + r) * D + warp * (D / W) + 2 * (lane & 3);
 #pragma unroll
-          for (int nt = 0; nt < kNT; ++nt)
-            *reinterpret_cast<float2*>(dst + nt * 8) =
-                make_float2(o_acc[mt][nt][hf * 2] * inv, o_acc[mt][nt][hf * 2 + 1] * inv);
-          if (warp == 0 && (lane & 3) == 0)
-            p.lse_part[part_row0 + r] = empty ? -INFINITY : (m_run[mt][hf] + log2f(l)) * 0.69314718055994531f;
-        }
+        for (int nt = 0; nt < kNT; ++nt)
+          *reinterpret_cast<float2*>(dst + nt * 8) =
+              make_float2(o_acc[mt][nt][hf * 2] * inv, o_acc[mt][nt][hf * 2 + 1] * inv);
+        if (warp == 0 && (lane & 3) == 0)
+          p.lse_part[part_row0 + r] = empty ? -INFINITY : (m_run[mt][hf] + log2f(l)) * 0.69314718055994531f;
       }
     }
   }
@@ -588,32 +603,32 @@ __global__ void __launch_bounds__(W * 32, (W == 8 && D == 64) ? 2 : 1) decode_ke
 
 // Host-side launchers (declared in decode_params.hpp), instantiated once per
 // decode_<dtype>_d<D>_<dense|skip>[_w8].cu.
-template <class T, int D, bool kSkip, int W>
+template <class T, int D, bool kSkip, int MT>
 void launch_decode(const Params& p, dim3 grid, std::size_t smem, cudaStream_t stream) {
-  auto* fn = &decode_kernel<T, D, kSkip, W>;
+  auto* fn = &decode_kernel<T, D, kSkip, MT>;
   cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (e == cudaSuccess) {
-    fn<<<grid, W * 32, smem, stream>>>(p);
+    fn<<<grid, kWarps * 32, smem, stream>>>(p);
     e = cudaGetLastError();
   }
   if (e != cudaSuccess) throw_cuda(e, "decode_kernel launch", __FILE__, __LINE__);
 }
 
-template <class T, int D, bool kSkip, int W>
+template <class T, int D, bool kSkip, int MT>
 int occupancy_decode(std::size_t smem) {
-  auto* fn = &decode_kernel<T, D, kSkip, W>;
+  auto* fn = &decode_kernel<T, D, kSkip, MT>;
   int n = 0;
   if (cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)) != cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, fn, W * 32, smem) != cudaSuccess) {
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, fn, kWarps * 32, smem) != cudaSuccess) {
     cudaGetLastError();
     return 0;
   }
   return n;
 }
 
-#define BLASST_DECODE_INSTANTIATE(T, D, SKIP, W)                                              \
-  template void launch_decode<T, D, SKIP, W>(const Params&, dim3, std::size_t, cudaStream_t); \
-  template int occupancy_decode<T, D, SKIP, W>(std::size_t);
+#define BLASST_DECODE_INSTANTIATE(T, D, SKIP, MT)                                              \
+  template void launch_decode<T, D, SKIP, MT>(const Params&, dim3, std::size_t, cudaStream_t); \
+  template int occupancy_decode<T, D, SKIP, MT>(std::size_t);
 
 
 }  // namespace blasst::detail::decode

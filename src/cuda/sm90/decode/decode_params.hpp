@@ -11,16 +11,23 @@
 
 namespace blasst::detail::decode {
 
-// Warps per CTA: 8 (the default since the H200 run of 62881c8: 1.15-1.17x the 4-warp kernel's
-// dense bandwidth, skip faster in absolute time too) or 4 (BLASST_DECODE_WARPS=4). With 8, each
-// warp takes half the keys of S and half the output columns of P.V, so two warps per scheduler
-// overlap the per-tile latency chain that limits the 4-warp kernel (bench/results/decode_log.md).
-constexpr int kDefaultWarps = 8;
+// Tile sizes and pipeline depths (see docs/decode_kernel.md). One CTA of kWarps warps; MT = 16-row
+// MMA tiles of query rows (1 for g * q_len <= 16, the common decode case; 4 up to 64 rows): the
+// row state lives in registers, so MT is a template parameter, never a run-time loop bound.
+constexpr int kWarps = 8;
 constexpr int kTileKeys = 128;  // SPEC §2 tile
 constexpr int kMaxRows = 64;    // g * q_len
-constexpr int kStagesK = 3;     // K ring depth
-constexpr int kStagesV = 2;     // V / P ring depth (P.V runs one tile behind the scores)
 constexpr int kHistBins = 1024 + 2;  // DeltaHistogram::kBins + 2
+
+// m-tiles for a row count (the instantiation that runs it).
+constexpr int mtiles_for(int rows) { return rows <= 16 ? 1 : 4; }
+// K ring depth: tiles whose loads are in flight ahead of the scores.
+constexpr int stages_k(int D, int MT) { return (D == 64 && MT == 1) ? 2 : 3; }
+// V ring depth NV: P.V of a surviving tile runs NV - 1 survivors after its vote, so its V load has
+// NV - 1 iterations to land (the V of a tile can only be requested once its vote is known).
+constexpr int stages_v(int D, int MT) { return MT == 1 ? 3 : 2; }
+// CTAs per SM the shared-memory size allows (d = 64, one m-tile: two, with 128 registers each).
+constexpr int min_ctas(int D, int MT) { return (D == 64 && MT == 1) ? 2 : 1; }
 
 struct Params {
   // K/V caches as 3-D tensors {d, Hk, rows} for the copy engine (used when tma != 0): rows are
@@ -38,7 +45,7 @@ struct Params {
   int log2_page;                   // page_size = 1 << log2_page
   const std::int32_t* seqlens;     // [B] device, nullptr: every sequence has lmax keys
   std::int64_t lmax;
-  int batch, hk, group, q_len, rows, mtiles;  // rows = group * q_len, mtiles = ceil(rows / 16)
+  int batch, hk, group, q_len, rows;  // rows = group * q_len
   int causal;
   float scale_log2;                // softmax scale * log2(e)
   // Threshold (SPEC §3), per sequence: lam_mode 0 = dense, 1 = lambda = lam_value,
@@ -46,6 +53,9 @@ struct Params {
   int lam_mode;
   double lam_value;
   int split_tiles, num_splits;
+  // Seeded splits (SPEC §2a, max-first order in split-KV decode): each split's running maxima start
+  // from the group's scores on the seed tiles (sink tile 0 and the last tile), not from -inf.
+  int seeded;
   float* o_part;    // [B, Hk, splits, rows, D] normalised partial outputs
   float* lse_part;  // [B, Hk, splits, rows] natural-log LSE (-inf: nothing visible)
   unsigned long long* visited;  // [Hk] or nullptr
@@ -66,24 +76,29 @@ struct MergeParams {
   std::int64_t l_sb, l_sh, l_st;
 };
 
-// Shared-memory bytes of the main kernel for head dim D and rows padded to mtiles * 16.
-// K/V tiles are stored row-padded: rows of 2D + 16 bytes, so the 8 rows an ldmatrix reads fall on
-// 8 different bank groups and each key row stays one contiguous destination for a bulk copy.
+// Shared-memory bytes of the main kernel for head dim D and MT m-tiles.
+// K/V slots hold 128 rows of 2D + 16 bytes: tensor-map boxes use the first 128 * 2D bytes
+// (64-column halves, 128B swizzle); the fallback loads use padded rows, so the 8 rows an ldmatrix
+// reads fall on 8 different bank groups and each key row stays one contiguous bulk-copy target.
 constexpr int kv_row_bytes(int D) { return 2 * D + 16; }
+constexpr std::size_t kv_slot_bytes(int D) { return std::size_t(kTileKeys) * kv_row_bytes(D); }
 
-constexpr std::size_t smem_bytes(int D, int mtiles, int warps) {
-  return std::size_t(kStagesK + kStagesV) * kTileKeys * kv_row_bytes(D)  // K, V rings
-         + std::size_t(kStagesV) * mtiles * 16 * kTileKeys * 2  // P ring
-         + std::size_t(mtiles) * 16 * D * 2                     // Q
-         + std::size_t(kStagesV) * kMaxRows * 4                 // alpha ring
-         + std::size_t(2) * warps * kMaxRows * 4                // row-max exchange (2 buffers)
-         + std::size_t(kStagesK + kStagesV) * 8;                // mbarriers
+constexpr std::size_t smem_bytes(int D, int MT) {
+  return std::size_t(stages_k(D, MT) + stages_v(D, MT)) * kv_slot_bytes(D)  // K, V rings
+         + std::size_t(stages_v(D, MT)) * MT * 16 * kTileKeys * 2           // P ring
+         + std::size_t(MT) * 16 * D * 2                                     // Q
+         + std::size_t(stages_v(D, MT)) * MT * 16 * 4                       // alpha ring
+         + std::size_t(2) * kWarps * MT * 16 * 4                            // row-max exchange
+         + std::size_t(stages_v(D, MT)) * 4                                 // tile index per V slot
+         + std::size_t(stages_k(D, MT) + stages_v(D, MT) + 2) * 8 + 8;      // mbarriers (+2 seed)
 }
+static_assert(smem_bytes(128, 1) <= 227 * 1024 && smem_bytes(128, 4) <= 227 * 1024, "d = 128 fits one CTA per SM");
+static_assert(smem_bytes(64, 1) + 1024 <= 114 * 1024, "d = 64, one m-tile: two CTAs per SM");
 
-template <class T, int D, bool kSkip, int W>
+template <class T, int D, bool kSkip, int MT>
 void launch_decode(const Params& p, dim3 grid, std::size_t smem, cudaStream_t stream);
 // Max CTAs per SM of an instantiation at this shared-memory size (0 on error).
-template <class T, int D, bool kSkip, int W>
+template <class T, int D, bool kSkip, int MT>
 int occupancy_decode(std::size_t smem);
 // Combines the split partials into out / lse (launched with programmatic serialisation).
 void launch_merge(const MergeParams& p, cudaStream_t stream);

@@ -3,5 +3,5 @@
 #include "cuda/sm90/decode/decode_kernel.cuh"
 
 namespace blasst::detail::decode {
-BLASST_DECODE_INSTANTIATE(__nv_bfloat16, 64, false, 8)
+BLASST_DECODE_INSTANTIATE(__half, 128, false, 1)
 }  // namespace blasst::detail::decode
