@@ -60,7 +60,8 @@ if [ "$MODE" != bench ]; then
     [ $trc -ne 0 ] && rc=1
   done
   grep -E "^\[  FAILED  \] [A-Za-z]" "$OUT/tests.log" | sort -u | head -20
-  [ "$MODE" = quick ] || for tool in memcheck racecheck; do
+  # SANITIZE=1 adds the sanitizer runs to quick mode.
+  { [ "$MODE" != quick ] || [ "${SANITIZE:-0}" = 1 ]; } && for tool in memcheck racecheck; do
     t0=$(date +%s)
     timeout ${SAN_TIMEOUT_S:-45} compute-sanitizer --tool $tool --error-exitcode 9 \
       "$BUILD/tests/gpu_decode/test_gpu_decode" --gtest_filter='GpuDecodeSanitizer.*' > "$OUT/sanitizer_$tool.log" 2>&1
