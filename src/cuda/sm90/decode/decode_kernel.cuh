@@ -207,21 +207,6 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas(D, MT)) decode_kernel(co
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
 
-  // Q rows (zero padding rows past R) into shared memory.
-  {
-    const T* q = static_cast<const T*>(p.q);
-    for (int idx = tid; idx < kRows * CH; idx += kThr) {
-      const int r = idx / CH, c = idx % CH;
-      uint4 val = make_uint4(0, 0, 0, 0);
-      if (r < p.rows) {
-        const int qi = r / p.group, hh = r % p.group;
-        const T* src = q + b * p.q_sb + qi * p.q_st + (static_cast<std::int64_t>(h) * p.group + hh) * p.q_sh + c * 8;
-        val = *reinterpret_cast<const uint4*>(src);
-      }
-      *reinterpret_cast<uint4*>(sQ + swz(r, c, CH)) = val;
-    }
-  }
-
   // Loads of one K or V tile (tile index t of the sequence) into a ring slot.
   const T* kbase = static_cast<const T*>(p.k);
   const T* vbase = static_cast<const T*>(p.v);
@@ -295,17 +280,38 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas(D, MT)) decode_kernel(co
     cp_async_arrive(bar);
   };
 
-  __syncthreads();  // mbarrier init + Q visible
-
   const bool seeded = kSkip && p.seeded != 0;
   auto seed_tile = [ntiles](int j) -> std::int64_t { return j == 0 ? 0 : ntiles - 1; };
-  if (seeded) {
-    // The seed tiles' K go into V slots 0 and 1 (free until the first vote) on their own barriers.
-    for (int j = 0; j < 2; ++j)
-      load_tile(kbase, p.k_s0, p.k_s1, p.k_sh, sV + j * kSlotBytes, barS0 + 8 * j, seed_tile(j), false);
+  auto first_loads = [&] {
+    if (seeded) {
+      // The seed tiles' K go into V slots 0 and 1 (free until the first vote) on their own barriers.
+      for (int j = 0; j < 2; ++j)
+        load_tile(kbase, p.k_s0, p.k_s1, p.k_sh, sV + j * kSlotBytes, barS0 + 8 * j, seed_tile(j), false);
+    }
+    for (int i = 0; i < NK && i < n; ++i)
+      load_tile(kbase, p.k_s0, p.k_s1, p.k_sh, sK + i * kSlotBytes, barK0 + 8 * i, t_begin + i, false);
+  };
+  // Tensor-map loads are issued by thread 0, which initialised the barriers: before the Q rows are
+  // staged, so the first K tiles are in flight during the prologue.
+  if (tma) first_loads();
+
+  // Q rows (zero padding rows past R) into shared memory.
+  {
+    const T* q = static_cast<const T*>(p.q);
+    for (int idx = tid; idx < kRows * CH; idx += kThr) {
+      const int r = idx / CH, c = idx % CH;
+      uint4 val = make_uint4(0, 0, 0, 0);
+      if (r < p.rows) {
+        const int qi = r / p.group, hh = r % p.group;
+        const T* src = q + b * p.q_sb + qi * p.q_st + (static_cast<std::int64_t>(h) * p.group + hh) * p.q_sh + c * 8;
+        val = *reinterpret_cast<const uint4*>(src);
+      }
+      *reinterpret_cast<uint4*>(sQ + swz(r, c, CH)) = val;
+    }
   }
-  for (int i = 0; i < NK && i < n; ++i)
-    load_tile(kbase, p.k_s0, p.k_s1, p.k_sh, sK + i * kSlotBytes, barK0 + 8 * i, t_begin + i, false);
+
+  __syncthreads();  // mbarrier init + Q visible
+  if (!tma) first_loads();
 
   // Per-thread row state: rows lane/4 + 8*half + 16*mt. m in log2 units; l is this thread's partial.
   float m_run[MT][2], l_run[MT][2];
