@@ -279,7 +279,7 @@ def main():
                 row["dense_us"] = t * 1e6
                 row["dense_tbs"] = kv_bytes / t / 1e12
                 row["timing"] = mode
-                if (hq, hk, L, B) in first[:3] and not QUICK:
+                if ((hq, hk, L, B) in first[:3] and not QUICK) or (QUICK and B == 8):
                     # Probes: the per-thread cp.async load path, and a head-major cache layout.
                     for loads in ("bulk", "cpasync"):
                         os.environ["BLASST_DECODE_LOADS"] = loads
