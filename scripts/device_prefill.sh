@@ -4,7 +4,8 @@
 # results under $OUT; a short summary and the benchmark table last.
 #   usage: scripts/device_prefill.sh [all|test|bench|quick]   (BENCH_ARGS: extra bench_prefill.py args)
 #   quick: build, GPU tests (no sanitizers), the reduced benchmark (bench_prefill.py --quick:
-#          d128 16k/32k, skip-variant overhead knobs, skip at 50/70/90 %), ~100 s on an H200.
+#          d128 16k/32k + d64 16k causal, skip kernel at 0 % and at 50/70/90 % against the
+#          two-copy bench variant, interleaved timing after a warm-up), ~120 s on an H200.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 MODE=${1:-all}
@@ -17,7 +18,9 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem --
 SUMMARY=()
 
 t0=$(date +%s)
-cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBLASST_BUILD_CLI=OFF > "$OUT/build.log" 2>&1
+# Bench-only kernel variants on (A/B of loop structures in one run; see prefill_launch.hpp).
+cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBLASST_BUILD_CLI=OFF \
+  -DBLASST_PREFILL_BENCH_VARIANTS=ON > "$OUT/build.log" 2>&1
 if ! cmake --build "$BUILD" -j16 --target test_gpu_prefill test_gpu_prefill_ref test_gpu_prefill_knobs blasst_prefill_bench >> "$OUT/build.log" 2>&1; then
   grep -E "error|FAILED" "$OUT/build.log" | head -40
   echo "BUILD FAILED"; exit 1
@@ -42,9 +45,10 @@ if [ "$MODE" = all ] || [ "$MODE" = test ] || [ "$MODE" = quick ]; then
   timeout $T2 "$BUILD/tests/gpu_prefill/test_gpu_prefill_ref" > "$OUT/tests_ref.log" 2>&1; rc2=$?
   timeout $T2 "$BUILD/tests/gpu_prefill/test_gpu_prefill_knobs" > "$OUT/tests_knobs.log" 2>&1; rc3=$?
   SUMMARY+=("tests: rc=$rc1 ref rc=$rc2 knobs rc=$rc3 ($(( $(date +%s) - t0 )) s)")
-  grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|error:|Expected|Which is|Value of|\[skip\]|\[ref\]|OK \]" "$OUT/tests.log" "$OUT/tests_ref.log" "$OUT/tests_knobs.log" | head -80
+  grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|error:|Expected|Which is|Value of|\[skip\]|\[ref\]|\[knobs\]|OK \]" "$OUT/tests.log" "$OUT/tests_ref.log" "$OUT/tests_knobs.log" | head -80
 fi
-if [ "$MODE" = all ] || [ "$MODE" = test ]; then
+# SANITIZE=1 adds the sanitizers to quick mode (after a change in synchronisation).
+if [ "$MODE" = all ] || [ "$MODE" = test ] || { [ "$MODE" = quick ] && [ "${SANITIZE:-0}" = 1 ]; }; then
   t0=$(date +%s)
   for tool in memcheck racecheck; do
     timeout 60 compute-sanitizer --tool $tool --error-exitcode 9 \
@@ -61,7 +65,7 @@ if [ "$MODE" = all ] || [ "$MODE" = bench ]; then
 fi
 if [ "$MODE" = quick ]; then
   t0=$(date +%s)
-  PYTHONUNBUFFERED=1 timeout 100 python3 bench/prefill/bench_prefill.py --quick --lib "$BUILD/bench/prefill/libblasst_prefill_bench.so" \
+  PYTHONUNBUFFERED=1 timeout 150 python3 bench/prefill/bench_prefill.py --quick --lib "$BUILD/bench/prefill/libblasst_prefill_bench.so" \
     --out "$OUT" ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1
   SUMMARY+=("quick bench: rc=$? ($(( $(date +%s) - t0 )) s)")
 fi

@@ -39,6 +39,8 @@ def load_lib(path):
     lib.blasst_prefill.restype = ci
     lib.blasst_prefill.argtypes = [vp, vp, vp, vp, vp, ll, ll, ll, ll, ll, ll, ci, ci, cd, ci, vp, vp, vp, vp, ci]
     lib.blasst_prefill_last_error.restype = ctypes.c_char_p
+    lib.blasst_prefill_bench_variants.restype = ci
+    lib.blasst_prefill_bench_variants.argtypes = []
     return lib
 
 
@@ -281,97 +283,169 @@ def main():
 
 
 # bench knobs of the library (prefill_launch.hpp)
-K_NOV, K_LEGACY_VOTE, K_NO_VOTE, K_WARP_VOTE, K_DENSE_GATED = 1, 4, 8, 16, 32
+K_NOV, K_TWO_COPY = 1, 64
+
+
+def interleaved_ms(fns, iters, warmup):
+    """Median ms of each callable, timed in rounds (fn0, fn1, ... then again) so that clock drift
+    (a cold GPU boosts higher at first) hits every variant alike. Also the spread of each."""
+    for fn in fns:
+        for _ in range(warmup):
+            fn()
+    torch.cuda.synchronize()
+    evs = [[] for _ in fns]
+    for _ in range(iters):
+        for i, fn in enumerate(fns):
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            fn()
+            e.record()
+            evs[i].append((s, e))
+    torch.cuda.synchronize()
+    out = []
+    for ev in evs:
+        ts = [s.elapsed_time(e) for s, e in ev]
+        m = statistics.median(ts)
+        out.append((m, (max(ts) - min(ts)) / m))
+    return out
 
 
 def quick_main(args, lib):
-    """d128 bf16, 16k and 32k, causal and full. random: dense, cuDNN, and the skip variant at 0 %
-    with the library's vote, the run-2 vote (knob 4), no vote (8), the warp-local vote (16), and
-    with a real but tiny lambda (1e-30: nothing skips, the vote is not trivially 'keep'). llm: dense
-    and skip at 50/70/90 % with the library's vote and the run-2 vote. Both: the gated dense
-    instantiation (knob 32) against dense (must be bitwise equal)."""
+    """Reduced suite for the skip variant (bf16): d128 at 16k and 32k, causal and full, and d64
+    16k causal (random only). GPU warmed up first; every comparison timed interleaved.
+    random: dense, cuDNN, the skip kernel at 0 % (lambda off) as the library builds it and as the
+    bench-only two-copy variant (run 3's structure, knob 64, when built), with a tiny lambda
+    (1e-30: the vote is real, nothing skips) and with statistics + histogram on.
+    llm: dense, skip at 50/70/90 % (library; two-copy; library without V loads = upper bound of
+    V-load skipping, wrong output). Outputs of library and two-copy compared (same decisions)."""
     dev = torch.cuda.get_device_name()
     commit = os.environ.get("BLASST_COMMIT", "unknown")
+    two_copy = lib.blasst_prefill_bench_variants() != 0
     rows = []
-    for L in (16384, 32768):
-        for causal in (True, False):
-            for kind in ("random", "llm"):
-                q, k, v = gen(kind, 1, L, 32, 32, 128, 1234 + L + 128 + int(causal), torch.bfloat16)
-                ours = Ours(lib, q, k, v, causal)
-                fl = flops(1, 32, L, L, 128, causal)
-                tf = lambda ms: fl / (ms * 1e-3) / 1e12
-                t = lambda fn: median_ms(fn, args.iters, args.warmup)[0]
-                r = dict(workload=kind, L=L, mask="causal" if causal else "full")
-                r["dense_ms"] = t(lambda: ours())
+    # Warm the GPU up (~2 s of dense work) so that the first configuration is not measured on a
+    # cold, higher-clocked card (run 3's 16k causal row was).
+    q, k, v = gen("random", 1, 16384, 32, 32, 128, 7, torch.bfloat16)
+    w = Ours(lib, q, k, v, False)
+    t_end = time.time() + 2.0
+    while time.time() < t_end:
+        w()
+        torch.cuda.synchronize()
+    del q, k, v, w
+    configs = [(L, causal, d) for L in (16384, 32768) for causal in (True, False) for d in (128,)]
+    configs.append((16384, True, 64))
+    for (L, causal, d) in configs:
+        for kind in ("random", "llm"):
+            if d == 64 and kind == "llm":
+                continue
+            q, k, v = gen(kind, 1, L, 32, 32, d, 1234 + L + d + int(causal), torch.bfloat16)
+            ours = Ours(lib, q, k, v, causal)
+            fl = flops(1, 32, L, L, d, causal)
+            tf = lambda ms: fl / (ms * 1e-3) / 1e12
+            r = dict(workload=kind, L=L, d=d, mask="causal" if causal else "full")
+            if kind == "random":
+                cnt = ours.counters(True)
+                names = ["dense", "skip0", "skip0_tiny_lambda", "skip0_stats"]
+                fns = [lambda: ours(), lambda: ours(0.0, 1), lambda: ours(1e-30, 1),
+                       lambda: ours(0.0, 1, cnt)]
+                if two_copy and d == 128:
+                    names.append("skip0_two_copy")
+                    fns.append(lambda: ours(0.0, 1, None, K_TWO_COPY))
+                try:
+                    sdpa(q, k, v, causal, SDPBackend.CUDNN_ATTENTION)
+                    names.append("cudnn")
+                    fns.append(lambda: sdpa(q, k, v, causal, SDPBackend.CUDNN_ATTENTION))
+                except Exception as ex:  # backend unavailable: keep going
+                    r["cudnn_error"] = str(ex)[:200]
+                res = dict(zip(names, interleaved_ms(fns, args.iters, args.warmup)))
+                r["dense_ms"], r["dense_spread"] = res["dense"]
                 r["dense_tflops"] = tf(r["dense_ms"])
-                o_dense = ours.o.clone()
-                # Gated dense (knob 32): same math, P V wait kept after the exponentials.
-                r["gated_speedup"] = r["dense_ms"] / t(lambda: ours(knobs=K_DENSE_GATED))
-                r["gated_same_output"] = bool(torch.equal(o_dense, ours.o))
-                del o_dense
-                if kind == "random":
-                    try:
-                        r["cudnn_ms"] = t(lambda: sdpa(q, k, v, causal, SDPBackend.CUDNN_ATTENTION))
-                        r["ratio_vs_cudnn"] = r["cudnn_ms"] / r["dense_ms"]
-                    except Exception as ex:  # backend unavailable: keep going, the knobs matter more
-                        r["cudnn_error"] = str(ex)[:200]
-                    for name, lam, kn in (("skip0", 0.0, 0), ("skip0_legacy_vote", 0.0, K_LEGACY_VOTE),
-                                          ("skip0_no_vote", 0.0, K_NO_VOTE),
-                                          ("skip0_warp_vote", 0.0, K_WARP_VOTE),
-                                          ("skip0_tiny_lambda", 1e-30, 0)):
-                        r[name + "_ovh"] = t(lambda: ours(lam, 1, None, kn)) / r["dense_ms"] - 1
-                    c = ours.counters(False)
-                    ours(1e-30, 1, c)
-                    torch.cuda.synchronize()
-                    r["tiny_lambda_skipped"] = c[1].sum().item()
-                else:
-                    cnt = ours.counters(True)
-                    ours(0.0, 1, cnt)
-                    torch.cuda.synchronize()
-                    hist = cnt[2].view(32, HIST_SLOTS).sum(0).double()
-                    r["skip"] = []
-                    for s in (0.5, 0.7, 0.9):
-                        lam, _ = lambda_for(hist, s)
-                        e = dict(target=s, **{"lambda": lam})
-                        if lam is not None:
-                            c2 = ours.counters(False)
-                            ours(lam, 0, c2)
+                for n in names[1:]:
+                    r[n + "_ms"] = res[n][0]
+                    if n != "cudnn":
+                        r[n + "_ovh"] = res[n][0] / r["dense_ms"] - 1
+                if "cudnn" in res:
+                    r["ratio_vs_cudnn"] = res["cudnn"][0] / r["dense_ms"]
+                c = ours.counters(False)
+                ours(1e-30, 1, c)
+                torch.cuda.synchronize()
+                r["tiny_lambda_skipped"] = c[1].sum().item()
+            else:
+                cnt = ours.counters(True)
+                ours(0.0, 1, cnt)
+                torch.cuda.synchronize()
+                hist = cnt[2].view(32, HIST_SLOTS).sum(0).double()
+                lams = []
+                r["skip"] = []
+                for s in (0.5, 0.7, 0.9):
+                    lam, _ = lambda_for(hist, s)
+                    e = dict(target=s, **{"lambda": lam})
+                    if lam is not None:
+                        c2 = ours.counters(False)
+                        ours(lam, 0, c2)
+                        torch.cuda.synchronize()
+                        e["achieved"] = c2[1].sum().item() / max(1, c2[0].sum().item())
+                        o_lib = ours.o.clone()
+                        if two_copy:
+                            ours(lam, 0, None, K_TWO_COPY)
                             torch.cuda.synchronize()
-                            e["achieved"] = c2[1].sum().item() / max(1, c2[0].sum().item())
-                            e["speedup"] = r["dense_ms"] / t(lambda: ours(lam))
-                            o_new = ours.o.clone()
-                            e["speedup_legacy_vote"] = r["dense_ms"] / t(lambda: ours(lam, 0, None, K_LEGACY_VOTE))
-                            # Both votes must make the same decisions: bitwise equal outputs.
-                            e["same_output_as_legacy_vote"] = bool(torch.equal(o_new, ours.o))
-                        r["skip"].append(e)
-                rows.append(r)
-                print(json.dumps(r), flush=True)
-                del q, k, v, ours
-                torch.cuda.empty_cache()
+                            e["two_copy_bitwise_equal"] = bool(torch.equal(o_lib, ours.o))
+                        del o_lib
+                        lams.append(lam)
+                    r["skip"].append(e)
+                names, fns = ["dense"], [lambda: ours()]
+                for lam in lams:
+                    names += [f"lib{lam}", f"nov{lam}"]
+                    fns += [lambda lam=lam: ours(lam), lambda lam=lam: ours(lam, 0, None, K_NOV)]
+                    if two_copy:
+                        names.append(f"two{lam}")
+                        fns.append(lambda lam=lam: ours(lam, 0, None, K_TWO_COPY))
+                res = dict(zip(names, interleaved_ms(fns, args.iters, args.warmup)))
+                r["dense_ms"], r["dense_spread"] = res["dense"]
+                r["dense_tflops"] = tf(r["dense_ms"])
+                for e in r["skip"]:
+                    lam = e["lambda"]
+                    if lam is None:
+                        continue
+                    e["speedup"] = r["dense_ms"] / res[f"lib{lam}"][0]
+                    e["speedup_noV_bound"] = r["dense_ms"] / res[f"nov{lam}"][0]
+                    if two_copy:
+                        e["speedup_two_copy"] = r["dense_ms"] / res[f"two{lam}"][0]
+            rows.append(r)
+            print(json.dumps(r), flush=True)
+            del q, k, v, ours
+            torch.cuda.empty_cache()
     meta = dict(date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), commit=commit, gpu=dev,
-                torch=torch.__version__, iters=args.iters, warmup=args.warmup, suite="quick")
+                torch=torch.__version__, iters=args.iters, warmup=args.warmup, suite="quick",
+                timing="interleaved rounds after a 2 s warm-up", two_copy_built=two_copy)
     pc = lambda x: "-" if x is None else f"{100 * x:+.1f}%"
     lines = [f"# prefill quick benchmark  {meta['date']}  commit {commit}  {dev}", "",
-             "skip variant at 0 % sparsity, time over dense (random inputs); vote = library (BAR.RED), "
-             "run2 = shuffles+smem+bar.sync (knob 4), none = no vote (knob 8), warp = warp-local (knob 16), "
-             "tiny = lambda 1e-30", "",
-             "gated = speedup of the gated dense instantiation (knob 32) over dense", "",
-             "| L | mask | dense TF/s | ours/cuDNN | gated | vote | run2 | none | warp | tiny |", "|" + "---|" * 10]
+             "random inputs: skip kernel at 0 % sparsity, time over dense (interleaved timing); lib = library "
+             "skip kernel, tiny = lambda 1e-30, stats = statistics + histogram on, 2copy = run 3's loop "
+             "structure (bench-only variant)", "",
+             "| L | d | mask | dense TF/s | ours/cuDNN | lib | tiny | stats | 2copy |", "|" + "---|" * 9]
     for r in rows:
         if r["workload"] == "random":
-            lines.append(f"| {r['L']} | {r['mask']} | {r['dense_tflops']:.0f} | {r.get('ratio_vs_cudnn', float('nan')):.3f} | "
-                         f"{r['gated_speedup']:.3f}x{'' if r['gated_same_output'] else ' (not bitwise)'} | "
-                         f"{pc(r['skip0_ovh'])} | {pc(r['skip0_legacy_vote_ovh'])} | {pc(r['skip0_no_vote_ovh'])} | "
-                         f"{pc(r['skip0_warp_vote_ovh'])} | {pc(r['skip0_tiny_lambda_ovh'])} |")
-    lines += ["", "llm inputs: speedup over dense at s = 0.5 / 0.7 / 0.9 (achieved; library vote / run-2 vote)", "",
-              "| L | mask | dense TF/s | gated | s=0.5 | s=0.7 | s=0.9 |", "|" + "---|" * 7]
+            lines.append(f"| {r['L']} | {r['d']} | {r['mask']} | {r['dense_tflops']:.0f} | "
+                         f"{r.get('ratio_vs_cudnn', float('nan')):.3f} | {pc(r['skip0_ovh'])} | "
+                         f"{pc(r['skip0_tiny_lambda_ovh'])} | {pc(r['skip0_stats_ovh'])} | "
+                         f"{pc(r.get('skip0_two_copy_ovh'))} |")
+    lines += ["", "llm inputs, d128: speedup over dense at s = 0.5 / 0.7 / 0.9 (achieved: library / 2copy / "
+              "library without V loads = bound)", "",
+              "| L | mask | dense TF/s | s=0.5 | s=0.7 | s=0.9 |", "|" + "---|" * 6]
     for r in rows:
         if r["workload"] == "llm":
-            cells = [("n/a" if "speedup" not in e else
-                      f"{e['achieved']:.2f}: {e['speedup']:.2f}x / {e['speedup_legacy_vote']:.2f}x"
-                      + ("" if e["same_output_as_legacy_vote"] else " OUTPUT DIFFERS")) for e in r["skip"]]
-            lines.append(f"| {r['L']} | {r['mask']} | {r['dense_tflops']:.0f} | {r['gated_speedup']:.3f}x"
-                         f"{'' if r['gated_same_output'] else ' (not bitwise)'} | " + " | ".join(cells) + " |")
+            cells = []
+            for e in r["skip"]:
+                if "speedup" not in e:
+                    cells.append("n/a")
+                    continue
+                c = f"{e['achieved']:.2f}: {e['speedup']:.2f}x"
+                c += f" / {e['speedup_two_copy']:.2f}x" if "speedup_two_copy" in e else " / -"
+                c += f" / [{e['speedup_noV_bound']:.2f}x]"
+                if e.get("two_copy_bitwise_equal") is False:
+                    c += " (2copy output not bitwise)"
+                cells.append(c)
+            lines.append(f"| {r['L']} | {r['mask']} | {r['dense_tflops']:.0f} | " + " | ".join(cells) + " |")
     table = "\n".join(lines)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "bench_prefill_quick.json"), "w") as fh:

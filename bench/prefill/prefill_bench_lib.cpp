@@ -15,10 +15,14 @@ extern "C" {
 
 const char* blasst_prefill_last_error() { return g_err; }
 
+// 1 when the library holds the bench-only kernel variants (knob 64), else 0.
+int blasst_prefill_bench_variants() { return blasst::sm90::prefill::bench_variants_built() ? 1 : 0; }
+
 // dtype: 0 bf16, 1 f16. lambda <= 0: skipping off. force_skip: run the skip variant anyway
 // (with lambda <= 0 it skips nothing: the cost of the variant at 0 % sparsity). Counters:
 // device pointers or null (visited/skipped [Hq], hist [Hq, 1026]); zeroed by the caller.
-// knobs: measurement switches (prefill_launch.hpp: 1 = no V loads, 2 = legacy grid order).
+// knobs: measurement switches (prefill_launch.hpp: 1 = no V loads, 2 = legacy grid order,
+// 64 = run 3's two-copy skip structure).
 // Returns 0 on success, 1 on error (message in blasst_prefill_last_error()).
 int blasst_prefill(const void* q, const void* k, const void* v, void* o, float* lse, long long B,
                    long long Lq, long long Lk, long long hq, long long hk, long long d, int dtype,

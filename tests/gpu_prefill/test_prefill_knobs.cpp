@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <cstdio>
 
 #include "blasst/blasst.hpp"
 #include "blasst/workloads.hpp"
@@ -32,10 +33,12 @@ Inputs llm_inputs(const Case& c, std::uint64_t seed) {
   return make_inputs(c, w.q, w.k, w.v);
 }
 
-// The bench knobs that must not change results (bench/prefill): the run-2 vote (shuffles + smem
-// max + bar.sync) against the library's BAR.RED vote (same binary, same decisions: bitwise-equal
-// outputs and equal counters), and the gated dense instantiation against dense (same math in
-// another binary: within rounding). Device tensors through launch_attention (the bench's path).
+// Paths that must not change results, on device tensors through launch_attention (the bench's
+// path): the skip kernel with the delta histogram on (the warp maxima ride on the vote's
+// BAR.RED) against the same kernel without it (same decisions: bitwise-equal outputs, equal
+// counters; the histogram counts every visited pair once); and, in builds with the bench-only
+// variants, run 3's two-copy loop structure against the library's single loop body (another
+// binary: equal counters, outputs within rounding). Retired knob bits are an Error.
 TEST(GpuPrefill, BenchKnobsKeepResults) {
   REQUIRE_GPU();
   namespace pf = blasst::sm90::prefill;
@@ -72,43 +75,68 @@ TEST(GpuPrefill, BenchKnobsKeepResults) {
   struct Res {
     std::vector<std::uint16_t> o;
     std::vector<unsigned long long> cnt;
+    std::vector<unsigned long long> hist;
   };
-  auto run = [&](const SkipConfig& sk, int knobs) {
+  const std::size_t hslots = std::size_t(c.hq) * pf::kHistSlots;
+  unsigned long long* hist = nullptr;
+  ASSERT_EQ(cudaMalloc(&hist, hslots * sizeof(unsigned long long)), cudaSuccess);
+  auto run = [&](const SkipConfig& sk, int knobs, bool with_hist) {
     Res r;
     r.o.resize(on);
     r.cnt.resize(std::size_t(2 * c.hq));
     EXPECT_EQ(cudaMemset(od, 0xff, on * 2), cudaSuccess);  // NaN poison
     EXPECT_EQ(cudaMemset(cnt, 0, r.cnt.size() * sizeof(unsigned long long)), cudaSuccess);
-    const bool stats = sk.enabled;
-    pf::launch_attention(p, sk, nullptr, false, stats ? cnt : nullptr, stats ? cnt + c.hq : nullptr,
-                         nullptr, knobs);
+    EXPECT_EQ(cudaMemset(hist, 0, hslots * sizeof(unsigned long long)), cudaSuccess);
+    pf::launch_attention(p, sk, nullptr, false, cnt, cnt + c.hq, with_hist ? hist : nullptr, knobs);
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     EXPECT_EQ(cudaMemcpy(r.o.data(), od, on * 2, cudaMemcpyDeviceToHost), cudaSuccess);
     EXPECT_EQ(cudaMemcpy(r.cnt.data(), cnt, r.cnt.size() * sizeof(unsigned long long),
                          cudaMemcpyDeviceToHost), cudaSuccess);
+    if (with_hist) {
+      r.hist.resize(hslots);
+      EXPECT_EQ(cudaMemcpy(r.hist.data(), hist, hslots * sizeof(unsigned long long),
+                           cudaMemcpyDeviceToHost), cudaSuccess);
+    }
     return r;
+  };
+  auto max_rel = [&](const Res& a, const Res& b) -> double {
+    double worst = 0;
+    for (std::size_t i = 0; i < on; ++i) {
+      const double x = from16(a.o[i], c.dt), y = from16(b.o[i], c.dt);
+      if (std::isnan(x) || std::isnan(y)) return INFINITY;  // unwritten (poison) or broken
+      worst = std::max(worst, std::abs(x - y) / (std::abs(x) + 1e-3));
+    }
+    return worst;
   };
   unsigned long long skipped_any = 0;
   for (double lambda : {1e-2, 0.3}) {
     SCOPED_TRACE("lambda " + std::to_string(lambda));
     const SkipConfig sk = SkipConfig::from_threshold(lambda);
-    const Res a = run(sk, 0), b = run(sk, pf::kKnobLegacyVote);
-    EXPECT_TRUE(a.o == b.o) << "library vote and run-2 vote give different outputs";
-    EXPECT_EQ(a.cnt, b.cnt);
-    for (int h = 0; h < c.hq; ++h) skipped_any += a.cnt[std::size_t(c.hq + h)];
+    const Res a = run(sk, 0, false), b = run(sk, 0, true);
+    EXPECT_EQ(max_rel(a, a), 0.0) << "NaN in the output (poison left or computed)";
+    EXPECT_TRUE(a.o == b.o) << "histogram on changes the output";
+    EXPECT_EQ(a.cnt, b.cnt) << "histogram on changes the skip decisions";
+    for (int h = 0; h < c.hq; ++h) {
+      unsigned long long total = 0;
+      for (int i = 0; i < pf::kHistSlots; ++i) total += b.hist[std::size_t(h) * pf::kHistSlots + i];
+      EXPECT_EQ(total, b.cnt[std::size_t(h)]) << "histogram of head " << h << " != visited";
+      skipped_any += a.cnt[std::size_t(c.hq + h)];
+    }
+    if (pf::bench_variants_built()) {
+      const Res t = run(sk, pf::kKnobTwoCopySkip, false);
+      EXPECT_EQ(a.cnt, t.cnt) << "two-copy skip variant decides differently";
+      EXPECT_LE(max_rel(a, t), 2.0 / 128) << "two-copy skip variant differs beyond rounding";
+      std::printf("[knobs] lambda %g: two-copy vs library skip bitwise equal: %s\n", lambda,
+                  a.o == t.o ? "yes" : "no");
+    }
   }
-  EXPECT_GT(skipped_any, 0u) << "nothing skipped: the comparison above tested no skip";
-  const Res d0 = run(SkipConfig{}, 0), d1 = run(SkipConfig{}, pf::kKnobDenseGated);
-  // Different binaries: ptxas may contract differently around the branch, so within 2 bf16
-  // ulps of the value (not bitwise); the bench reports whether it is bitwise.
-  double worst = 0;
-  for (std::size_t i = 0; i < on; ++i) {
-    const double x = from16(d0.o[i], c.dt), y = from16(d1.o[i], c.dt);
-    ASSERT_FALSE(std::isnan(x) || std::isnan(y)) << "NaN at " << i;
-    worst = std::max(worst, std::abs(x - y) / (std::abs(x) + 1e-3));
+  EXPECT_GT(skipped_any, 0u) << "nothing skipped: the comparisons above tested no skip";
+  for (int bit : {4, 8, 16, 32}) {
+    EXPECT_THROW(pf::launch_attention(p, SkipConfig::from_threshold(0.3), nullptr, false, nullptr,
+                                      nullptr, nullptr, bit),
+                 Error) << "retired knob bit " << bit;
   }
-  EXPECT_LE(worst, 2.0 / 128) << "gated dense differs from dense";
-  for (void* x : {qd, kd, vd, od, static_cast<void*>(cnt)}) cudaFree(x);
+  for (void* x : {qd, kd, vd, od, static_cast<void*>(cnt), static_cast<void*>(hist)}) cudaFree(x);
 }
 
 }  // namespace

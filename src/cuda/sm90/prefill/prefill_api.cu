@@ -76,11 +76,15 @@ std::int64_t check_i32(std::int64_t v, const char* what) {
 
 void launch(const PrefillParams& prm, Elem e, int d, bool skip, cudaStream_t s) {
   using pf::run_prefill;
-  if (prm.bench_dense_gated && !skip) {
+  if (prm.bench_two_copy_skip && skip) {
+#ifdef BLASST_PREFILL_BENCH_VARIANTS
     if (e != Elem::bf16 || d != 128)
-      throw Error("bench_knobs: the gated dense variant exists for bf16, d = 128 only");
-    pf::run_prefill_gated<Elem::bf16, 128>(prm, s);
+      throw Error("bench_knobs: the two-copy skip variant exists for bf16, d = 128 only");
+    pf::run_prefill_two_copy_skip<Elem::bf16, 128>(prm, s);
     return;
+#else
+    throw Error("bench_knobs: the two-copy skip variant is not built (BLASST_PREFILL_BENCH_VARIANTS=OFF)");
+#endif
   }
   if (e == Elem::bf16) {
     if (d == 64) skip ? run_prefill<Elem::bf16, 64, true>(prm, s) : run_prefill<Elem::bf16, 64, false>(prm, s);
@@ -143,6 +147,14 @@ void run_staged(const AttentionProblem& hp, const SkipConfig& skip, const RunOpt
 }  // namespace blasst::detail
 
 namespace blasst::sm90::prefill {
+
+bool bench_variants_built() {
+#ifdef BLASST_PREFILL_BENCH_VARIANTS
+  return true;
+#else
+  return false;
+#endif
+}
 
 // Device tensors only. Launches on `stream` without synchronising; counters (device memory,
 // zeroed by the caller) select the statistics; returns lambda per sequence (empty when the
@@ -255,14 +267,9 @@ std::vector<double> launch_attention(const AttentionProblem& p, const SkipConfig
   prm.hist = hist;
   prm.bench_no_v_loads = (bench_knobs & kKnobNoVLoads) != 0;
   prm.bench_legacy_grid = (bench_knobs & kKnobLegacyGrid) != 0;
-  prm.bench_vote = (bench_knobs & kKnobLegacyVote) ? 1
-                   : (bench_knobs & kKnobNoVote)   ? 2
-                   : (bench_knobs & kKnobWarpVote) ? 3
-                                                   : 0;
-  prm.bench_dense_gated = (bench_knobs & kKnobDenseGated) != 0;
-  // The warp-local vote could split a warpgroup's wgmma; it is only defined when nothing skips.
-  if (prm.bench_vote == 3 && skip.enabled)
-    throw Error("bench_knobs: the warp-local vote knob needs skipping off");
+  prm.bench_two_copy_skip = (bench_knobs & kKnobTwoCopySkip) != 0;
+  if ((bench_knobs & ~(kKnobNoVLoads | kKnobLegacyGrid | kKnobTwoCopySkip)) != 0)
+    throw Error("bench_knobs: unknown or retired bits in " + std::to_string(bench_knobs));
   const Elem e = r.dtype == DType::bf16 ? Elem::bf16 : Elem::f16;
   if (prm.num_m_blocks > 0 && r.batch > 0)
     launch(prm, e, static_cast<int>(d), use_skip_kernel, static_cast<cudaStream_t>(stream_ptr));

@@ -117,10 +117,10 @@ void run_prefill(const PrefillParams& p, cudaStream_t stream) {
   launch_prefill<PrefillTraits<typename ElemType<E>::type, kHeadDim, kSkip>>(p, stream);
 }
 
-// Bench-only dense variant with the gate (PrefillTraits::kGate); see prefill_launch.hpp.
+// Bench-only skip variant with run 3's loop structure (PrefillTraits::kTwoCopySkip).
 template <Elem E, int kHeadDim>
-void run_prefill_gated(const PrefillParams& p, cudaStream_t stream) {
-  launch_prefill<PrefillTraits<typename ElemType<E>::type, kHeadDim, false, true>>(p, stream);
+void run_prefill_two_copy_skip(const PrefillParams& p, cudaStream_t stream) {
+  launch_prefill<PrefillTraits<typename ElemType<E>::type, kHeadDim, true, true>>(p, stream);
 }
 
 }  // namespace blasst::sm90::prefill

@@ -23,21 +23,18 @@ std::vector<double> launch_attention(const AttentionProblem& p, const SkipConfig
                                      unsigned long long* visited, unsigned long long* skipped,
                                      unsigned long long* hist, int bench_knobs = 0);
 // bench_knobs bits (bench/prefill only): 1 = no V loads (wrong output, upper bound of V-load
-// skipping), 2 = legacy grid order (heads fastest), 4 = run-2 vote (shuffles + smem +
-// bar.sync), 8 = no vote (never skip, skip structure kept), 16 = warp-local vote without the
-// cross-warp barrier (skipping off only). See PrefillParams::bench_vote.
+// skipping), 2 = legacy grid order (heads fastest), 64 = the skip kernel is the bench-only
+// instantiation with run 3's loop structure (bf16, d = 128, only in builds with
+// BLASST_PREFILL_BENCH_VARIANTS; otherwise an Error). Bits 4-32 (run-3 vote and gate knobs) are
+// retired: an Error.
 inline constexpr int kKnobNoVLoads = 1;
 inline constexpr int kKnobLegacyGrid = 2;
-inline constexpr int kKnobLegacyVote = 4;
-inline constexpr int kKnobNoVote = 8;
-inline constexpr int kKnobWarpVote = 16;
-// 32 = dense runs the gated instantiation (bf16, d = 128 only): same math, the softmax under a
-// never-taken runtime branch, which keeps ptxas from hoisting the P V wait above the exponentials.
-inline constexpr int kKnobDenseGated = 32;
+inline constexpr int kKnobTwoCopySkip = 64;
+// Whether this build holds the bench-only instantiations (BLASST_PREFILL_BENCH_VARIANTS).
+bool bench_variants_built();
 
 template <Elem E, int kHeadDim>
-void run_prefill_gated(const PrefillParams& p, cudaStream_t stream);
-extern template void run_prefill_gated<Elem::bf16, 128>(const PrefillParams&, cudaStream_t);
+void run_prefill_two_copy_skip(const PrefillParams& p, cudaStream_t stream);
 
 // Launches the kernel for one (dtype, head dim, skip) combination on `stream`.
 // Throws blasst::Error on a CUDA error (launch included).

@@ -133,35 +133,46 @@ __device__ __forceinline__ void consumer_mainloop(KernelParams<Traits> const& kp
   // ln(lambda) = -inf never skips; the vote still runs (statistics, and no shortcut that would
   // make the 0 %-sparsity cost look smaller than with a real lambda).
   const bool can_skip = ln_lambda > -INFINITY;
-  const int vote_mode = p.hist != nullptr ? 1 : p.bench_vote;
+  unsigned long long* const hist = p.hist;  // non-null: histogram on
+  int n_visited = 0, n_skipped = 0;
 
   cutlass::arch::ClusterTransactionBarrier::wait(&ss.barrier_q, 0);
 
   typename Traits::PipelineState st;   // tile n
   typename Traits::PipelineState stp;  // tile n-1
-  // 1: P V of tile n-1 still to issue; 2: tile n-1 skipped, only release its V stage.
-  int pend = 0;
+  // The P V product of tile n-1 is still to issue (tile n-1 kept). Dense: always, after tile 0.
+  bool pv_pending = false;
   const int other = (cwg + 1) % Traits::kNumMmaWG;
   const bool no_v = p.bench_no_v_loads;  // measurement knob (see PrefillParams)
 
-  // One tile; kFirst: nothing pending yet (peeled, so the dense loop body has no branch
-  // around a wgmma).
-  // kPV: the P V product of tile n-1 is issued here (compile-time, so that every path through
-  // a step is straight-line for ptxas' wgmma pipeline analysis).
+  // One tile. kFirst: nothing pending yet (peeled). kPV: 1 = the P V of tile n-1 is issued here
+  // (dense; compile-time, straight-line), 0 = it is not (tile n-1 skipped), 2 = decided at run
+  // time by pv_pending (the skip variant's single loop body: a uniform branch around the P V
+  // wgmma batch; when it is not issued an empty wgmma group is committed in its place, so
+  // wait_group 1 still means "S_n done").
   auto step = [&](int n, auto first_tag, auto pv_tag) {
     constexpr bool kFirst = decltype(first_tag)::value;
-    constexpr bool kPV = decltype(pv_tag)::value && !kFirst;
+    constexpr int kPV = kFirst ? 0 : decltype(pv_tag)::value;
     Tensor tSrS = partition_fragment_C(mma0, select<0, 1>(typename Traits::TileShapeQK{}));
     Tensor tSrS_rc = make_tensor(tSrS.data(), acc_rowcol(tSrS.layout()));
     pipe_k.consumer_wait(st);
     if constexpr (Traits::kPingPong) named_sync(kBarSched0 + cwg, Traits::kNumMmaThreads);
     wg_gemm<true, -1, false>(mma0, tSrQ, tSrK(_, _, _, st.index()), tSrS);
-    if constexpr (kPV) {
+    if constexpr (kPV == 1) {
       if (!no_v) pipe_v.consumer_wait(stp);
       wg_gemm<false, -1, true>(mma1, tOrP, tOrV(_, _, _, stp.index()), tOrO);
+    } else if constexpr (kPV == 2) {
+      // pv_pending is the same in every thread of the warpgroup (it comes from the BAR.RED);
+      // the warp vote says so to ptxas (a warp-uniform branch, no wgmma serialization).
+      if (__any_sync(0xffffffffu, pv_pending)) {
+        if (!no_v) pipe_v.consumer_wait(stp);
+        wg_gemm<false, -1, true>(mma1, tOrP, tOrV(_, _, _, stp.index()), tOrO);
+      } else {
+        warpgroup_commit_batch();  // empty group
+      }
     }
     if constexpr (Traits::kPingPong) named_arrive(kBarSched0 + other, Traits::kNumMmaThreads);
-    if constexpr (kPV) warpgroup_wait<1>(); else warpgroup_wait<0>();
+    if constexpr (kPV != 0) warpgroup_wait<1>(); else warpgroup_wait<0>();
     warpgroup_fence_operand(tSrS);
     pipe_k.consumer_release(st);
 
@@ -169,47 +180,42 @@ __device__ __forceinline__ void consumer_mainloop(KernelParams<Traits> const& kp
       apply_mask(tSrS_rc, tScS_rc, row0, n * kBlockN, w.q_len, w.k_len, p.causal);
     }
     float tmax[kRows];
-    sm.tile_max(tSrS_rc, tmax);
+    sm.template tile_max<Traits::kTreeMax>(tSrS_rc, tmax);
 
     bool skip = false;
     if constexpr (Traits::kSkip) {
-      if (vote_mode == 0) {
-        // One BAR.RED of per-thread predicates: the decision without the warpgroup max (3
-        // shuffles, smem store, bar.sync, smem loads on the softmax's critical path).
-        const bool keep = vote_keep(tmax, sm.m, row, w.q_len, p.scale, ln_lambda);
-        const bool any_keep = named_sync_or(kBarVote0 + cwg, 128, keep);
-        skip = can_skip && !any_keep;
-      } else if (vote_mode == 1) {
-        // The histogram needs delta itself: warpgroup max through smem (also bench knob 1).
-        float* slots = ss.vote[cwg][n & 1];
-        vote_delta(tmax, sm.m, row, w.q_len, p.scale, slots);
-        named_sync(kBarVote0 + cwg, 128);
-        const float delta = fmaxf(fmaxf(slots[0], slots[1]), fmaxf(slots[2], slots[3]));
-        skip = delta < ln_lambda;
-        if (p.hist != nullptr && n < n_vis && mma_tid % 128 == 0) {
-          atomicAdd(p.hist + std::size_t(w.h) * kHistSlots + hist_bin(delta), 1ull);
-        }
-      } else if (vote_mode == 3) {
-        // bench only, skipping off: the vote's arithmetic without the cross-warp barrier.
-        const bool keep = vote_keep(tmax, sm.m, row, w.q_len, p.scale, ln_lambda);
-        skip = can_skip && !__any_sync(0xffffffffu, keep);
-      }  // vote_mode 2 (bench only): no vote, skip stays false
+      // One BAR.RED of per-thread predicates decides (no warpgroup max on the softmax's path).
+      // With the histogram on, each warp also leaves its delta maximum in a shared slot before
+      // the same barrier (bar.red orders shared memory like bar.sync), read back after it.
+      const bool keep = vote_keep(tmax, sm.m, row, w.q_len, p.scale, ln_lambda);
+      float* slots = ss.vote[cwg][n & 1];
+      if (hist != nullptr) vote_delta(tmax, sm.m, row, w.q_len, p.scale, slots);
+      const bool any_keep = named_sync_or(kBarVote0 + cwg, 128, keep);
+      skip = can_skip && !any_keep;
       if (n < n_vis) {
-        cnt.visited += 1;
-        cnt.skipped += skip ? 1 : 0;
+        n_visited += 1;
+        n_skipped += skip ? 1 : 0;
+        if (hist != nullptr && mma_tid % 128 == 0) {
+          const float delta = fmaxf(fmaxf(slots[0], slots[1]), fmaxf(slots[2], slots[3]));
+          atomicAdd(hist + std::size_t(w.h) * kHistSlots + hist_bin(delta), 1ull);
+        }
       }
     }
-    // Gated dense (bench): an opaque, always-false runtime skip. With this branch around the
-    // exponentials ptxas keeps the wait for P V after them (the overlap that plain dense loses).
-    if constexpr (Traits::kGate) skip = p.bench_gate_skip;
 
     float alpha[kRows];
     if (!skip) sm.update(tSrS_rc, tmax, p.scale_log2, alpha);
 
-    if constexpr (kPV) {
+    if constexpr (kPV == 1) {
       warpgroup_wait<0>();
       warpgroup_fence_operand(tOrO);
       if (!no_v) pipe_v.consumer_release(stp);
+    } else if constexpr (kPV == 2) {
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tOrO);
+      if (!no_v) {
+        if (!pv_pending) pipe_v.consumer_wait(stp);  // skipped tile n-1: its V stage is released unread
+        pipe_v.consumer_release(stp);
+      }
     } else if constexpr (!kFirst) {
       if (!no_v) {
         pipe_v.consumer_wait(stp);
@@ -221,25 +227,32 @@ __device__ __forceinline__ void consumer_mainloop(KernelParams<Traits> const& kp
       Tensor p_lp = convert_frag<Element>(tSrS);
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < size(tOrP); ++i) tOrP(i) = p_lp(i);
-      pend = 1;
-    } else {
-      pend = 2;
     }
+    pv_pending = !skip;
     stp = st;
     ++st;
   };
 
-  step(0, cute::true_type{}, cute::false_type{});
+  using PV0 = cute::integral_constant<int, 0>;
+  using PV1 = cute::integral_constant<int, 1>;
+  using PV2 = cute::integral_constant<int, 2>;
+  step(0, cute::true_type{}, PV0{});
   for (int n = 1; n < w.n_max; ++n) {
-    if (!Traits::kSkip || pend == 1) {
-      step(n, cute::false_type{}, cute::true_type{});
+    if constexpr (!Traits::kSkip) {
+      step(n, cute::false_type{}, PV1{});
+    } else if constexpr (Traits::kTwoCopySkip) {
+      // bench only: run 3's structure (one loop-body copy with and one without the P V issue)
+      if (pv_pending) step(n, cute::false_type{}, PV1{});
+      else step(n, cute::false_type{}, PV0{});
     } else {
-      step(n, cute::false_type{}, cute::false_type{});
+      step(n, cute::false_type{}, PV2{});
     }
   }
   if (!no_v) pipe_v.consumer_wait(stp);
-  if (!Traits::kSkip || pend == 1) wg_gemm<false, 0, true>(mma1, tOrP, tOrV(_, _, _, stp.index()), tOrO);
+  if (!Traits::kSkip || pv_pending) wg_gemm<false, 0, true>(mma1, tOrP, tOrV(_, _, _, stp.index()), tOrO);
   if (!no_v) pipe_v.consumer_release(stp);
+  cnt.visited = static_cast<unsigned long long>(n_visited);
+  cnt.skipped = static_cast<unsigned long long>(n_skipped);
 }
 
 }  // namespace blasst::sm90::prefill

@@ -54,18 +54,11 @@ struct PrefillParams {
   //   bench_no_v_loads: the producer loads no V tile and the consumers do not wait for one (the
   //     output is wrong): the upper bound of what skipping V loads could save.
   //   bench_legacy_grid: the previous grid order (heads fastest) for an A/B of the scheduler.
-  //   bench_vote: 0 = the library's vote (BAR.RED of per-thread predicates; the histogram
-  //     path uses the smem max of mode 1); 1 = the run-2 vote (shuffle max, smem slots,
-  //     bar.sync) for an A/B; 2 = no vote at all (skip = false, no barrier; branches and loop
-  //     bodies kept): the cost of the skip structure alone; 3 = warp-local vote without the
-  //     cross-warp barrier (only with skipping off: the API rejects it otherwise).
+  //   bench_two_copy_skip: the skip kernel is the bench-only instantiation with run 3's loop
+  //     structure (bf16, d = 128; built with BLASST_PREFILL_BENCH_VARIANTS only).
   bool bench_no_v_loads = false;
   bool bench_legacy_grid = false;
-  int bench_vote = 0;
-  //   bench_gate_skip: read only by the gated dense instantiation (run_prefill_gated); always
-  //     false: a value ptxas cannot fold, so the branch around the softmax stays in the code.
-  bool bench_gate_skip = false;
-  bool bench_dense_gated = false;  // launch the gated dense instantiation (bf16 d128 only)
+  bool bench_two_copy_skip = false;
 };
 
 }  // namespace blasst::sm90::prefill

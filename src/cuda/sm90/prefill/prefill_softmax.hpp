@@ -17,6 +17,14 @@ __device__ __forceinline__ float exp2_ftz(float x) {
   return y;
 }
 
+// t[0] = max(t[0 .. 2W)), halving the width each level (compile-time strides: t stays in registers).
+template <int W>
+__device__ __forceinline__ void tree_max(float* t) {
+  CUTLASS_PRAGMA_UNROLL
+  for (int i = 0; i < W; ++i) t[i] = fmaxf(t[i], t[i + W]);
+  if constexpr (W > 1) tree_max<W / 2>(t);
+}
+
 template <int kRows>
 struct OnlineSoftmax {
   float m[kRows];  // running max of raw scores (-inf: nothing seen)
@@ -28,13 +36,27 @@ struct OnlineSoftmax {
   }
 
   // Row maxima of the (masked) tile, reduced over the 4 threads that share a row.
-  template <class TS>
+  // kTree: pairwise tree (dependent depth log2(cols) instead of cols - 1). The skip variant's
+  // vote needs every row maximum before the first exponential, so the serial chain would sit
+  // whole on its critical path; dense interleaves it with the exponentials (kept as it was).
+  template <bool kTree, class TS>
   __device__ __forceinline__ void tile_max(TS const& s, float (&tmax)[kRows]) const {
+    constexpr int kCols = decltype(size<1>(s))::value;
     CUTLASS_PRAGMA_UNROLL
     for (int mi = 0; mi < kRows; ++mi) {
-      float x = s(mi, 0);
-      CUTLASS_PRAGMA_UNROLL
-      for (int ni = 1; ni < size<1>(s); ++ni) x = fmaxf(x, s(mi, ni));
+      float x;
+      if constexpr (kTree) {
+        static_assert((kCols & (kCols - 1)) == 0, "power-of-two columns per thread");
+        float t[kCols];
+        CUTLASS_PRAGMA_UNROLL
+        for (int ni = 0; ni < kCols; ++ni) t[ni] = s(mi, ni);
+        tree_max<kCols / 2>(t);
+        x = t[0];
+      } else {
+        x = s(mi, 0);
+        CUTLASS_PRAGMA_UNROLL
+        for (int ni = 1; ni < kCols; ++ni) x = fmaxf(x, s(mi, ni));
+      }
       tmax[mi] = quad_max(x);
     }
   }

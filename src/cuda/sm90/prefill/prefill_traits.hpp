@@ -18,14 +18,17 @@ namespace blasst::sm90::prefill {
 using namespace cute;
 using cute::Tensor;  // not blasst::Tensor
 
-// kGate (dense only, bench instantiation): the softmax and the O update sit under a runtime
-// branch that is never taken (PrefillParams::bench_gate_skip), the skip variant's shape.
-template <class Element_, int kHeadDim_, bool kSkip_, bool kGate_ = false>
+// kTwoCopySkip (skip only, bench instantiation): run 3's loop structure for an A/B in one run:
+// two copies of the loop body (with and without the P V issue) picked per tile, and the serial
+// row maximum, instead of the library's single body with a uniform branch around P V.
+template <class Element_, int kHeadDim_, bool kSkip_, bool kTwoCopySkip_ = false>
 struct PrefillTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr bool kSkip = kSkip_;
-  static constexpr bool kGate = kGate_ && !kSkip_;
+  static constexpr bool kTwoCopySkip = kTwoCopySkip_ && kSkip_;
+  // Tree row maximum: the library's skip variant (its vote waits for every row maximum).
+  static constexpr bool kTreeMax = kSkip_ && !kTwoCopySkip;
   // 128 query rows per CTA = two consumer warpgroups of 64 rows (the skip vote group);
   // 128 keys per tile = the SPEC tile.
   static constexpr int kBlockM = 128;
