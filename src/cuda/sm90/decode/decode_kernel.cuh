@@ -139,12 +139,7 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas(D, MT)) decode_kernel(co
   constexpr int W = kWarps;
   constexpr int kThr = W * 32;
   constexpr int NK = stages_k(D, MT), NV = stages_v(D, MT);
-  // Survivors between a tile's vote and its P.V. Skip: NV - 1, since a V load can only be requested
-  // after its vote. Dense with NV >= 3 (kPrefetchV): 1, because V loads need no vote: V(i + 1) is
-  // requested at iteration i, the same two-iteration lead with one iteration less of pipeline fill
-  // and drain.
-  constexpr bool kPrefetchV = !kSkip && NV >= 3;
-  constexpr int kLag = kPrefetchV ? 1 : NV - 1;
+  constexpr int kLag = NV - 1;               // survivors between a tile's vote and its P.V
   constexpr int kRows = MT * 16;             // padded rows
   constexpr int CH = D / 8;                  // 16-byte chunks per K/V row
   constexpr int kRowsPerPass = kThr / CH;
@@ -295,10 +290,6 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas(D, MT)) decode_kernel(co
     }
     for (int i = 0; i < NK && i < n; ++i)
       load_tile(kbase, p.k_s0, p.k_s1, p.k_sh, sK + i * kSlotBytes, barK0 + 8 * i, t_begin + i, false);
-    if constexpr (kPrefetchV) {  // V(0) with the first K tiles (tile i's V sits in slot i % NV)
-      if (tid == 0) sVTile[0] = static_cast<int>(t_begin);
-      load_tile(vbase, p.v_s0, p.v_s1, p.v_sh, sV, barV0, t_begin, true);
-    }
   };
   // Tensor-map loads are issued by thread 0, which initialised the barriers: before the Q rows are
   // staged, so the first K tiles are in flight during the prologue.
@@ -560,16 +551,8 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas(D, MT)) decode_kernel(co
           if (warp == 0 && (lane & 3) == 0) sAlpha[slot * kRows + r] = alpha;
         }
       }
-      if constexpr (!kPrefetchV) {
-        if (tid == 0) sVTile[slot] = static_cast<int>(t);
-        load_tile(vbase, p.v_s0, p.v_s1, p.v_sh, sV + slot * kSlotBytes, barV0 + 8 * slot, t, true);
-      } else if (i + 1 < n) {
-        // Dense: V(i + 1) into slot (i + 1) % NV, whose previous tile i + 1 - NV had its P.V
-        // (at lag 1) before this iteration's barrier.
-        const int nslot = (i + 1) % NV;
-        if (tid == 0) sVTile[nslot] = static_cast<int>(t + 1);
-        load_tile(vbase, p.v_s0, p.v_s1, p.v_sh, sV + nslot * kSlotBytes, barV0 + 8 * nslot, t + 1, true);
-      }
+      if (tid == 0) sVTile[slot] = static_cast<int>(t);
+      load_tile(vbase, p.v_s0, p.v_s1, p.v_sh, sV + slot * kSlotBytes, barV0 + 8 * slot, t, true);
       ++kept;
     } else {
       ++skipped_count;
