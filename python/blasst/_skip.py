@@ -30,7 +30,8 @@ class SkipSoftmax:
 
     ``tile_keys``, ``vote_rows``, ``vote_heads``, ``split_tiles`` and ``order`` ("natural" or
     "max_first") set the vote granularity and visit order the CPU reference uses; the kernels use
-    their own documented vote groups (reported in the statistics). ``disabled_until_timestep``
+    their own documented vote groups (reported in the statistics). The CUDA decode kernel honours
+    ``order``: "max_first" there means seeded split-KV (SPEC §2a). ``disabled_until_timestep``
     gates skipping on the diffusion timestep published through ``blasst.diffusion`` (SPEC §4).
     ``SkipSoftmax.dense()`` is the exact dense path.
     """
