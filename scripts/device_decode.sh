@@ -3,9 +3,9 @@
 #   configure + build (test_gpu_decode, blasst_decode_bench), GPU tests, compute-sanitizer
 #   (memcheck, racecheck) on a small case, the benchmark; logs under $OUT, a short table last.
 # Usage: [BLASST_COMMIT=abc123] scripts/device_decode.sh [all|test|bench|quick]
-#   all: tests (three load paths) + sanitizer + full benchmark; test: no benchmark;
+#   all: tests (both load paths) + sanitizer + full benchmark; test: no benchmark;
 #   bench: benchmark only; quick (~80 s after the build): GPU tests without sanitizer (tensor-map
-#   loads, a subset with bulk-row loads) and a 3-shape benchmark (both visit orders) beside cuDNN. Sharing BUILD_DIR with scripts/device_prefill.sh avoids building the library twice.
+#   loads, a subset with cp.async loads) and a 3-shape benchmark (both visit orders) beside cuDNN. Sharing BUILD_DIR with scripts/device_prefill.sh avoids building the library twice.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 START=$(date +%s)
@@ -42,13 +42,13 @@ if [ "$MODE" != bench ]; then
   grep -E "^\[  (PASSED|FAILED|SKIPPED)|FAILED|Failure|error" "$OUT/tests.log" | head -40
   echo "gpu tests: rc=$trc ($(( $(date +%s) - t0 )) s)"
   [ $trc -ne 0 ] && rc=1
-  # The alternative load paths (bulk copy per key row, per-thread cp.async) must stay correct too.
-  # quick: a subset with bulk-row loads (the full binary above runs the default tensor-map loads).
+  # The cp.async load path (fallback for layouts a tensor map cannot describe) must stay correct
+  # too. quick: a subset (the full binary above runs the default tensor-map loads).
   if [ "$MODE" = quick ]; then
-    VARIANTS="bulk"
+    VARIANTS="cpasync"
     FILTER="--gtest_filter=GpuDecode.DenseMixedBatchAndForcedSplits:GpuDecode.PagedEveryPageSize:GpuDecode.SeededSplitsMatchReference"
   else
-    VARIANTS="bulk cpasync"
+    VARIANTS="cpasync"
     FILTER=""
   fi
   for loads in $VARIANTS; do

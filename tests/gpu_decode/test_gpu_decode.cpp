@@ -568,6 +568,11 @@ TEST(GpuDecode, UnsupportedCombosAreErrors) {
     expect_error(p, {}, "g * q_len <= 64");
   }
   {
+    setenv("BLASST_DECODE_LOADS", "bulk", 1);  // the bulk-row path is gone: a clear error
+    expect_error(base(), {}, "BLASST_DECODE_LOADS");
+    unsetenv("BLASST_DECODE_LOADS");
+  }
+  {
     blasst::SkipConfig s = blasst::SkipConfig::from_threshold(0.01);
     s.vote.tile_keys = 64;
     expect_error(base(), s, "tile_keys");

@@ -89,6 +89,15 @@ void check_strides(const Tensor& t, const char* name) {
                   std::to_string(t.stride[i]));
 }
 
+// BLASST_DECODE_LOADS: "" or "tma" (default) or "cpasync"; anything else is an error.
+std::string load_path() {
+  const char* env = std::getenv("BLASST_DECODE_LOADS");
+  const std::string v = env ? env : "";
+  if (!v.empty() && v != "tma" && v != "cpasync")
+    throw Error("BLASST_DECODE_LOADS: expected tma or cpasync, got '" + v + "'");
+  return v;
+}
+
 // What the kernels support; anything else is a clear error before any CUDA call (also for the
 // staged host path), never a silent fallback.
 void check_supported(const DecodeProblem& p, const ResolvedDecode& r, const SkipConfig& skip) {
@@ -102,6 +111,7 @@ void check_supported(const DecodeProblem& p, const ResolvedDecode& r, const Skip
                 std::to_string(r.group) + ", q_len = " + std::to_string(r.q_len));
   if (r.paged && (r.page_size & (r.page_size - 1)) != 0)
     throw Error("k_cache: the CUDA decode kernel needs a power-of-two page_size, got " + std::to_string(r.page_size));
+  (void)load_path();
   check_strides(p.q, "q");
   check_strides(p.k_cache, "k_cache");
   check_strides(p.v_cache, "v_cache");
@@ -195,7 +205,7 @@ EncodeTiled encode_tiled() {
 }
 
 // K or V cache as a {d, Hk, rows} tensor with {64, 1, box_rows} boxes, 128B swizzle. False when
-// the layout does not flatten to rows (the kernel then uses per-row bulk copies).
+// the layout does not flatten to rows (the kernel then uses 16-byte cp.async).
 bool make_kv_map(CUtensorMap* map, const Tensor& t, std::int64_t rows_per_s0, int box_rows) {
   EncodeTiled enc = encode_tiled();
   if (!enc) return false;
@@ -373,14 +383,10 @@ void cuda_decode(const DecodeProblem& p, const SkipConfig& skip, const RunOption
     kp.hist = want_hist ? kp.skipped + r.hk : nullptr;
   }
   if (r.batch > 65535 || r.hk > 65535) throw Error("q: batch and KV heads must be <= 65535 for the CUDA decode kernel");
-  // Loads through the copy engine by default; BLASST_DECODE_LOADS=cpasync selects the per-thread
-  // 16-byte cp.async path (kept for comparison in the benchmark).
-  // Loads: tensor-map boxes through the copy engine (default); BLASST_DECODE_LOADS=bulk (one bulk
-  // copy per key row) or =cpasync (16-byte cp.async per thread) select the other paths, kept for
-  // comparison in the benchmark and as the fallback for layouts a tensor map cannot describe.
-  const char* loads_env = std::getenv("BLASST_DECODE_LOADS");
-  const std::string loads = loads_env ? loads_env : "";
-  kp.bulk = loads == "cpasync" ? 0 : 1;
+  // Loads: tensor-map boxes through the copy engine (default), or 16-byte cp.async per thread: the
+  // fallback for layouts a tensor map cannot describe, and BLASST_DECODE_LOADS=cpasync (tests and
+  // the benchmark exercise it). Both write the same swizzled tile image.
+  const std::string loads = load_path();
   kp.tma = 0;
   if (loads.empty() || loads == "tma") {
     const std::int64_t rows_per_s0 = r.paged ? r.page_size : p.k_cache.shape[1];

@@ -6,7 +6,7 @@
 // tile); the vote group for the skip is every row of the CTA.
 //
 // Pipeline (8 warps, no warp specialisation; ring depths in decode_params.hpp):
-//   - K tiles stream through an NK-deep ring (tensor-map boxes, bulk rows or 16-byte cp.async),
+//   - K tiles stream through an NK-deep ring (tensor-map boxes or 16-byte cp.async),
 //     each slot completing on its own mbarrier, so K and V slots complete independently.
 //   - Tile i: S = Q K^T with mma.sync m16n8k16 (each warp 16 keys), row maxima, the vote
 //     (__syncthreads_or), then, for a surviving tile only, P = exp2(S - m) into a P ring and the
@@ -14,7 +14,12 @@
 //     so each V load has NV - 1 iterations to land (the first kernel waited one iteration, and
 //     that wait bounded it: bench/results/decode_log.md) and a skipped V leaves no bubble: the
 //     next survivor's V is requested as soon as its vote is known while the K ring stays full.
-//   - P.V: each warp owns D/8 output columns over all 128 keys of the tile (P from shared memory).
+//   - P.V, one m-tile (g * q_len <= 16, the common case): each warp multiplies its own 16 keys'
+//     P (kept in registers: the score accumulators are the A operand) by those keys' V rows for
+//     all D columns; the 8 partial outputs are summed once at the end. Q, P and alpha never touch
+//     shared memory, which leaves room for 7 ring slots at d = 128 (K 3 + V 4).
+//   - P.V, four m-tiles (up to 64 rows): P through a shared-memory ring, warp w owns D/8 output
+//     columns over all 128 keys.
 //   - Seeded splits (max-first order, SPEC §2a): a prologue scores the sink and last tiles and
 //     starts the running maxima there.
 // Each CTA writes a normalised fp32 partial (O, LSE); decode_merge.cu combines the splits.
@@ -52,12 +57,6 @@ __device__ __forceinline__ void mbar_wait(std::uint32_t bar, std::uint32_t parit
 // 16-byte copy; src_bytes = 0 zero-fills (keys past the sequence end, never read from memory).
 __device__ __forceinline__ void cp_async16(std::uint32_t dst, const void* src, int src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes)
-               : "memory");
-}
-// Copy-engine copy of `bytes` contiguous bytes; completes as transaction bytes on the mbarrier.
-__device__ __forceinline__ void bulk_copy(std::uint32_t dst, const void* src, int bytes, std::uint32_t bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
-               "l"(src), "r"(bytes), "r"(bar)
                : "memory");
 }
 // Tensor-map (TMA) copy of one {64, 1, rows} box at coordinates (c0, c1, c2).
@@ -134,6 +133,12 @@ __device__ __forceinline__ int hist_bin(double delta) {
 
 // ---- the kernel ------------------------------------------------------------------------------
 
+// Byte offset of 16-byte chunk `chunk` of key row `key` in a K/V slot: the tensor-map image, i.e.
+// 64-column halves of [128 keys][128 B] with the 128B swizzle (the cp.async path writes the same).
+__device__ __forceinline__ std::uint32_t kv_off(int key, int chunk) {
+  return static_cast<std::uint32_t>(((chunk >> 3) << 14) + key * 128 + (((chunk & 7) ^ (key & 7)) << 4));
+}
+
 template <class T, int D, bool kSkip, int MT>
 __global__ void __launch_bounds__(kWarps * 32, min_ctas(D, MT)) decode_kernel(const __grid_constant__ Params p) {
   constexpr int W = kWarps;
@@ -144,9 +149,13 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas(D, MT)) decode_kernel(co
   constexpr int CH = D / 8;                  // 16-byte chunks per K/V row
   constexpr int kRowsPerPass = kThr / CH;
   constexpr int kPasses = kTileKeys / kRowsPerPass;
-  constexpr int kNT = D / 8 / W;             // P.V n8 tiles per warp (D/W columns)
-  constexpr int kKW = kTileKeys / W;         // keys per warp in S = Q K^T
-  constexpr int kSN = kKW / 8;               // S n8 tiles per warp
+  constexpr int kKW = kTileKeys / W;         // keys per warp in S = Q K^T (16)
+  constexpr int kSN = kKW / 8;               // S n8 tiles per warp (2)
+  constexpr int kDN = D / 8;                 // n8 tiles of a full output row
+  // Four m-tiles: P through a shared-memory ring, warp w owns D/8 output columns over all keys.
+  constexpr int kNT = D / 8 / W;
+  constexpr int kSlotBytes = static_cast<int>(kv_slot_bytes(D));
+  static_assert(kKW == 16 && kSN == 2, "8 warps x 16 keys");
   static_assert(kNT == 1 || kNT == 2, "D must be 64 or 128 with 8 warps");
   static_assert(kLag >= 1, "P.V runs at least one survivor behind its vote");
 
@@ -179,31 +188,26 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas(D, MT)) decode_kernel(co
     if (lam < 1.0) thr = static_cast<float>(log2(lam));
   }
 
+  // Shared memory (decode_params.hpp, smem_bytes): K ring, V ring, [P ring, Q, alpha ring: four
+  // m-tiles only], row-max exchange, tile index per V slot, mbarriers. With one m-tile, Q, P and
+  // alpha live in registers and Q is staged once through the last V slot.
   extern __shared__ __align__(1024) unsigned char smem[];  // 128B-swizzled TMA boxes need 1 KB
-  constexpr int RB = kv_row_bytes(D);
-  constexpr int kSlotBytes = static_cast<int>(kv_slot_bytes(D));
-  // Byte offset of 16-byte chunk `chunk` of key row `key` in a K/V slot: TMA boxes are 64-column
-  // halves of [128 keys][128 B] with the 128B swizzle; the other loads use padded rows.
-  const bool tma = p.tma != 0;
-  auto kv_off = [tma](int key, int chunk) -> std::uint32_t {
-    return tma ? static_cast<std::uint32_t>(((chunk >> 3) << 14) + key * 128 + (((chunk & 7) ^ (key & 7)) << 4))
-               : static_cast<std::uint32_t>(key * RB + chunk * 16);
-  };
   unsigned char* sK = smem;
   unsigned char* sV = sK + NK * kSlotBytes;
-  unsigned char* sP = sV + NV * kSlotBytes;
   constexpr int kPStage = kRows * kTileKeys * 2;
-  unsigned char* sQ = sP + NV * kPStage;
-  float* sAlpha = reinterpret_cast<float*>(sQ + kRows * D * 2);  // [NV][kRows]
-  float* sRed = sAlpha + NV * kRows;                              // [2][W][kRows]
-  int* sVTile = reinterpret_cast<int*>(sRed + 2 * W * kRows);     // [NV] tile index per V slot
+  unsigned char* sP = sV + NV * kSlotBytes;                                     // MT = 4
+  unsigned char* sQ = MT == 1 ? sV + (NV - 1) * kSlotBytes : sP + NV * kPStage;  // MT = 1: staging
+  float* sAlpha = reinterpret_cast<float*>(MT == 1 ? sP : sQ + kRows * D * 2);  // [NV][kRows], MT = 4
+  float* sRed = MT == 1 ? reinterpret_cast<float*>(sP) : sAlpha + NV * kRows;   // [2][W][kRows]
+  int* sVTile = reinterpret_cast<int*>(sRed + 2 * W * kRows);                   // [NV]
   unsigned long long* sBar = reinterpret_cast<unsigned long long*>(
       (reinterpret_cast<std::uintptr_t>(sVTile + NV) + 7) & ~std::uintptr_t{7});
   const std::uint32_t barK0 = smem_u32(sBar), barV0 = smem_u32(sBar + NK), barS0 = smem_u32(sBar + NK + NV);
 
+  const bool tma = p.tma != 0;
   if (tid == 0) {
-    // Bulk loads: one arrive (with the expected bytes) per phase; cp.async: one per thread.
-    for (int i = 0; i < NK + NV + 2; ++i) mbar_init(smem_u32(sBar + i), (p.tma || p.bulk) ? 1 : kThr);
+    // Tensor-map loads: one arrive (with the expected bytes) per phase; cp.async: one per thread.
+    for (int i = 0; i < NK + NV + 2; ++i) mbar_init(smem_u32(sBar + i), tma ? 1 : kThr);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
 
@@ -213,19 +217,8 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas(D, MT)) decode_kernel(co
   const int ld_row = tid / CH, ld_chunk = tid % CH;
   auto load_tile = [&](const T* base, std::int64_t s0, std::int64_t s1, std::int64_t sh, unsigned char* slot,
                        std::uint32_t bar, std::int64_t t, bool is_v) {
-    auto key_src = [&](std::int64_t key) {
-      std::int64_t off;
-      if (p.page_table) {
-        const std::int32_t page = __ldg(p.page_table + b * p.pt_stride + (key >> p.log2_page));
-        off = page * s0 + (key & ((1 << p.log2_page) - 1)) * s1;
-      } else {
-        off = b * s0 + key * s1;
-      }
-      return base + off + h * sh;
-    };
-    if (p.tma) {
-      // A few large boxes per tile (rows of up to one page, 64 columns each) issued by one thread;
-      // the smem image is the 128B-swizzled layout kv_off() reads.
+    if (tma) {
+      // A few large boxes per tile (rows of up to one page, 64 columns each) issued by one thread.
       if (tid == 0) {
         const int sub = p.tma_box_rows;
         const std::int64_t left = Lk - t * kTileKeys;
@@ -250,21 +243,7 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas(D, MT)) decode_kernel(co
       }
       return;
     }
-    if (p.bulk) {
-      // One key row (2D contiguous bytes) per thread through the copy engine.
-      const std::int64_t left = Lk - t * kTileKeys;
-      const int valid = left < kTileKeys ? static_cast<int>(left) : kTileKeys;
-      if (tid == 0) mbar_arrive_expect_tx(bar, valid * D * 2);
-      if (tid < valid) {
-        bulk_copy(smem_u32(slot + tid * RB), key_src(t * kTileKeys + tid), D * 2, bar);
-      } else if (is_v && tid < kTileKeys) {
-        // V rows past the end are read by P.V (with P = 0): zeros, never stale NaNs. Ordinary
-        // stores, ordered before the P.V by the barrier of a later iteration.
-#pragma unroll
-        for (int c = 0; c < CH; ++c) *reinterpret_cast<uint4*>(slot + tid * RB + c * 16) = make_uint4(0, 0, 0, 0);
-      }
-      return;
-    }
+    // 16 bytes per thread per request into the same swizzled image; keys past the end zero-filled.
 #pragma unroll
     for (int pass = 0; pass < kPasses; ++pass) {
       const int row = ld_row + pass * kRowsPerPass;
@@ -272,10 +251,17 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas(D, MT)) decode_kernel(co
       const T* src = base;
       int bytes = 0;
       if (key < Lk) {
-        src = key_src(key) + ld_chunk * 8;
+        std::int64_t off;
+        if (p.page_table) {
+          const std::int32_t page = __ldg(p.page_table + b * p.pt_stride + (key >> p.log2_page));
+          off = page * s0 + (key & ((1 << p.log2_page) - 1)) * s1;
+        } else {
+          off = b * s0 + key * s1;
+        }
+        src = base + off + h * sh + ld_chunk * 8;
         bytes = 16;
       }
-      cp_async16(smem_u32(slot + row * RB + ld_chunk * 16), src, bytes);
+      cp_async16(smem_u32(slot + kv_off(row, ld_chunk)), src, bytes);
     }
     cp_async_arrive(bar);
   };
@@ -309,9 +295,15 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas(D, MT)) decode_kernel(co
       *reinterpret_cast<uint4*>(sQ + swz(r, c, CH)) = val;
     }
   }
-
   __syncthreads();  // mbarrier init + Q visible
   if (!tma) first_loads();
+
+  // One m-tile: Q's A fragments stay in registers for the whole split.
+  std::uint32_t qa[MT == 1 ? D / 16 : 1][4];
+  if constexpr (MT == 1) {
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) ldsm_x4(smem_u32(sQ + swz(lane & 15, ks * 2 + (lane >> 4), CH)), qa[ks]);
+  }
 
   // Per-thread row state: rows lane/4 + 8*half + 16*mt. m in log2 units; l is this thread's partial.
   float m_run[MT][2], l_run[MT][2];
@@ -332,16 +324,19 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas(D, MT)) decode_kernel(co
       }
       row_lim[mt][hf] = static_cast<int>(lim < 0x7fffffff ? lim : 0x7fffffff);
     }
-  float o_acc[MT][kNT][4];
+  // Output accumulator: one m-tile: this warp's 16 keys x all D columns (summed over warps at the
+  // end); four m-tiles: all keys x this warp's D/8 columns.
+  constexpr int kON = MT == 1 ? kDN : kNT;
+  float o_acc[MT][kON][4];
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-    for (int nt = 0; nt < kNT; ++nt)
+    for (int nt = 0; nt < kON; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) o_acc[mt][nt][e] = 0.f;
 
-  // S = scale * Q K^T for this warp's 128 / W keys of the tile in slot Ks (log2 units), masked;
-  // the warp's row maxima go to wmax (this thread's rows) and red[warp][row].
+  // S = scale * Q K^T for this warp's 16 keys of the tile in slot Ks (log2 units), masked; the
+  // warp's row maxima go to wmax (this thread's rows) and red[warp][row].
   float s[MT][kSN][4];
   float wmax[MT][2];
   auto score = [&](const unsigned char* Ks, std::int64_t t, float* red) {
@@ -353,24 +348,22 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas(D, MT)) decode_kernel(co
         for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.f;
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks) {
-      std::uint32_t bk[kSN][2];
-#pragma unroll
-      for (int np = 0; np < kSN / 2; ++np) {
-        const int key = warp * kKW + np * 16 + (lane & 7) + (lane >> 4) * 8;
-        const int chunk = ks * 2 + ((lane >> 3) & 1);
-        std::uint32_t r[4];
-        ldsm_x4(smem_u32(Ks) + kv_off(key, chunk), r);
-        bk[np * 2][0] = r[0];
-        bk[np * 2][1] = r[1];
-        bk[np * 2 + 1][0] = r[2];
-        bk[np * 2 + 1][1] = r[3];
+      std::uint32_t r[4];
+      {
+        const int key = warp * kKW + (lane & 7) + (lane >> 4) * 8;
+        ldsm_x4(smem_u32(Ks) + kv_off(key, ks * 2 + ((lane >> 3) & 1)), r);
       }
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
-        std::uint32_t a[4];
-        ldsm_x4(smem_u32(sQ + swz(mt * 16 + (lane & 15), ks * 2 + (lane >> 4), CH)), a);
-#pragma unroll
-        for (int nt = 0; nt < kSN; ++nt) mma16816<T>(s[mt][nt], a, bk[nt][0], bk[nt][1]);
+        if constexpr (MT == 1) {
+          mma16816<T>(s[mt][0], qa[ks], r[0], r[1]);
+          mma16816<T>(s[mt][1], qa[ks], r[2], r[3]);
+        } else {
+          std::uint32_t a[4];
+          ldsm_x4(smem_u32(sQ + swz(mt * 16 + (lane & 15), ks * 2 + (lane >> 4), CH)), a);
+          mma16816<T>(s[mt][0], a, r[0], r[1]);
+          mma16816<T>(s[mt][1], a, r[2], r[3]);
+        }
       }
     }
     const int key0 = static_cast<int>(t * kTileKeys) + warp * kKW + 2 * (lane & 3);
@@ -410,8 +403,7 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas(D, MT)) decode_kernel(co
     // split of the group; the seed tiles mostly come from L2 after the first split reads them).
     for (int j = 0; j < 2; ++j) {
       mbar_wait(barS0 + 8 * j, 0);
-      float* red = sRed + j * W * kRows;
-      score(sV + j * kSlotBytes, seed_tile(j), red);
+      score(sV + j * kSlotBytes, seed_tile(j), sRed + j * W * kRows);
     }
     __syncthreads();
 #pragma unroll
@@ -425,28 +417,60 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas(D, MT)) decode_kernel(co
   int skipped_count = 0;
   int kept = 0, done = 0;  // survivors whose V load was issued / whose P.V is done
 
-  // P.V of survivor k (P in P slot k % NV, V in V slot k % NV).
-  auto pv = [&](int k) {
+  // Waits for survivor k's V (slot k % NV) and, for a tensor-map tile that ends past the sequence,
+  // zeroes the rows past the end that this warp reads (P = 0 there, but 0 * NaN is not 0).
+  auto wait_v = [&](int k, std::int64_t tile, int key_lo, int key_hi, int chunk_lo,
+                    int chunk_hi) -> const unsigned char* {
     const int slot = k % NV;
     mbar_wait(barV0 + 8 * slot, static_cast<std::uint32_t>((k / NV) & 1));
-    const std::int64_t tile = sVTile[slot];
+    unsigned char* Vs = sV + slot * kSlotBytes;
     if (tma && (tile + 1) * kTileKeys > Lk) {
-      // TMA boxes fill rows past the sequence end with other data (or leave them stale): zero this
-      // warp's columns of those rows, since P = 0 there but 0 * NaN is not 0.
       const int valid = static_cast<int>(Lk - tile * kTileKeys);
-      unsigned char* Vz = sV + slot * kSlotBytes;
-      for (int idx = lane; idx < (kTileKeys - valid) * kNT; idx += 32) {
-        const int key = valid + idx / kNT, chunk = warp * kNT + idx % kNT;
-        *reinterpret_cast<uint4*>(Vz + kv_off(key, chunk)) = make_uint4(0, 0, 0, 0);
-      }
+      const int k0 = valid > key_lo ? valid : key_lo;
+      const int nc = chunk_hi - chunk_lo;
+      for (int idx = lane; idx < (key_hi - k0) * nc; idx += 32)
+        *reinterpret_cast<uint4*>(Vs + kv_off(k0 + idx / nc, chunk_lo + idx % nc)) = make_uint4(0, 0, 0, 0);
       __syncwarp();
     }
+    return Vs;
+  };
+
+  // One m-tile: P and alpha of the pending survivors in registers, a FIFO whose oldest entry sits at
+  // index pending - 1 (a push shifts every entry up by one, so the indices stay static).
+  // The tile index rides along (no shared-memory handoff: the drain has no barrier).
+  std::uint32_t pa[MT == 1 ? kLag : 1][4];
+  float pal[MT == 1 ? kLag : 1][2];
+  int ptile[MT == 1 ? kLag : 1];
+  int pending = 0;
+  // P.V of survivor k for one m-tile: O (this warp's keys x all columns) = O * alpha + P V.
+  auto pv_reg = [&](int k, const std::uint32_t (&a)[4], const float (&al)[2], int tile) {
+    const unsigned char* Vs = wait_v(k, tile, warp * kKW, warp * kKW + kKW, 0, CH);
+#pragma unroll
+    for (int nt = 0; nt < kDN; ++nt) {
+      o_acc[0][nt][0] *= al[0];
+      o_acc[0][nt][1] *= al[0];
+      o_acc[0][nt][2] *= al[1];
+      o_acc[0][nt][3] *= al[1];
+    }
+    const int key = warp * kKW + (lane & 7) + ((lane >> 3) & 1) * 8;
+#pragma unroll
+    for (int np = 0; np < kDN / 2; ++np) {
+      std::uint32_t r[4];
+      ldsm_x4_t(smem_u32(Vs) + kv_off(key, np * 2 + (lane >> 4)), r);
+      mma16816<T>(o_acc[0][np * 2], a, r[0], r[1]);
+      mma16816<T>(o_acc[0][np * 2 + 1], a, r[2], r[3]);
+    }
+  };
+  // P.V of survivor k for four m-tiles: P from P slot k % NV, this warp's D/8 columns.
+  auto pv_smem = [&](int k) {
+    const int slot = k % NV;
+    const unsigned char* Vs = wait_v(k, sVTile[slot], 0, kTileKeys, warp * kNT, warp * kNT + kNT);
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
       const float a0 = sAlpha[slot * kRows + mt * 16 + (lane >> 2)];
       const float a1 = sAlpha[slot * kRows + mt * 16 + 8 + (lane >> 2)];
 #pragma unroll
-      for (int nt = 0; nt < kNT; ++nt) {
+      for (int nt = 0; nt < kON; ++nt) {
         o_acc[mt][nt][0] *= a0;
         o_acc[mt][nt][1] *= a0;
         o_acc[mt][nt][2] *= a1;
@@ -454,7 +478,6 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas(D, MT)) decode_kernel(co
       }
     }
     const unsigned char* Ps = sP + slot * kPStage;
-    const unsigned char* Vs = sV + slot * kSlotBytes;
 #pragma unroll
     for (int ks = 0; ks < kTileKeys / 16; ++ks) {
       // B fragments of V (keys ks*16.., this warp's columns) via ldmatrix.trans.
@@ -521,55 +544,102 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas(D, MT)) decode_kernel(co
         atomicAdd(p.hist + static_cast<std::int64_t>(h) * kHistBins + hist_bin(static_cast<double>(dmax) * 0.6931471805599453), 1ull);
     }
 
+    // The K slot of tile i is free (every warp passed the vote): refill it first, so that no P.V
+    // wait below delays the request.
+    if (i + NK < n) load_tile(kbase, p.k_s0, p.k_s1, p.k_sh, sK + kslot * kSlotBytes, barK0 + 8 * kslot, t + NK, false);
+
     if (keep) {
-      // New maxima, rescale factors, P = exp2(S - m) into P slot kept % NV, partial row sums, and
-      // the tile's V load into the V slot of the same index (free: its previous survivor's P.V ran
-      // before this iteration's barrier).
+      // The tile's V load into V slot kept % NV (free: that slot's previous survivor had its P.V
+      // before this barrier), then new maxima, rescale factors, P = exp2(S - m), row sums.
       const int slot = kept % NV;
-      unsigned char* Ps = sP + slot * kPStage;
+      if (MT != 1 && tid == 0) sVTile[slot] = static_cast<int>(t);  // read after a later barrier
+      load_tile(vbase, p.v_s0, p.v_s1, p.v_sh, sV + slot * kSlotBytes, barV0 + 8 * slot, t, true);
+      float alpha_new[MT][2];
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
-          const int r = mt * 16 + hf * 8 + (lane >> 2);
           const float m_old = m_run[mt][hf];
           const float m_new = fmaxf(m_old, tile_max(red, mt, hf));
           // Rows with nothing visible yet keep m = -inf; exp2 against 0 keeps their P at 0.
           const float m_use = m_new == -INFINITY ? 0.f : m_new;
           const float alpha = exp2f(m_old - m_use);  // 0 when m_old = -inf
           m_run[mt][hf] = m_new;
+          alpha_new[mt][hf] = alpha;
           float sum = 0.f;
 #pragma unroll
-          for (int nt = 0; nt < kSN; ++nt) {
-            const float p0 = exp2f(s[mt][nt][hf * 2] - m_use);
-            const float p1 = exp2f(s[mt][nt][hf * 2 + 1] - m_use);
-            sum += p0 + p1;
-            const int key = warp * kKW + nt * 8 + 2 * (lane & 3);
-            *reinterpret_cast<std::uint32_t*>(Ps + swz(r, key / 8, kTileKeys / 8) + (key & 7) * 2) = pack2<T>(p0, p1);
-          }
+          for (int nt = 0; nt < kSN; ++nt)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const float pe = exp2f(s[mt][nt][hf * 2 + e] - m_use);
+              s[mt][nt][hf * 2 + e] = pe;
+              sum += pe;
+            }
           l_run[mt][hf] = l_run[mt][hf] * alpha + sum;
-          if (warp == 0 && (lane & 3) == 0) sAlpha[slot * kRows + r] = alpha;
         }
       }
-      if (tid == 0) sVTile[slot] = static_cast<int>(t);
-      load_tile(vbase, p.v_s0, p.v_s1, p.v_sh, sV + slot * kSlotBytes, barV0 + 8 * slot, t, true);
+      if constexpr (MT == 1) {
+        // The oldest pending survivor first (P.V order is the visit order), then push this one:
+        // S's accumulator layout is the A-operand layout of P.V (this warp's 16 keys).
+        if (pending == kLag) {
+          pv_reg(done++, pa[kLag - 1], pal[kLag - 1], ptile[kLag - 1]);
+          --pending;
+        }
+#pragma unroll
+        for (int j = kLag - 1; j > 0; --j) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) pa[j][e] = pa[j - 1][e];
+          pal[j][0] = pal[j - 1][0];
+          pal[j][1] = pal[j - 1][1];
+          ptile[j] = ptile[j - 1];
+        }
+        pa[0][0] = pack2<T>(s[0][0][0], s[0][0][1]);
+        pa[0][1] = pack2<T>(s[0][0][2], s[0][0][3]);
+        pa[0][2] = pack2<T>(s[0][1][0], s[0][1][1]);
+        pa[0][3] = pack2<T>(s[0][1][2], s[0][1][3]);
+        pal[0][0] = alpha_new[0][0];
+        pal[0][1] = alpha_new[0][1];
+        ptile[0] = static_cast<int>(t);
+        ++pending;
+      } else {
+        unsigned char* Ps = sP + slot * kPStage;
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int hf = 0; hf < 2; ++hf) {
+            const int r = mt * 16 + hf * 8 + (lane >> 2);
+#pragma unroll
+            for (int nt = 0; nt < kSN; ++nt) {
+              const int key = warp * kKW + nt * 8 + 2 * (lane & 3);
+              *reinterpret_cast<std::uint32_t*>(Ps + swz(r, key / 8, kTileKeys / 8) + (key & 7) * 2) =
+                  pack2<T>(s[mt][nt][hf * 2], s[mt][nt][hf * 2 + 1]);
+            }
+            if (warp == 0 && (lane & 3) == 0) sAlpha[slot * kRows + r] = alpha_new[mt][hf];
+          }
+      }
       ++kept;
     } else {
       ++skipped_count;
     }
-    // The K slot of tile i is free (every warp passed the vote): refill it.
-    if (i + NK < n) load_tile(kbase, p.k_s0, p.k_s1, p.k_sh, sK + kslot * kSlotBytes, barK0 + 8 * kslot, t + NK, false);
-
-    // P.V of the survivors more than kLag behind (their P was written before this iteration's
-    // barrier), so each V load has had kLag iterations to land.
-    while (kept - done > kLag) pv(done++);
+    if constexpr (MT != 1) {
+      // P.V of the survivors more than kLag behind (their P was written before this iteration's
+      // barrier), so each V load has had kLag iterations to land.
+      while (kept - done > kLag) pv_smem(done++);
+    }
   }
-  __syncthreads();  // P of the last survivors written by every warp
-  while (done < kept) pv(done++);
+  if constexpr (MT == 1) {
+    // Drain the FIFO, oldest first (no barrier needed: each warp's P is its own).
+#pragma unroll
+    for (int j = kLag - 1; j >= 0; --j)
+      if (j < pending) pv_reg(done++, pa[j], pal[j], ptile[j]);
+  } else {
+    __syncthreads();  // P of the last survivors written by every warp
+    while (done < kept) pv_smem(done++);
+  }
 
   // Row sums: quad, then across warps (every warp saw different keys).
-  __syncthreads();
-  float* lred = sRed;  // reuse: [W][kRows]
+  __syncthreads();  // every warp is done with the rings: their memory is reused below
+  float* lred = sRed;  // [W][kRows]
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -579,25 +649,59 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas(D, MT)) decode_kernel(co
       v += __shfl_xor_sync(0xffffffffu, v, 2);
       if ((lane & 3) == 0) lred[warp * kRows + mt * 16 + hf * 8 + (lane >> 2)] = v;
     }
-  __syncthreads();
+  if constexpr (MT == 1) {
+    // Each warp's O covers its keys only: sum the 8 partial outputs through shared memory (the K
+    // ring, idle now), then normalise and write rows < R with coalesced stores.
+    float* sO = reinterpret_cast<float*>(sK);  // [W][16][D]
 #pragma unroll
-  for (int mt = 0; mt < MT; ++mt) {
+    for (int nt = 0; nt < kDN; ++nt)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int r = hf * 8 + (lane >> 2), c = nt * 8 + 2 * (lane & 3);
+        *reinterpret_cast<float2*>(sO + (warp * 16 + r) * D + c) = make_float2(o_acc[0][nt][hf * 2], o_acc[0][nt][hf * 2 + 1]);
+      }
+    __syncthreads();
+    for (int idx = tid; idx < p.rows * D; idx += kThr) {
+      const int r = idx / D, c = idx % D;
+      float l = 0.f, o = 0.f;
+#pragma unroll
+      for (int w = 0; w < W; ++w) {
+        l += lred[w * kRows + r];
+        o += sO[(w * 16 + r) * D + c];
+      }
+      p.o_part[(part_row0 + r) * D + c] = l > 0.f ? o / l : 0.f;
+    }
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
-      const int r = mt * 16 + hf * 8 + (lane >> 2);
-      if (r < p.rows) {
+      const int r = hf * 8 + (lane >> 2);
+      if (warp == 0 && (lane & 3) == 0 && r < p.rows) {
         float l = 0.f;
 #pragma unroll
         for (int w = 0; w < W; ++w) l += lred[w * kRows + r];
-        const bool empty = !(l > 0.f);
-        const float inv = empty ? 0.f : 1.f / l;
-        float* dst = p.o_part + (part_row0 + r) * D + warp * (D / W) + 2 * (lane & 3);
+        p.lse_part[part_row0 + r] = l > 0.f ? (m_run[0][hf] + log2f(l)) * 0.69314718055994531f : -INFINITY;
+      }
+    }
+  } else {
+    __syncthreads();
 #pragma unroll
-        for (int nt = 0; nt < kNT; ++nt)
-          *reinterpret_cast<float2*>(dst + nt * 8) =
-              make_float2(o_acc[mt][nt][hf * 2] * inv, o_acc[mt][nt][hf * 2 + 1] * inv);
-        if (warp == 0 && (lane & 3) == 0)
-          p.lse_part[part_row0 + r] = empty ? -INFINITY : (m_run[mt][hf] + log2f(l)) * 0.69314718055994531f;
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int r = mt * 16 + hf * 8 + (lane >> 2);
+        if (r < p.rows) {
+          float l = 0.f;
+#pragma unroll
+          for (int w = 0; w < W; ++w) l += lred[w * kRows + r];
+          const bool empty = !(l > 0.f);
+          const float inv = empty ? 0.f : 1.f / l;
+          float* dst = p.o_part + (part_row0 + r) * D + warp * (D / W) + 2 * (lane & 3);
+#pragma unroll
+          for (int nt = 0; nt < kNT; ++nt)
+            *reinterpret_cast<float2*>(dst + nt * 8) =
+                make_float2(o_acc[mt][nt][hf * 2] * inv, o_acc[mt][nt][hf * 2 + 1] * inv);
+          if (warp == 0 && (lane & 3) == 0)
+            p.lse_part[part_row0 + r] = empty ? -INFINITY : (m_run[mt][hf] + log2f(l)) * 0.69314718055994531f;
+        }
       }
     }
   }

@@ -22,10 +22,12 @@ constexpr int kHistBins = 1024 + 2;  // DeltaHistogram::kBins + 2
 // m-tiles for a row count (the instantiation that runs it).
 constexpr int mtiles_for(int rows) { return rows <= 16 ? 1 : 4; }
 // K ring depth: tiles whose loads are in flight ahead of the scores.
-constexpr int stages_k(int D, int MT) { return (D == 64 && MT == 1) ? 2 : 3; }
+constexpr int stages_k(int, int) { return 3; }
 // V ring depth NV: P.V of a surviving tile runs NV - 1 survivors after its vote, so its V load has
-// NV - 1 iterations to land (the V of a tile can only be requested once its vote is known).
-constexpr int stages_v(int D, int MT) { return MT == 1 ? 3 : 2; }
+// NV - 1 iterations to land (the V of a tile can only be requested once its vote is known). One
+// m-tile keeps Q, P and alpha in registers, which leaves room for a fourth V slot at d = 128 (7
+// slots of 32 KB); d = 64 keeps 3 so that two CTAs fit per SM; four m-tiles need a P ring.
+constexpr int stages_v(int D, int MT) { return MT == 1 ? (D == 128 ? 4 : 3) : 2; }
 // CTAs per SM the shared-memory size allows (d = 64, one m-tile: two, with 128 registers each).
 constexpr int min_ctas(int D, int MT) { return (D == 64 && MT == 1) ? 2 : 1; }
 
@@ -61,7 +63,6 @@ struct Params {
   unsigned long long* visited;  // [Hk] or nullptr
   unsigned long long* skipped;  // [Hk]
   unsigned long long* hist;     // [Hk, kHistBins] or nullptr
-  int bulk;  // without tma: 1 = one cp.async.bulk per key row, 0 = 16-byte cp.async per thread
 };
 
 struct MergeParams {
@@ -76,24 +77,24 @@ struct MergeParams {
   std::int64_t l_sb, l_sh, l_st;
 };
 
-// Shared-memory bytes of the main kernel for head dim D and MT m-tiles.
-// K/V slots hold 128 rows of 2D + 16 bytes: tensor-map boxes use the first 128 * 2D bytes
-// (64-column halves, 128B swizzle); the fallback loads use padded rows, so the 8 rows an ldmatrix
-// reads fall on 8 different bank groups and each key row stays one contiguous bulk-copy target.
-constexpr int kv_row_bytes(int D) { return 2 * D + 16; }
-constexpr std::size_t kv_slot_bytes(int D) { return std::size_t(kTileKeys) * kv_row_bytes(D); }
+// Shared-memory bytes of the main kernel for head dim D and MT m-tiles. K/V slots hold the
+// tensor-map image of a tile: 64-column halves of [128 keys][128 B], 128B swizzle (the cp.async
+// fallback writes the same image), so the 8 rows an ldmatrix reads hit 8 different bank groups.
+constexpr std::size_t kv_slot_bytes(int D) { return std::size_t(kTileKeys) * 2 * D; }
 
 constexpr std::size_t smem_bytes(int D, int MT) {
-  return std::size_t(stages_k(D, MT) + stages_v(D, MT)) * kv_slot_bytes(D)  // K, V rings
-         + std::size_t(stages_v(D, MT)) * MT * 16 * kTileKeys * 2           // P ring
-         + std::size_t(MT) * 16 * D * 2                                     // Q
-         + std::size_t(stages_v(D, MT)) * MT * 16 * 4                       // alpha ring
-         + std::size_t(2) * kWarps * MT * 16 * 4                            // row-max exchange
-         + std::size_t(stages_v(D, MT)) * 4                                 // tile index per V slot
-         + std::size_t(stages_k(D, MT) + stages_v(D, MT) + 2) * 8 + 8;      // mbarriers (+2 seed)
+  const std::size_t rings = std::size_t(stages_k(D, MT) + stages_v(D, MT)) * kv_slot_bytes(D);
+  const std::size_t p_q_alpha = MT == 1 ? 0  // registers (Q staged once through a V slot)
+                                        : std::size_t(stages_v(D, MT)) * MT * 16 * kTileKeys * 2  // P ring
+                                              + std::size_t(MT) * 16 * D * 2                      // Q
+                                              + std::size_t(stages_v(D, MT)) * MT * 16 * 4;       // alpha
+  const std::size_t red = std::size_t(2) * kWarps * MT * 16 * 4 + std::size_t(stages_v(D, MT)) * 4;
+  return rings + p_q_alpha + ((red + 7) & ~std::size_t(7)) + std::size_t(stages_k(D, MT) + stages_v(D, MT) + 2) * 8;
 }
 static_assert(smem_bytes(128, 1) <= 227 * 1024 && smem_bytes(128, 4) <= 227 * 1024, "d = 128 fits one CTA per SM");
-static_assert(smem_bytes(64, 1) + 1024 <= 114 * 1024, "d = 64, one m-tile: two CTAs per SM");
+static_assert(2 * (smem_bytes(64, 1) + 1024) <= 228 * 1024, "d = 64, one m-tile: two CTAs per SM");
+// The one-m-tile epilogue sums the 8 warps' [16 x D] fp32 outputs in the K ring.
+static_assert(std::size_t(8) * 16 * 128 * 4 <= 3 * kv_slot_bytes(128), "epilogue buffer fits the K ring");
 
 template <class T, int D, bool kSkip, int MT>
 void launch_decode(const Params& p, dim3 grid, std::size_t smem, cudaStream_t stream);
