@@ -204,21 +204,23 @@ EncodeTiled encode_tiled() {
   return fn;
 }
 
-// K or V cache as a {d, Hk, rows} tensor with {64, 1, box_rows} boxes, 128B swizzle. False when
-// the layout does not flatten to rows (the kernel then uses 16-byte cp.async).
-bool make_kv_map(CUtensorMap* map, const Tensor& t, std::int64_t rows_per_s0, int box_rows) {
+// K or V cache [S0, S1, Hk, d] (S0 = sequences or pages, S1 = keys or page slots, any 16-byte
+// multiple strides, e.g. [B, L, Hk, d] or a head-major [B, Hk, L, d] view) as a 4-D tensor map
+// {d, S1, Hk, S0} with {64, box_rows, 1, 1} boxes and the 128B swizzle. Rows past S1 read as zeros.
+bool make_kv_map(CUtensorMap* map, const Tensor& t, int box_rows) {
   EncodeTiled enc = encode_tiled();
   if (!enc) return false;
-  if (t.stride[0] != rows_per_s0 * t.stride[1]) return false;  // (batch|page, key|slot) -> rows
-  const std::int64_t rows = t.shape[0] * rows_per_s0;
-  if (rows >= (std::int64_t{1} << 31) || t.shape[3] % 64 != 0) return false;
-  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(t.shape[3]), static_cast<cuuint64_t>(t.shape[2]),
-                              static_cast<cuuint64_t>(rows)};
-  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(t.stride[2]) * 2, static_cast<cuuint64_t>(t.stride[1]) * 2};
-  const cuuint32_t box[3] = {64, 1, static_cast<cuuint32_t>(box_rows)};
-  const cuuint32_t estr[3] = {1, 1, 1};
+  if (t.shape[3] % 64 != 0) return false;
+  for (int i = 0; i < 3; ++i)
+    if (t.stride[i] <= 0 || t.shape[i] >= (std::int64_t{1} << 31)) return false;
+  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(t.shape[3]), static_cast<cuuint64_t>(t.shape[1]),
+                              static_cast<cuuint64_t>(t.shape[2]), static_cast<cuuint64_t>(t.shape[0])};
+  const cuuint64_t strides[3] = {static_cast<cuuint64_t>(t.stride[1]) * 2, static_cast<cuuint64_t>(t.stride[2]) * 2,
+                                 static_cast<cuuint64_t>(t.stride[0]) * 2};
+  const cuuint32_t box[4] = {64, static_cast<cuuint32_t>(box_rows), 1, 1};
+  const cuuint32_t estr[4] = {1, 1, 1, 1};
   const CUtensorMapDataType dt = t.dtype == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-  return enc(map, dt, 3, t.data, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+  return enc(map, dt, 4, t.data, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
@@ -341,6 +343,7 @@ void cuda_decode(const DecodeProblem& p, const SkipConfig& skip, const RunOption
   split_tiles = std::max<std::int64_t>(split_tiles, 1);
   const std::int64_t num_splits = std::max<std::int64_t>((max_tiles + split_tiles - 1) / split_tiles, 1);
   if (num_splits > 65535) throw Error("skip.vote.split_tiles: too many splits (" + std::to_string(num_splits) + ")");
+  // (With BLASST_DECODE_GRID=splits the splits go to grid.x, whose limit is larger.)
 
   const bool want_stats = stats != nullptr && (opt.collect_stats || opt.collect_histogram || opt.record_deltas);
   const bool want_hist = stats != nullptr && opt.collect_histogram;
@@ -389,16 +392,23 @@ void cuda_decode(const DecodeProblem& p, const SkipConfig& skip, const RunOption
   const std::string loads = load_path();
   kp.tma = 0;
   if (loads.empty() || loads == "tma") {
-    const std::int64_t rows_per_s0 = r.paged ? r.page_size : p.k_cache.shape[1];
     const int box_rows = static_cast<int>(r.paged ? std::min<std::int64_t>(r.page_size, decode::kTileKeys) : decode::kTileKeys);
-    if (box_rows >= 8 && make_kv_map(&kp.tmk, p.k_cache, rows_per_s0, box_rows) &&
-        make_kv_map(&kp.tmv, p.v_cache, rows_per_s0, box_rows)) {
+    if (box_rows >= 8 && make_kv_map(&kp.tmk, p.k_cache, box_rows) && make_kv_map(&kp.tmv, p.v_cache, box_rows)) {
       kp.tma = 1;
       kp.tma_box_rows = box_rows;
     }
   }
-  launch(r.dtype, static_cast<int>(r.d), use_skip, mtiles, kp,
-         dim3(static_cast<unsigned>(r.hk), static_cast<unsigned>(num_splits), static_cast<unsigned>(r.batch)), smem, stream);
+  // Grid order probe for the benchmark: BLASST_DECODE_GRID=splits puts the splits of one head next
+  // to each other (default: heads fastest). Anything else is an error.
+  const char* grid_env = std::getenv("BLASST_DECODE_GRID");
+  const std::string grid_order = grid_env ? grid_env : "";
+  if (!grid_order.empty() && grid_order != "heads" && grid_order != "splits")
+    throw Error("BLASST_DECODE_GRID: expected heads or splits, got '" + grid_order + "'");
+  kp.splits_fastest = grid_order == "splits" ? 1 : 0;
+  const dim3 grid = kp.splits_fastest
+                        ? dim3(static_cast<unsigned>(num_splits), static_cast<unsigned>(r.hk), static_cast<unsigned>(r.batch))
+                        : dim3(static_cast<unsigned>(r.hk), static_cast<unsigned>(num_splits), static_cast<unsigned>(r.batch));
+  launch(r.dtype, static_cast<int>(r.d), use_skip, mtiles, kp, grid, smem, stream);
 
   decode::MergeParams mp{};
   mp.o_part = kp.o_part; mp.lse_part = kp.lse_part;

@@ -59,13 +59,14 @@ __device__ __forceinline__ void cp_async16(std::uint32_t dst, const void* src, i
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes)
                : "memory");
 }
-// Tensor-map (TMA) copy of one {64, 1, rows} box at coordinates (c0, c1, c2).
-__device__ __forceinline__ void tma_load_3d(std::uint32_t dst, const CUtensorMap* map, int c0, int c1, int c2,
+// Tensor-map (TMA) copy of one {64, rows, 1, 1} box at coordinates (column, key or slot, head,
+// sequence or page).
+__device__ __forceinline__ void tma_load_4d(std::uint32_t dst, const CUtensorMap* map, int c0, int c1, int c2, int c3,
                                             std::uint32_t bar) {
   asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
-      "[%5];" ::"r"(dst),
-      "l"(reinterpret_cast<std::uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], "
+      "[%6];" ::"r"(dst),
+      "l"(reinterpret_cast<std::uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
       : "memory");
 }
 __device__ __forceinline__ void mbar_arrive_expect_tx(std::uint32_t bar, int bytes) {
@@ -163,8 +164,10 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas(D, MT)) decode_kernel(co
   // for this grid's completion with griddepcontrol.wait before reading anything.
   asm volatile("griddepcontrol.launch_dependents;");
 
-  // Heads fastest: the CTAs that run together read neighbouring head rows of the same keys.
-  const int h = blockIdx.x, split = blockIdx.y, b = blockIdx.z;
+  // Heads fastest (default): the CTAs that run together read neighbouring head rows of the same
+  // keys. splits_fastest (a benchmark probe): neighbouring key ranges of one head.
+  const int h = p.splits_fastest ? blockIdx.y : blockIdx.x, split = p.splits_fastest ? blockIdx.x : blockIdx.y;
+  const int b = blockIdx.z;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const std::int64_t Lk = p.seqlens ? static_cast<std::int64_t>(p.seqlens[b]) : p.lmax;
   const std::int64_t ntiles = (Lk + kTileKeys - 1) / kTileKeys;
@@ -229,16 +232,17 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas(D, MT)) decode_kernel(co
         const CUtensorMap* map = is_v ? &p.tmv : &p.tmk;
         for (int j = 0; j < nreq; ++j) {
           const std::int64_t key = t * kTileKeys + j * sub;
-          std::int64_t row;
+          int c1, c3;  // key within the sequence (or slot within the page), sequence (or page)
           if (p.page_table) {
-            const std::int32_t page = __ldg(p.page_table + b * p.pt_stride + (key >> p.log2_page));
-            row = static_cast<std::int64_t>(page) * (1 << p.log2_page) + (key & ((1 << p.log2_page) - 1));
+            c3 = __ldg(p.page_table + b * p.pt_stride + (key >> p.log2_page));
+            c1 = static_cast<int>(key & ((1 << p.log2_page) - 1));
           } else {
-            row = b * p.lmax + key;
+            c3 = b;
+            c1 = static_cast<int>(key);
           }
 #pragma unroll
           for (int hf = 0; hf < kHalves; ++hf)
-            tma_load_3d(smem_u32(slot + hf * kTileKeys * 128 + j * sub * 128), map, hf * 64, h, static_cast<int>(row), bar);
+            tma_load_4d(smem_u32(slot + hf * kTileKeys * 128 + j * sub * 128), map, hf * 64, c1, h, c3, bar);
         }
       }
       return;
