@@ -107,97 +107,78 @@ void fill_normal(std::vector<float>& v, std::uint64_t seed, double sd) {
 }
 
 // ---- llm ---------------------------------------------------------------------------------------
-// Amplitudes are set in logit units (score = q . k / sqrt(d)). Rotary dims [0, dr) carry a
-// per-KV-head vector a rotated by RoPE (base 10000): its part of q_i . k_j depends on i - j only
-// and decays with distance (recency, peak kLlmRecency at distance 0). Content dims [dr, d) carry
-// a per-KV-head unit direction u: each query has a component b_i along u (varying per token and
-// per head), the sink key (position 0) a large one and a few heavy-hitter keys a smaller one.
-// Every coordinate also gets unit-variance noise: pure noise gives scores of std ~1, as in the
-// random workload.
-constexpr double kLlmRecency = 5.0;                     // peak recency logit (distance 0)
-constexpr double kLlmSink = 13.0;                       // sink logit for a query with b_i = 1
-constexpr double kLlmHeavy = 6.0;                       // heavy-hitter logit for b_i = 1
-constexpr int kLlmHeavyCount = 4;                       // heavy hitters per (sequence, KV head)
-constexpr double kLlmNoise = 0.8;                       // per-coordinate noise of q and k
-constexpr double kLlmHeadMin = 0.8, kLlmHeadMax = 1.2;  // per query head sink strength
-constexpr double kLlmTokSpread = 0.1;                   // relative per-token spread of b_i
-
-void rope(float* x, const std::vector<double>& thetas, i64 pos) {
-  for (std::size_t p = 0; p < thetas.size(); ++p) {
-    const double theta = thetas[p];
-    const double c = std::cos(theta * pos), s = std::sin(theta * pos);
-    const double a = x[2 * p], b = x[2 * p + 1];
-    x[2 * p] = static_cast<float>(a * c - b * s);
-    x[2 * p + 1] = static_cast<float>(a * s + b * c);
-  }
-}
+// Logits are designed, in logit units (score = q . k / sqrt(d)), as
+//   sink (key 0):      S_i = P0 + sigma_h + eps_i       (a dedicated channel, no noise)
+//   other keys j < i:  P(i - j) + heavy_j + noise,  P(D) ~ P0 - ln(1 + D / kLlmD0)
+// P is a scale-free (power-law) recency: attention weight ~ 1 / distance, so a tile's maximum
+// relative to the sink falls as -ln(distance) and the tiles that pass the skip test at
+// lambda = factor / L are those beyond a fixed FRACTION of the context (the inverse law).
+// P is RoPE applied to a constant vector: sum_p A cos(w_p (i - j)) over np frequencies spaced
+// geometrically from 1 / kLlmD0 to 1 / kLlmDmax with equal amplitude A = ln(Dmax / D0) / np:
+// each octave of distance loses the same number of logits (slope 1 per unit ln D). The
+// unresolved (oscillating) frequencies leave a bounded ripple (std ~0.5 logit at d = 128).
+constexpr double kLlmD0 = 16.0;                         // distance where the decay starts
+constexpr double kLlmDmax = 131072.0;                   // decay resolved up to this distance
+constexpr double kLlmSigmaLo = 1.0, kLlmSigmaHi = 5.0;  // per query head: sink above the peak
+constexpr double kLlmTokSpread = 1.0;                   // per-token N(0, 1) spread of the sink
+constexpr double kLlmNoise = 0.35;                      // per-coordinate noise (not the sink)
+constexpr double kLlmHeavyRate = 1.0 / 1024.0;          // heavy hitters: fraction of keys
+constexpr double kLlmHeavyLo = 1.0, kLlmHeavyHi = 3.0;  // their logit bonus (any distance)
 
 void make_llm(const Dims& D, std::uint64_t seed, Workload& w) {
   const i64 d = D.d;
-  const i64 dr = d >= 4 ? (d / 2) & ~i64(1) : (d >= 2 ? 2 : 0);
-  const i64 dc = d - dr;
   const double sd = std::sqrt(static_cast<double>(d));
-  // |a|^2 / sqrt(d) = kLlmRecency  ->  per-coordinate std of a.
-  const double a_sd = dr > 0 ? std::sqrt(kLlmRecency * sd / static_cast<double>(dr)) : 0.0;
-  const double root = std::sqrt(sd);  // q along u = root * b, k along u = root * logit
-  std::vector<double> thetas(dr / 2);
-  for (i64 p = 0; p < dr / 2; ++p) thetas[p] = std::pow(10000.0, -2.0 * double(p) / double(dr));
+  const i64 c_sink = 0, c_heavy = d >= 4 ? 1 : -1;
+  const i64 p0 = d >= 4 ? 2 : 1;
+  const i64 np = std::max<i64>(0, (d - p0) / 2);
+  const double span = std::log(kLlmDmax / kLlmD0);
+  const double amp = np > 0 ? span / double(np) : 0.0;  // logits per pair
+  const double peak = amp * double(np);
+  const double root = std::sqrt(amp * sd);
+  const double ks = std::pow(sd, 0.5) * 4.0;  // sink key magnitude
+  const double hq = std::pow(sd, 0.5);        // heavy-hitter channel scale
   parallel_for(D.B * D.Hk, [&](i64 item) {
     const i64 b = item / D.Hk, kh = item % D.Hk;
-    std::vector<float> a(dr), u(std::max<i64>(dc, 1));
     Rng hr(stream_seed(seed, 1, b, kh));
-    for (auto& x : a) x = static_cast<float>(a_sd * hr.normal());
-    double n2 = 0;
-    for (i64 c = 0; c < dc; ++c) {
-      u[c] = static_cast<float>(hr.normal());
-      n2 += double(u[c]) * u[c];
-    }
-    const double inv = n2 > 0 ? 1.0 / std::sqrt(n2) : 0.0;
-    for (i64 c = 0; c < dc; ++c) u[c] = static_cast<float>(u[c] * inv);
-    std::vector<i64> heavy;
-    for (int t = 0; t < kLlmHeavyCount && D.L > 1; ++t)
-      heavy.push_back(1 + static_cast<i64>(hr.bits() % static_cast<std::uint64_t>(D.L - 1)));
-    // Keys.
+    const double u = hr.uniform();
+    std::vector<double> om(static_cast<std::size_t>(np));
+    for (i64 p = 0; p < np; ++p) om[p] = std::exp(-std::log(kLlmD0) - span * (double(p) + u) / double(np));
+    auto profile = [&](float* x, i64 pos, Rng& r) {
+      for (i64 p = 0; p < np; ++p) {
+        const double a = om[p] * double(pos);
+        x[p0 + 2 * p] = static_cast<float>(root * std::cos(a) + kLlmNoise * r.normal());
+        x[p0 + 2 * p + 1] = static_cast<float>(root * std::sin(a) + kLlmNoise * r.normal());
+      }
+      for (i64 c = p0 + 2 * np; c < d; ++c) x[c] = static_cast<float>(kLlmNoise * r.normal());
+    };
     Rng kr(stream_seed(seed, 2, b, kh));
     for (i64 j = 0; j < D.L; ++j) {
       float* k = &w.k[D.ki(b, j, kh)];
-      for (i64 c = 0; c < dr; ++c) k[c] = static_cast<float>(a[c] + kLlmNoise * kr.normal());
-      rope(k, thetas, j);
-      double along = 0;
-      if (j == 0)
-        along = kLlmSink;
-      else if (std::find(heavy.begin(), heavy.end(), j) != heavy.end())
-        along = kLlmHeavy;
-      for (i64 c = 0; c < dc; ++c)
-        k[dr + c] = static_cast<float>(root * along * u[c] + kLlmNoise * kr.normal());
+      const double heavy = kr.uniform();
+      const double hb = kLlmHeavyLo + (kLlmHeavyHi - kLlmHeavyLo) * kr.uniform();
+      if (j == 0) {
+        k[c_sink] = static_cast<float>(ks);  // pure sink: nothing else, no noise
+        continue;
+      }
+      profile(k, j, kr);
+      k[c_sink] = 0.0f;
+      if (c_heavy >= 0) k[c_heavy] = heavy < kLlmHeavyRate ? static_cast<float>(hb * hq) : 0.0f;
     }
-    // Queries of the heads that share this KV head.
     const i64 g = D.Hq / D.Hk;
     for (i64 hh = 0; hh < g; ++hh) {
       const i64 h = kh * g + hh;
       Rng qr(stream_seed(seed, 3, b, h));
-      const double head = kLlmHeadMin + (kLlmHeadMax - kLlmHeadMin) * qr.uniform();
+      const double sig = kLlmSigmaLo + (kLlmSigmaHi - kLlmSigmaLo) * qr.uniform();
       for (i64 i = 0; i < D.L; ++i) {
         float* q = &w.q[D.qi(b, i, h)];
-        for (i64 c = 0; c < dr; ++c) q[c] = static_cast<float>(a[c] + kLlmNoise * qr.normal());
-        rope(q, thetas, i);
-        const double bi = head * std::max(0.0, 1.0 + kLlmTokSpread * qr.normal());
-        for (i64 c = 0; c < dc; ++c)
-          q[dr + c] = static_cast<float>(root * bi * u[c] + kLlmNoise * qr.normal());
+        profile(q, i, qr);
+        const double s = peak + sig + kLlmTokSpread * qr.normal();
+        q[c_sink] = static_cast<float>(s * sd / ks);
+        if (c_heavy >= 0) q[c_heavy] = static_cast<float>(sd / hq);
       }
     }
   });
 }
-
-// ---- dit ---------------------------------------------------------------------------------------
-// Tokens on a T x H x W grid (row-major: t slowest). q and k are random Fourier features of the
-// grid position, cos/sin(w . p) with w ~ N(0, diag(1/lt^2, 1/ls^2, 1/ls^2)): q_i . k_j approximates a
-// Gaussian kernel of the 3-D distance, so attention falls off with distance. Frames are similar
-// (lt > ls): the same spatial location in another frame still scores high.
-constexpr double kDitAmp = 1.4;    // feature amplitude; peak score ~ amp^2 * sqrt(d) / 2
-constexpr double kDitNoise = 0.3;  // per-token noise
-constexpr double kDitSpatialMin = 1.5, kDitSpatialMax = 4.0;    // ls range over heads (grid cells)
-constexpr double kDitTemporalMin = 2.0, kDitTemporalMax = 8.0;  // lt range over heads (frames)
 
 void grid_shape(i64 L, i64& T, i64& H, i64& W) {
   // Divisor triple with H ~ W and T ~ sqrt(H W) / 4 (video latents: few frames, square frames).
@@ -223,39 +204,83 @@ void grid_shape(i64 L, i64& T, i64& H, i64& W) {
   }
 }
 
+// ---- dit ---------------------------------------------------------------------------------------
+// Tokens on a T x H x W grid (row-major, t slowest; grid_shape). Logits, in logit units:
+//   register/sink (token 0): S_i = P0 + kDitSinkLo..Hi (per query head) + N(0, kDitTokSpread^2)
+//   other keys:              P(r) + noise,   P(r) ~ P0 - 3 ln(r / kDitR0) for r in [R0, Rmax]
+// r = Euclidean distance in a metric where the grid box is a cube of side L^(1/3) (one token per
+// unit volume; frames are as far apart as the box is deep over its T frames). Attention weight
+// ~ r^-3 is the 3-D scale-free decay: every octave of distance holds the same attention mass,
+// so the keys that pass the skip test at lambda = factor / L are a fixed FRACTION of the grid.
+// P is a sum of nf plane waves A cos(w_f . dp) (the same w_f in q and k: RoPE-like), scales
+// 1 / |w_f| spaced geometrically over [R0, Rmax], random directions; the isotropic average of a
+// plane wave of scale s is sinc(r / s), and the log-uniform mixture of scales gives the log decay.
+// The early register key gives full attention a reference visited first in natural order: without
+// one, the running max before a row's own neighbourhood is set by other keys at comparable
+// distance ratios, which do not change with L, and no lambda ~ 1 / L law can hold.
+constexpr double kDitR0 = 0.7, kDitRmax = 64.0;   // resolved distances (metric units)
+constexpr double kDitSinkLo = 0.0, kDitSinkHi = 2.0;  // sink logit above the local peak, per head
+constexpr double kDitTokSpread = 0.5;
+constexpr double kDitNoise = 0.3;
+
 void make_dit(const Dims& D, std::uint64_t seed, Workload& w) {
-  const i64 d = D.d, nf = d / 2;
+  const i64 d = D.d;
+  const double sd = std::sqrt(static_cast<double>(d));
   i64 T, H, W;
   grid_shape(D.L, T, H, W);
+  const double M = std::cbrt(double(D.L));  // metric box: a cube of side L^(1/3), density 1
+  const double sc[3] = {M / double(T), M / double(H), M / double(W)};
+  const i64 p0 = 1;
+  const i64 nf = std::max<i64>(0, (d - p0) / 2);
+  const double span = std::log(kDitRmax / kDitR0);
+  const double amp = nf > 0 ? 3.0 * span / double(nf) : 0.0;  // slope 3 per unit ln r
+  const double peak = amp * double(nf);
+  const double root = std::sqrt(amp * sd);
+  const double ks = std::pow(sd, 0.5) * 4.0;
   parallel_for(D.B * D.Hk, [&](i64 item) {
     const i64 b = item / D.Hk, kh = item % D.Hk;
-    std::vector<double> om(3 * nf), ph(nf);
-    auto feat = [&](float* x, i64 pos, Rng& r, double amp) {
-      const double t = double(pos / (H * W)), y = double((pos / W) % H), xx = double(pos % W);
-      for (i64 f = 0; f < nf; ++f) {
-        const double arg = om[3 * f] * t + om[3 * f + 1] * y + om[3 * f + 2] * xx + ph[f];
-        x[2 * f] = static_cast<float>(amp * std::cos(arg) + kDitNoise * r.normal());
-        x[2 * f + 1] = static_cast<float>(amp * std::sin(arg) + kDitNoise * r.normal());
-      }
-      if (d % 2) x[d - 1] = static_cast<float>(kDitNoise * r.normal());
-    };
     Rng hr(stream_seed(seed, 11, b, kh));
-    // Per KV head: its own length scales and frequencies (some heads local, some wider).
-    const double ls = kDitSpatialMin + (kDitSpatialMax - kDitSpatialMin) * hr.uniform();
-    const double lt = kDitTemporalMin + (kDitTemporalMax - kDitTemporalMin) * hr.uniform();
+    std::vector<double> om(static_cast<std::size_t>(3 * nf));
+    const double u = hr.uniform();
     for (i64 f = 0; f < nf; ++f) {
-      om[3 * f] = hr.normal() / lt;
-      om[3 * f + 1] = hr.normal() / ls;
-      om[3 * f + 2] = hr.normal() / ls;
-      ph[f] = 2.0 * kPi * hr.uniform();
+      const double s = kDitR0 * std::exp(span * (double(f) + u) / double(nf));  // scale of feature f
+      double v[3], n2 = 0;
+      do {
+        n2 = 0;
+        for (auto& x : v) { x = hr.normal(); n2 += x * x; }
+      } while (n2 < 1e-12);
+      for (int a = 0; a < 3; ++a) om[3 * f + a] = v[a] / std::sqrt(n2) / s * sc[a];  // per grid step
     }
+    auto feat = [&](float* x, i64 pos, Rng& r) {
+      const double c3[3] = {double(pos / (H * W)), double((pos / W) % H), double(pos % W)};
+      for (i64 f = 0; f < nf; ++f) {
+        const double ang = om[3 * f] * c3[0] + om[3 * f + 1] * c3[1] + om[3 * f + 2] * c3[2];
+        x[p0 + 2 * f] = static_cast<float>(root * std::cos(ang) + kDitNoise * r.normal());
+        x[p0 + 2 * f + 1] = static_cast<float>(root * std::sin(ang) + kDitNoise * r.normal());
+      }
+      for (i64 c = p0 + 2 * nf; c < d; ++c) x[c] = static_cast<float>(kDitNoise * r.normal());
+    };
     Rng kr(stream_seed(seed, 12, b, kh));
-    for (i64 j = 0; j < D.L; ++j) feat(&w.k[D.ki(b, j, kh)], j, kr, kDitAmp);
+    for (i64 j = 0; j < D.L; ++j) {
+      float* k = &w.k[D.ki(b, j, kh)];
+      if (j == 0) {
+        k[0] = static_cast<float>(ks);
+        continue;
+      }
+      feat(k, j, kr);
+      k[0] = 0.0f;
+    }
     const i64 g = D.Hq / D.Hk;
     for (i64 hh = 0; hh < g; ++hh) {
       const i64 h = kh * g + hh;
       Rng qr(stream_seed(seed, 13, b, h));
-      for (i64 i = 0; i < D.L; ++i) feat(&w.q[D.qi(b, i, h)], i, qr, kDitAmp);
+      const double above = kDitSinkLo + (kDitSinkHi - kDitSinkLo) * qr.uniform();
+      for (i64 i = 0; i < D.L; ++i) {
+        float* q = &w.q[D.qi(b, i, h)];
+        feat(q, i, qr);
+        const double s = peak + above + kDitTokSpread * qr.normal();
+        q[0] = static_cast<float>(s * sd / ks);
+      }
     }
   });
 }
