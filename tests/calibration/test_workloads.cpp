@@ -14,12 +14,12 @@
 using namespace blasst;
 using namespace blasst::calibration;
 
-// Measured gaps (see above), with a margin of about 0.02.
-// Measured 2026-11-29: llm prefill 0.126 (fixed lambda 0.065), dit prefill 0.184 (fixed 0.154),
-// llm decode 0.190 (fixed 0.279); R^2 0.94, 0.83, 0.82.
-#define LLM_PREFILL_GAP 0.15
-#define DIT_PREFILL_GAP 0.21
-#define LLM_DECODE_GAP 0.21
+// Measured gaps (see below), with a margin of about 0.02. Scale-free workloads (2026-11-29, commit
+// 533b98f): llm prefill 0.067 (fixed lambda 0.195), dit prefill 0.081 (fixed 0.188), llm decode
+// 0.072 (fixed 0.232); R^2 0.96, 0.96, 0.97. Before (non-scale-free generators): 0.126, 0.184, 0.190.
+#define LLM_PREFILL_GAP 0.09
+#define DIT_PREFILL_GAP 0.10
+#define LLM_DECODE_GAP 0.09
 
 namespace {
 struct Case {
@@ -81,7 +81,7 @@ double prefill_case(const std::string& name, const Case& c, double* fixed_error)
   const auto v = validate(r, samples, r.targets);
   print(name, r, v);
   EXPECT_EQ(r.fits.size(), 1u);
-  EXPECT_GT(r.fits[0].fit.r2, 0.75) << name;  // measured 0.83 .. 0.94
+  EXPECT_GT(r.fits[0].fit.r2, 0.9) << name;  // measured 0.96
   // Independent check of "achieved": real reference runs with the calibrated SkipConfig (the
   // library's own lambda = a * exp(b * s) / L path) at the middle length and two targets.
   const auto& f = r.fits[0];
@@ -114,10 +114,11 @@ double prefill_case(const std::string& name, const Case& c, double* fixed_error)
 
 // Measured on this suite's sizes (L = 1024, 2048, 4096; 4 heads, d = 64; vote groups of 16 rows x
 // 1 head on 32-key tiles, max-first order): see docs/calibration.md "Accuracy on the CPU
-// workloads". The fit does not reach the 0.03 goal at these lengths: the factor lambda_s * L is
-// not length-invariant here (the inverse-law exponent p is far from 1), which one (a, b) per
-// phase cannot absorb. The bounds below are the measured gaps plus a small margin, so a change in
-// the method or the workloads shows up; they are not the goal.
+// workloads". These are finite-size lengths for the scaled-down groups (32 to 128 tiles per row,
+// the never-skipped first tile is 1-3 % of the pairs, and the fit spans all targets 0.1 .. 0.9);
+// the 0.03 goal is checked at the kernels' granularity and lengths by `blasst calibrate`
+// (bench/results/*calib*). The bounds below are the measured gaps plus a small margin, so a
+// change in the method or the workloads shows up; they are not the goal.
 TEST(Workloads, LlmPrefillCausal) {
   const Case c{WorkloadKind::llm, MaskKind::causal, VisitOrder::max_first, 4, 4, 64, {1024, 2048, 4096}};
   double fixed = 0;
