@@ -281,7 +281,8 @@ void check_dense(const Case& c, std::int64_t split_tiles = 0) {
 // Skip check: same layout in the reference; same skipped pairs (counts per KV head, up to ties
 // within rounding) and outputs within tolerance.
 // target > 0: lambda (a threshold) is taken from the reference's one-pass curve of this data at
-// that sparsity, with the kernel's own split layout (a GPU call with lambda >= 1 reports it) and
+// that sparsity (0.15: with the kernel's short splits at B = 1 and 2 KV heads, some seeds cannot
+// reach 0.3 at any lambda < 1, H200 run of 6ff5dca), with the kernel's own split layout (a GPU call with lambda >= 1 reports it) and
 // the same vote group and order, so every fresh seed skips a real share of tiles (fixed lambdas
 // left 0-0.006 for some seeds: H200 runs of 06efc5a and f05b4c2; short splits in natural order
 // skip little, as the first tile of each split is always kept).
@@ -431,11 +432,11 @@ TEST(GpuDecode, SkipMatchesReferenceThreshold) {
     c.structured = true;
     c.q_len = ql;
     c.lens = {20000};
-    check_skip(c, skip, 0, 0.01, 0.4, 0.3);   // the kernel's own split layout
-    check_skip(c, skip, 7, 0.01, 0.4, 0.3);   // a forced one
+    check_skip(c, skip, 0, 0.01, 0.4, 0.15);   // the kernel's own split layout
+    check_skip(c, skip, 7, 0.01, 0.4, 0.15);   // a forced one
     c.page = 64;
     c.lens = {9000, 129, 3000};
-    check_skip(c, skip, 0, 0.01, 0.4, 0.3);
+    check_skip(c, skip, 0, 0.01, 0.4, 0.15);
   }
 }
 
@@ -551,7 +552,7 @@ TEST(GpuDecode, EveryInstantiationMatchesReference) {
         check_dense(c, 3);
         c.structured = true;
         c.lens = {d == 128 ? 20000 : 12000};
-        check_skip(c, blasst::SkipConfig::from_threshold(0.02), d == 128 ? 0 : 5, 0.01, 0.4, 0.3);
+        check_skip(c, blasst::SkipConfig::from_threshold(0.02), d == 128 ? 0 : 5, 0.01, 0.4, 0.15);
       }
   Case c;  // 64 rows: g = 8, q_len = 8
   c.hq = 16;
@@ -568,7 +569,7 @@ TEST(GpuDecode, EveryInstantiationMatchesReference) {
   sk.structured = true;
   sk.q_len = 4;
   sk.lens = {9000, 129, 3000};
-  check_skip(sk, blasst::SkipConfig::from_threshold(0.02), 0, 0.01, 0.4, 0.3);
+  check_skip(sk, blasst::SkipConfig::from_threshold(0.02), 0, 0.01, 0.4, 0.15);
 }
 
 // Max-first order in decode = seeded splits (SPEC §2a): every split starts from the scores of the
@@ -694,7 +695,7 @@ TEST(GpuDecodeSanitizer, SmallSeededAndWideRows) {
   blasst::SkipConfig s = blasst::SkipConfig::from_threshold(0.05);
   s.vote.order = blasst::VisitOrder::max_first;
   c.q_len = 1;
-  check_skip(c, s, 4, 0.0);
+  check_skip(c, s, 4, 0.0, 0.5);  // seeded: looser skip-vs-dense bound (see SeededSplitsMatchReference)
 }
 
 }  // namespace

@@ -164,9 +164,9 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas(D, MT)) decode_kernel(co
   // for this grid's completion with griddepcontrol.wait before reading anything.
   asm volatile("griddepcontrol.launch_dependents;");
 
-  // Splits fastest (default): neighbouring CTAs read neighbouring key ranges of one head; heads
-  // fastest (BLASST_DECODE_GRID=heads): neighbouring head rows of the same keys, which read 6 %
-  // slower at B = 8, 32k on the H200 (run of f05b4c2: 3.72 vs 3.96 TB/s).
+  // Heads fastest (default): neighbouring CTAs read neighbouring head rows of the same keys;
+  // splits fastest (BLASST_DECODE_GRID=splits, a probe): neighbouring key ranges of one head. The
+  // H200 runs of f05b4c2 / 6ff5dca measured the two orders within run-to-run noise of each other.
   const int h = p.splits_fastest ? blockIdx.y : blockIdx.x, split = p.splits_fastest ? blockIdx.x : blockIdx.y;
   const int b = blockIdx.z;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;

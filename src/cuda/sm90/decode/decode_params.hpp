@@ -58,7 +58,7 @@ struct Params {
   // Seeded splits (SPEC §2a, max-first order in split-KV decode): each split's running maxima start
   // from the group's scores on the seed tiles (sink tile 0 and the last tile), not from -inf.
   int seeded;
-  int splits_fastest;  // grid (splits, Hk, B) (default) or (Hk, splits, B) (BLASST_DECODE_GRID=heads)
+  int splits_fastest;  // grid (Hk, splits, B) (default) or (splits, Hk, B) (BLASST_DECODE_GRID=splits)
   float* o_part;    // [B, Hk, splits, rows, D] normalised partial outputs
   float* lse_part;  // [B, Hk, splits, rows] natural-log LSE (-inf: nothing visible)
   unsigned long long* visited;  // [Hk] or nullptr
