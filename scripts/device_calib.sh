@@ -6,6 +6,7 @@
 #     2. llm decode   (GQA g = 4 vote, one split: --split-tiles 1024 keeps every length unsplit)
 #     3. llm decode   (16-tile unseeded splits, the kernel's kind of layout: shown for contrast)
 #     4. dit prefill  (full mask, Hq = Hk = 8, d 128)
+#     5. llm decode   (the kernel's own split layout, seeded splits: --order max_first)
 #   Logs and reports under $OUT (at most 8 files: a tarball of the reports), a short table last.
 # Usage: [BLASST_COMMIT=abc123] scripts/device_calib.sh
 # Expected: build ~2-3 min (library + kernels), the four calibrations ~10-40 s each (workload
@@ -50,11 +51,14 @@ run llm_prefill --workload llm --phase prefill --heads 8 --heads-k 2 --head-dim 
 run llm_decode --workload llm --phase decode --heads 8 --heads-k 2 --head-dim 128 --split-tiles 1024
 run llm_decode_split16 --workload llm --phase decode --heads 8 --heads-k 2 --head-dim 128 --split-tiles 16
 run dit_prefill --workload dit --phase prefill --heads 8 --heads-k 8 --head-dim 128
+# 5. llm decode with the kernel's own split layout and seeded splits (max-first order, SPEC §2a):
+#    the sink seeds every split's running max, so short splits follow the law like one split.
+run llm_decode_seeded --workload llm --phase decode --heads 8 --heads-k 2 --head-dim 128 --order max_first
 
 # Table: achieved sparsity per length (fit / fixed lambda) and the inverse-law exponent p.
 {
   echo "# blasst calibrate --device cuda, commit $COMMIT, $(date -u +%F), $(cat "$OUT/gpu.txt")"
-  for n in llm_prefill llm_decode llm_decode_split16 dit_prefill; do
+  for n in llm_prefill llm_decode llm_decode_split16 dit_prefill llm_decode_seeded; do
     f="$R/$n/report.md"
     echo
     echo "## $n"
