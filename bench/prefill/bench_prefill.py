@@ -282,8 +282,16 @@ def main():
     print(table)
 
 
-# bench knobs of the library (prefill_launch.hpp)
-K_NOV, K_TWO_COPY = 1, 64
+# bench knobs of the library (prefill_launch.hpp): bit 1 = no V loads; id << 8 = bench-only
+# instantiation kBenchVariants[id] (prefill_params.hpp)
+K_NOV = 1
+SKIP_VARIANTS = {1: "run3", 2: "1body+serial", 3: "run3+earlyV", 4: "earlyV", 5: "earlyV+Kahead",
+                 7: "run3+earlyV+Kahead", 8: "noHist", 9: "earlyV+Kahead+noHist"}
+DENSE_VARIANTS = {6: "dense+Kahead"}
+
+
+def knob(vid):
+    return vid << 8
 
 
 def interleaved_ms(fns, iters, warmup):
@@ -313,14 +321,15 @@ def interleaved_ms(fns, iters, warmup):
 def quick_main(args, lib):
     """Reduced suite for the skip variant (bf16): d128 at 16k and 32k, causal and full, and d64
     16k causal (random only). GPU warmed up first; every comparison timed interleaved.
-    random: dense, cuDNN, the skip kernel at 0 % (lambda off) as the library builds it and as the
-    bench-only two-copy variant (run 3's structure, knob 64, when built), with a tiny lambda
-    (1e-30: the vote is real, nothing skips) and with statistics + histogram on.
-    llm: dense, skip at 50/70/90 % (library; two-copy; library without V loads = upper bound of
-    V-load skipping, wrong output). Outputs of library and two-copy compared (same decisions)."""
+    random: dense, cuDNN, the skip kernel at 0 % (lambda off) as the library builds it, with
+    statistics + histogram on, and every bench-only variant (when built: SKIP_VARIANTS,
+    DENSE_VARIANTS). llm: dense, skip at 50/70/90 % (library and every bench-only variant; their
+    outputs compared with the library's: same decisions)."""
     dev = torch.cuda.get_device_name()
     commit = os.environ.get("BLASST_COMMIT", "unknown")
-    two_copy = lib.blasst_prefill_bench_variants() != 0
+    built = lib.blasst_prefill_bench_variants() != 0
+    sv = SKIP_VARIANTS if built else {}
+    dv = DENSE_VARIANTS if built else {}
     rows = []
     # Warm the GPU up (~2 s of dense work) so that the first configuration is not measured on a
     # cold, higher-clocked card (run 3's 16k causal row was).
@@ -331,7 +340,7 @@ def quick_main(args, lib):
         w()
         torch.cuda.synchronize()
     del q, k, v, w
-    configs = [(L, causal, d) for L in (16384, 32768) for causal in (True, False) for d in (128,)]
+    configs = [(L, causal, 128) for L in (16384, 32768) for causal in (True, False)]
     configs.append((16384, True, 64))
     for (L, causal, d) in configs:
         for kind in ("random", "llm"):
@@ -342,39 +351,30 @@ def quick_main(args, lib):
             fl = flops(1, 32, L, L, d, causal)
             tf = lambda ms: fl / (ms * 1e-3) / 1e12
             r = dict(workload=kind, L=L, d=d, mask="causal" if causal else "full")
+            names, fns = ["dense"], [lambda: ours()]
+            if d == 128:
+                for vid in dv:
+                    names.append(f"dense_v{vid}")
+                    fns.append(lambda vid=vid: ours(0.0, 0, None, knob(vid)))
             if kind == "random":
                 cnt = ours.counters(True)
-                names = ["dense", "skip0", "skip0_tiny_lambda", "skip0_stats"]
-                fns = [lambda: ours(), lambda: ours(0.0, 1), lambda: ours(1e-30, 1),
-                       lambda: ours(0.0, 1, cnt)]
-                if two_copy and d == 128:
-                    names.append("skip0_two_copy")
-                    fns.append(lambda: ours(0.0, 1, None, K_TWO_COPY))
+                names += ["skip0", "skip0_stats"]
+                fns += [lambda: ours(0.0, 1), lambda: ours(0.0, 1, cnt)]
+                if d == 128:
+                    for vid in sv:
+                        names.append(f"skip0_v{vid}")
+                        fns.append(lambda vid=vid: ours(0.0, 1, None, knob(vid)))
                 try:
                     sdpa(q, k, v, causal, SDPBackend.CUDNN_ATTENTION)
                     names.append("cudnn")
                     fns.append(lambda: sdpa(q, k, v, causal, SDPBackend.CUDNN_ATTENTION))
                 except Exception as ex:  # backend unavailable: keep going
                     r["cudnn_error"] = str(ex)[:200]
-                res = dict(zip(names, interleaved_ms(fns, args.iters, args.warmup)))
-                r["dense_ms"], r["dense_spread"] = res["dense"]
-                r["dense_tflops"] = tf(r["dense_ms"])
-                for n in names[1:]:
-                    r[n + "_ms"] = res[n][0]
-                    if n != "cudnn":
-                        r[n + "_ovh"] = res[n][0] / r["dense_ms"] - 1
-                if "cudnn" in res:
-                    r["ratio_vs_cudnn"] = res["cudnn"][0] / r["dense_ms"]
-                c = ours.counters(False)
-                ours(1e-30, 1, c)
-                torch.cuda.synchronize()
-                r["tiny_lambda_skipped"] = c[1].sum().item()
             else:
                 cnt = ours.counters(True)
                 ours(0.0, 1, cnt)
                 torch.cuda.synchronize()
                 hist = cnt[2].view(32, HIST_SLOTS).sum(0).double()
-                lams = []
                 r["skip"] = []
                 for s in (0.5, 0.7, 0.9):
                     lam, _ = lambda_for(hist, s)
@@ -385,67 +385,74 @@ def quick_main(args, lib):
                         torch.cuda.synchronize()
                         e["achieved"] = c2[1].sum().item() / max(1, c2[0].sum().item())
                         o_lib = ours.o.clone()
-                        if two_copy:
-                            ours(lam, 0, None, K_TWO_COPY)
+                        e["bitwise_equal_to_library"] = {}
+                        for vid in sv:
+                            ours(lam, 0, None, knob(vid))
                             torch.cuda.synchronize()
-                            e["two_copy_bitwise_equal"] = bool(torch.equal(o_lib, ours.o))
+                            e["bitwise_equal_to_library"][vid] = bool(torch.equal(o_lib, ours.o))
                         del o_lib
-                        lams.append(lam)
+                        names.append(f"lib{lam}")
+                        fns.append(lambda lam=lam: ours(lam))
+                        for vid in sv:
+                            names.append(f"v{vid}_{lam}")
+                            fns.append(lambda lam=lam, vid=vid: ours(lam, 0, None, knob(vid)))
                     r["skip"].append(e)
-                names, fns = ["dense"], [lambda: ours()]
-                for lam in lams:
-                    names += [f"lib{lam}", f"nov{lam}"]
-                    fns += [lambda lam=lam: ours(lam), lambda lam=lam: ours(lam, 0, None, K_NOV)]
-                    if two_copy:
-                        names.append(f"two{lam}")
-                        fns.append(lambda lam=lam: ours(lam, 0, None, K_TWO_COPY))
-                res = dict(zip(names, interleaved_ms(fns, args.iters, args.warmup)))
-                r["dense_ms"], r["dense_spread"] = res["dense"]
-                r["dense_tflops"] = tf(r["dense_ms"])
+            res = dict(zip(names, interleaved_ms(fns, args.iters, args.warmup)))
+            r["dense_ms"], r["dense_spread"] = res["dense"]
+            r["dense_tflops"] = tf(r["dense_ms"])
+            for vid in dv:
+                if f"dense_v{vid}" in res:
+                    r[f"dense_v{vid}_speedup"] = r["dense_ms"] / res[f"dense_v{vid}"][0]
+            if kind == "random":
+                for n in names:
+                    if n.startswith("skip0"):
+                        r[n + "_ovh"] = res[n][0] / r["dense_ms"] - 1
+                if "cudnn" in res:
+                    r["cudnn_ms"] = res["cudnn"][0]
+                    r["ratio_vs_cudnn"] = res["cudnn"][0] / r["dense_ms"]
+            else:
                 for e in r["skip"]:
                     lam = e["lambda"]
                     if lam is None:
                         continue
                     e["speedup"] = r["dense_ms"] / res[f"lib{lam}"][0]
-                    e["speedup_noV_bound"] = r["dense_ms"] / res[f"nov{lam}"][0]
-                    if two_copy:
-                        e["speedup_two_copy"] = r["dense_ms"] / res[f"two{lam}"][0]
+                    for vid in sv:
+                        e[f"speedup_v{vid}"] = r["dense_ms"] / res[f"v{vid}_{lam}"][0]
             rows.append(r)
             print(json.dumps(r), flush=True)
             del q, k, v, ours
             torch.cuda.empty_cache()
     meta = dict(date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), commit=commit, gpu=dev,
                 torch=torch.__version__, iters=args.iters, warmup=args.warmup, suite="quick",
-                timing="interleaved rounds after a 2 s warm-up", two_copy_built=two_copy)
+                timing="interleaved rounds after a 2 s warm-up", bench_variants_built=built,
+                skip_variants=sv, dense_variants=dv)
     pc = lambda x: "-" if x is None else f"{100 * x:+.1f}%"
+    vl = ", ".join(f"v{k} = {n}" for k, n in {**sv, **dv}.items())
     lines = [f"# prefill quick benchmark  {meta['date']}  commit {commit}  {dev}", "",
-             "random inputs: skip kernel at 0 % sparsity, time over dense (interleaved timing); lib = library "
-             "skip kernel, tiny = lambda 1e-30, stats = statistics + histogram on, 2copy = run 3's loop "
-             "structure (bench-only variant)", "",
-             "| L | d | mask | dense TF/s | ours/cuDNN | lib | tiny | stats | 2copy |", "|" + "---|" * 9]
+             f"Interleaved timing after a 2 s warm-up. Bench-only variants: {vl}.", "",
+             "random inputs: skip kernels at 0 % sparsity, time over dense; lib = library skip kernel, "
+             "stats = library with statistics + histogram", "",
+             "| L | d | mask | dense TF/s | ours/cuDNN | " + " | ".join(["lib", "stats"] + [f"v{k}" for k in sv])
+             + " | " + " | ".join(f"v{k} (x dense)" for k in dv) + " |",
+             "|" + "---|" * (6 + len(sv) + len(dv))]
     for r in rows:
         if r["workload"] == "random":
+            cells = [pc(r.get("skip0_ovh")), pc(r.get("skip0_stats_ovh"))] + [pc(r.get(f"skip0_v{k}_ovh")) for k in sv]
+            cells += [f"{r[f'dense_v{k}_speedup']:.3f}x" if f"dense_v{k}_speedup" in r else "-" for k in dv]
             lines.append(f"| {r['L']} | {r['d']} | {r['mask']} | {r['dense_tflops']:.0f} | "
-                         f"{r.get('ratio_vs_cudnn', float('nan')):.3f} | {pc(r['skip0_ovh'])} | "
-                         f"{pc(r['skip0_tiny_lambda_ovh'])} | {pc(r['skip0_stats_ovh'])} | "
-                         f"{pc(r.get('skip0_two_copy_ovh'))} |")
-    lines += ["", "llm inputs, d128: speedup over dense at s = 0.5 / 0.7 / 0.9 (achieved: library / 2copy / "
-              "library without V loads = bound)", "",
-              "| L | mask | dense TF/s | s=0.5 | s=0.7 | s=0.9 |", "|" + "---|" * 6]
+                         f"{r.get('ratio_vs_cudnn', float('nan')):.3f} | " + " | ".join(cells) + " |")
+    lines += ["", "llm inputs, d128: speedup over dense (achieved sparsity: library, then each variant)", "",
+              "| L | mask | dense TF/s | s | lib | " + " | ".join(f"v{k}" for k in sv) + " |",
+              "|" + "---|" * (5 + len(sv))]
     for r in rows:
         if r["workload"] == "llm":
-            cells = []
             for e in r["skip"]:
                 if "speedup" not in e:
-                    cells.append("n/a")
                     continue
-                c = f"{e['achieved']:.2f}: {e['speedup']:.2f}x"
-                c += f" / {e['speedup_two_copy']:.2f}x" if "speedup_two_copy" in e else " / -"
-                c += f" / [{e['speedup_noV_bound']:.2f}x]"
-                if e.get("two_copy_bitwise_equal") is False:
-                    c += " (2copy output not bitwise)"
-                cells.append(c)
-            lines.append(f"| {r['L']} | {r['mask']} | {r['dense_tflops']:.0f} | " + " | ".join(cells) + " |")
+                diff = [k for k, eq in e.get("bitwise_equal_to_library", {}).items() if not eq]
+                cells = [f"{e['speedup']:.3f}x"] + [f"{e[f'speedup_v{k}']:.3f}x" for k in sv]
+                lines.append(f"| {r['L']} | {r['mask']} | {r['dense_tflops']:.0f} | {e['achieved']:.2f} | "
+                             + " | ".join(cells) + " |" + (f" not bitwise: {diff}" if diff else ""))
     table = "\n".join(lines)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "bench_prefill_quick.json"), "w") as fh:

@@ -37,8 +37,9 @@ Inputs llm_inputs(const Case& c, std::uint64_t seed) {
 // path): the skip kernel with the delta histogram on (the warp maxima ride on the vote's
 // BAR.RED) against the same kernel without it (same decisions: bitwise-equal outputs, equal
 // counters; the histogram counts every visited pair once); and, in builds with the bench-only
-// variants, run 3's two-copy loop structure against the library's single loop body (another
-// binary: equal counters, outputs within rounding). Retired knob bits are an Error.
+// variants (other loop structures / producer orders, prefill_params.hpp), each of them against
+// the library's kernel of its kind (another binary: equal counters, outputs within rounding).
+// Retired knob bits are an Error.
 TEST(GpuPrefill, BenchKnobsKeepResults) {
   REQUIRE_GPU();
   namespace pf = blasst::sm90::prefill;
@@ -87,7 +88,9 @@ TEST(GpuPrefill, BenchKnobsKeepResults) {
     EXPECT_EQ(cudaMemset(od, 0xff, on * 2), cudaSuccess);  // NaN poison
     EXPECT_EQ(cudaMemset(cnt, 0, r.cnt.size() * sizeof(unsigned long long)), cudaSuccess);
     EXPECT_EQ(cudaMemset(hist, 0, hslots * sizeof(unsigned long long)), cudaSuccess);
-    pf::launch_attention(p, sk, nullptr, false, cnt, cnt + c.hq, with_hist ? hist : nullptr, knobs);
+    const bool stats = sk.enabled || with_hist;  // counters select the skip kernel
+    pf::launch_attention(p, sk, nullptr, false, stats ? cnt : nullptr, stats ? cnt + c.hq : nullptr,
+                         with_hist ? hist : nullptr, knobs);
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     EXPECT_EQ(cudaMemcpy(r.o.data(), od, on * 2, cudaMemcpyDeviceToHost), cudaSuccess);
     EXPECT_EQ(cudaMemcpy(r.cnt.data(), cnt, r.cnt.size() * sizeof(unsigned long long),
@@ -122,16 +125,24 @@ TEST(GpuPrefill, BenchKnobsKeepResults) {
       EXPECT_EQ(total, b.cnt[std::size_t(h)]) << "histogram of head " << h << " != visited";
       skipped_any += a.cnt[std::size_t(c.hq + h)];
     }
-    if (pf::bench_variants_built()) {
-      const Res t = run(sk, pf::kKnobTwoCopySkip, false);
-      EXPECT_EQ(a.cnt, t.cnt) << "two-copy skip variant decides differently";
-      EXPECT_LE(max_rel(a, t), 2.0 / 128) << "two-copy skip variant differs beyond rounding";
-      std::printf("[knobs] lambda %g: two-copy vs library skip bitwise equal: %s\n", lambda,
-                  a.o == t.o ? "yes" : "no");
+    for (int id = 1; pf::bench_variants_built() && id < pf::kNumBenchVariants; ++id) {
+      if (!pf::kBenchVariants[id].skip) continue;
+      const Res t = run(sk, id << pf::kKnobVariantShift, false);
+      EXPECT_EQ(a.cnt, t.cnt) << "bench variant " << id << " decides differently";
+      EXPECT_LE(max_rel(a, t), 2.0 / 128) << "bench variant " << id << " differs beyond rounding";
+      std::printf("[knobs] lambda %g: bench variant %d vs library skip bitwise equal: %s\n", lambda,
+                  id, a.o == t.o ? "yes" : "no");
     }
   }
+  for (int id = 1; pf::bench_variants_built() && id < pf::kNumBenchVariants; ++id) {
+    if (pf::kBenchVariants[id].skip) continue;
+    const Res a = run(SkipConfig{}, 0, false), t = run(SkipConfig{}, id << pf::kKnobVariantShift, false);
+    EXPECT_LE(max_rel(a, t), 2.0 / 128) << "dense bench variant " << id << " differs beyond rounding";
+    std::printf("[knobs] dense bench variant %d vs library dense bitwise equal: %s\n", id,
+                a.o == t.o ? "yes" : "no");
+  }
   EXPECT_GT(skipped_any, 0u) << "nothing skipped: the comparisons above tested no skip";
-  for (int bit : {4, 8, 16, 32}) {
+  for (int bit : {4, 8, 16, 32, 64}) {
     EXPECT_THROW(pf::launch_attention(p, SkipConfig::from_threshold(0.3), nullptr, false, nullptr,
                                       nullptr, nullptr, bit),
                  Error) << "retired knob bit " << bit;

@@ -76,14 +76,30 @@ std::int64_t check_i32(std::int64_t v, const char* what) {
 
 void launch(const PrefillParams& prm, Elem e, int d, bool skip, cudaStream_t s) {
   using pf::run_prefill;
-  if (prm.bench_two_copy_skip && skip) {
+  if (prm.bench_variant != 0) {
 #ifdef BLASST_PREFILL_BENCH_VARIANTS
     if (e != Elem::bf16 || d != 128)
-      throw Error("bench_knobs: the two-copy skip variant exists for bf16, d = 128 only");
-    pf::run_prefill_two_copy_skip<Elem::bf16, 128>(prm, s);
-    return;
+      throw Error("bench_knobs: the bench-only variants exist for bf16, d = 128 only");
+    if ((pf::kBenchVariants[prm.bench_variant].flags & pf::kVarNoHist) && prm.hist != nullptr)
+      throw Error("bench_knobs: variant " + std::to_string(prm.bench_variant) + " has no histogram");
+    if (pf::kBenchVariants[prm.bench_variant].skip != skip)
+      throw Error("bench_knobs: variant " + std::to_string(prm.bench_variant) + " is a " +
+                  (skip ? "dense" : "skip") + " kernel, this call runs the other kind");
+    switch (prm.bench_variant) {
+      case 1: pf::run_prefill_bench<1>(prm, s); return;
+      case 2: pf::run_prefill_bench<2>(prm, s); return;
+      case 3: pf::run_prefill_bench<3>(prm, s); return;
+      case 4: pf::run_prefill_bench<4>(prm, s); return;
+      case 5: pf::run_prefill_bench<5>(prm, s); return;
+      case 6: pf::run_prefill_bench<6>(prm, s); return;
+      case 7: pf::run_prefill_bench<7>(prm, s); return;
+      case 8: pf::run_prefill_bench<8>(prm, s); return;
+      case 9: pf::run_prefill_bench<9>(prm, s); return;
+      default: break;
+    }
+    static_assert(pf::kNumBenchVariants == 10, "one case per bench variant");
 #else
-    throw Error("bench_knobs: the two-copy skip variant is not built (BLASST_PREFILL_BENCH_VARIANTS=OFF)");
+    throw Error("bench_knobs: the bench-only variants are not built (BLASST_PREFILL_BENCH_VARIANTS=OFF)");
 #endif
   }
   if (e == Elem::bf16) {
@@ -267,8 +283,9 @@ std::vector<double> launch_attention(const AttentionProblem& p, const SkipConfig
   prm.hist = hist;
   prm.bench_no_v_loads = (bench_knobs & kKnobNoVLoads) != 0;
   prm.bench_legacy_grid = (bench_knobs & kKnobLegacyGrid) != 0;
-  prm.bench_two_copy_skip = (bench_knobs & kKnobTwoCopySkip) != 0;
-  if ((bench_knobs & ~(kKnobNoVLoads | kKnobLegacyGrid | kKnobTwoCopySkip)) != 0)
+  prm.bench_variant = (bench_knobs >> kKnobVariantShift) & 0xff;
+  if ((bench_knobs & ~(kKnobNoVLoads | kKnobLegacyGrid | (0xff << kKnobVariantShift))) != 0 ||
+      prm.bench_variant >= kNumBenchVariants)
     throw Error("bench_knobs: unknown or retired bits in " + std::to_string(bench_knobs));
   const Elem e = r.dtype == DType::bf16 ? Elem::bf16 : Elem::f16;
   if (prm.num_m_blocks > 0 && r.batch > 0)

@@ -117,10 +117,11 @@ void run_prefill(const PrefillParams& p, cudaStream_t stream) {
   launch_prefill<PrefillTraits<typename ElemType<E>::type, kHeadDim, kSkip>>(p, stream);
 }
 
-// Bench-only skip variant with run 3's loop structure (PrefillTraits::kTwoCopySkip).
-template <Elem E, int kHeadDim>
-void run_prefill_two_copy_skip(const PrefillParams& p, cudaStream_t stream) {
-  launch_prefill<PrefillTraits<typename ElemType<E>::type, kHeadDim, true, true>>(p, stream);
+// Bench-only instantiation kBenchVariants[kId] (bf16, d = 128).
+template <int kId>
+void run_prefill_bench(const PrefillParams& p, cudaStream_t stream) {
+  constexpr BenchVariant v = kBenchVariants[kId];
+  launch_prefill<PrefillTraits<cutlass::bfloat16_t, 128, v.skip, v.flags>>(p, stream);
 }
 
 }  // namespace blasst::sm90::prefill

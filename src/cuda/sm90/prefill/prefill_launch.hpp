@@ -22,19 +22,20 @@ std::vector<double> launch_attention(const AttentionProblem& p, const SkipConfig
                                      void* stream, bool force_skip_kernel,
                                      unsigned long long* visited, unsigned long long* skipped,
                                      unsigned long long* hist, int bench_knobs = 0);
-// bench_knobs bits (bench/prefill only): 1 = no V loads (wrong output, upper bound of V-load
-// skipping), 2 = legacy grid order (heads fastest), 64 = the skip kernel is the bench-only
-// instantiation with run 3's loop structure (bf16, d = 128, only in builds with
-// BLASST_PREFILL_BENCH_VARIANTS; otherwise an Error). Bits 4-32 (run-3 vote and gate knobs) are
-// retired: an Error.
+// bench_knobs (bench/prefill only): bit 1 = no V loads (wrong output, upper bound of V-load
+// skipping), bit 2 = legacy grid order (heads fastest); bits 8-15 = id k of a bench-only
+// instantiation kBenchVariants[k] (prefill_params.hpp; bf16, d = 128, only in builds with
+// BLASST_PREFILL_BENCH_VARIANTS, and only for the kind of call it was built for - a skip
+// variant for calls that run the skip kernel; otherwise an Error). Bits 4-64 (run-3 vote and
+// gate knobs, run 4's two-copy bit) are retired: an Error.
 inline constexpr int kKnobNoVLoads = 1;
 inline constexpr int kKnobLegacyGrid = 2;
-inline constexpr int kKnobTwoCopySkip = 64;
+inline constexpr int kKnobVariantShift = 8;
 // Whether this build holds the bench-only instantiations (BLASST_PREFILL_BENCH_VARIANTS).
 bool bench_variants_built();
 
-template <Elem E, int kHeadDim>
-void run_prefill_two_copy_skip(const PrefillParams& p, cudaStream_t stream);
+template <int kId>
+void run_prefill_bench(const PrefillParams& p, cudaStream_t stream);
 
 // Launches the kernel for one (dtype, head dim, skip) combination on `stream`.
 // Throws blasst::Error on a CUDA error (launch included).

@@ -61,14 +61,33 @@ __device__ __forceinline__ void producer_run(KernelParams<Traits> const& kp, Pre
   copy(kp.tma_q.with(ss.barrier_q), tQgQ, tQsQ);
 
   auto st = cutlass::make_producer_start_state<typename Traits::Pipeline>();
-  for (int n = 0; n < w.n_max; ++n) {
-    pipe_k.producer_acquire(st);
-    copy(kp.tma_k.with(*pipe_k.producer_get_barrier(st)), tKgK(_, n), tKsK(_, st.index()));
-    if (!kp.p.bench_no_v_loads) {
-      pipe_v.producer_acquire(st);
-      copy(kp.tma_v.with(*pipe_v.producer_get_barrier(st)), tVgV(_, n), tVsV(_, st.index()));
+  if constexpr (Traits::kKAhead) {
+    // K_{n+1} before V_n: V_n is first read one step after K_n, so K gets the earlier slot.
+    auto st_v = st;
+    auto load_k = [&](int n) {
+      pipe_k.producer_acquire(st);
+      copy(kp.tma_k.with(*pipe_k.producer_get_barrier(st)), tKgK(_, n), tKsK(_, st.index()));
+      ++st;
+    };
+    load_k(0);
+    for (int n = 0; n < w.n_max; ++n) {
+      if (n + 1 < w.n_max) load_k(n + 1);
+      if (!kp.p.bench_no_v_loads) {
+        pipe_v.producer_acquire(st_v);
+        copy(kp.tma_v.with(*pipe_v.producer_get_barrier(st_v)), tVgV(_, n), tVsV(_, st_v.index()));
+      }
+      ++st_v;
     }
-    ++st;
+  } else {
+    for (int n = 0; n < w.n_max; ++n) {
+      pipe_k.producer_acquire(st);
+      copy(kp.tma_k.with(*pipe_k.producer_get_barrier(st)), tKgK(_, n), tKsK(_, st.index()));
+      if (!kp.p.bench_no_v_loads) {
+        pipe_v.producer_acquire(st);
+        copy(kp.tma_v.with(*pipe_v.producer_get_barrier(st)), tVgV(_, n), tVsV(_, st.index()));
+      }
+      ++st;
+    }
   }
 }
 
@@ -133,8 +152,22 @@ __device__ __forceinline__ void consumer_mainloop(KernelParams<Traits> const& kp
   // ln(lambda) = -inf never skips; the vote still runs (statistics, and no shortcut that would
   // make the 0 %-sparsity cost look smaller than with a real lambda).
   const bool can_skip = ln_lambda > -INFINITY;
-  unsigned long long* const hist = p.hist;  // non-null: histogram on
+  // Non-null: histogram on (skip kernel only; null in dense, so all its code folds away).
+  unsigned long long* const hist = (Traits::kSkip && !Traits::kNoHist) ? p.hist : nullptr;
   int n_visited = 0, n_skipped = 0;
+
+  // Histogram (statistics): each warp folds its delta maximum of tile n into an smem slot after
+  // the tile's vote (off the softmax's critical path); one thread reads the slot after the next
+  // tile's vote barrier (which orders the four warps' atomics before it), bins it and resets it
+  // for tile n + 2. The last tile's slot is read after one extra barrier at the end.
+  int* const hslot = ss.hist_delta[cwg];
+  const bool hist_thread = hist != nullptr && mma_tid % 128 == 0;
+  auto hist_flush = [&](int t) {  // tile t's delta into the histogram (hist_thread only)
+    const float delta = from_ordered_int(hslot[t & 1]);
+    hslot[t & 1] = ordered_int(-INFINITY);
+    if (t < n_vis) atomicAdd(hist + std::size_t(w.h) * kHistSlots + hist_bin(delta), 1ull);
+  };
+  if (hist_thread) hslot[0] = hslot[1] = ordered_int(-INFINITY);  // ordered by tile 0's barrier
 
   cutlass::arch::ClusterTransactionBarrier::wait(&ss.barrier_q, 0);
 
@@ -183,45 +216,63 @@ __device__ __forceinline__ void consumer_mainloop(KernelParams<Traits> const& kp
     sm.template tile_max<Traits::kTreeMax>(tSrS_rc, tmax);
 
     bool skip = false;
+    [[maybe_unused]] float d_thread = -INFINITY;  // histogram only
     if constexpr (Traits::kSkip) {
-      // One BAR.RED of per-thread predicates decides (no warpgroup max on the softmax's path).
-      // With the histogram on, each warp also leaves its delta maximum in a shared slot before
-      // the same barrier (bar.red orders shared memory like bar.sync), read back after it.
+      // One BAR.RED of per-thread predicates decides (no warpgroup max on the softmax's path;
+      // bar.red also orders shared memory like bar.sync, which the histogram slots rely on).
       const bool keep = vote_keep(tmax, sm.m, row, w.q_len, p.scale, ln_lambda);
-      float* slots = ss.vote[cwg][n & 1];
-      if (hist != nullptr) vote_delta(tmax, sm.m, row, w.q_len, p.scale, slots);
+      if (hist != nullptr) d_thread = thread_delta(tmax, sm.m, row, w.q_len, p.scale);
       const bool any_keep = named_sync_or(kBarVote0 + cwg, 128, keep);
       skip = can_skip && !any_keep;
       if (n < n_vis) {
         n_visited += 1;
         n_skipped += skip ? 1 : 0;
-        if (hist != nullptr && mma_tid % 128 == 0) {
-          const float delta = fmaxf(fmaxf(slots[0], slots[1]), fmaxf(slots[2], slots[3]));
-          atomicAdd(hist + std::size_t(w.h) * kHistSlots + hist_bin(delta), 1ull);
+      }
+      if (hist_thread && !kFirst) hist_flush(n - 1);
+    }
+
+    // V stages: the one of tile n-1 is released after its P V product is done (kept) or unread
+    // (skipped); kEarlyV does that before the exponentials and frees a skipped tile's own
+    // stage in its own step (then nothing is left for tile n-1 when it was skipped).
+    auto finish_v_prev = [&]() {
+      if constexpr (kPV == 1) {
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(tOrO);
+        if (!no_v) pipe_v.consumer_release(stp);
+      } else if constexpr (kPV == 2) {
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(tOrO);
+        if (!no_v) {
+          if constexpr (Traits::kEarlyV) {
+            if (pv_pending) pipe_v.consumer_release(stp);
+          } else {
+            if (!pv_pending) pipe_v.consumer_wait(stp);  // skipped tile n-1: released unread
+            pipe_v.consumer_release(stp);
+          }
+        }
+      } else if constexpr (!kFirst && !Traits::kEarlyV) {
+        if (!no_v) {
+          pipe_v.consumer_wait(stp);
+          pipe_v.consumer_release(stp);
         }
       }
+    };
+    if constexpr (Traits::kEarlyV) {
+      finish_v_prev();
+      if (skip && !no_v) {
+        pipe_v.consumer_wait(st);
+        pipe_v.consumer_release(st);
+      }
     }
-
     float alpha[kRows];
     if (!skip) sm.update(tSrS_rc, tmax, p.scale_log2, alpha);
-
-    if constexpr (kPV == 1) {
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(tOrO);
-      if (!no_v) pipe_v.consumer_release(stp);
-    } else if constexpr (kPV == 2) {
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(tOrO);
-      if (!no_v) {
-        if (!pv_pending) pipe_v.consumer_wait(stp);  // skipped tile n-1: its V stage is released unread
-        pipe_v.consumer_release(stp);
-      }
-    } else if constexpr (!kFirst) {
-      if (!no_v) {
-        pipe_v.consumer_wait(stp);
-        pipe_v.consumer_release(stp);
+    if constexpr (Traits::kSkip) {
+      if (hist != nullptr) {
+        const float d = warp_delta(d_thread);
+        if (threadIdx.x % 32 == 0 && !isnan(d)) atomicMax(hslot + (n & 1), ordered_int(d));
       }
     }
+    if constexpr (!Traits::kEarlyV) finish_v_prev();
     if (!skip) {
       Softmax::rescale(tOrO_rc, alpha);
       Tensor p_lp = convert_frag<Element>(tSrS);
@@ -248,9 +299,18 @@ __device__ __forceinline__ void consumer_mainloop(KernelParams<Traits> const& kp
       step(n, cute::false_type{}, PV2{});
     }
   }
-  if (!no_v) pipe_v.consumer_wait(stp);
-  if (!Traits::kSkip || pv_pending) wg_gemm<false, 0, true>(mma1, tOrP, tOrV(_, _, _, stp.index()), tOrO);
-  if (!no_v) pipe_v.consumer_release(stp);
+  if (!Traits::kSkip || pv_pending) {
+    if (!no_v) pipe_v.consumer_wait(stp);
+    wg_gemm<false, 0, true>(mma1, tOrP, tOrV(_, _, _, stp.index()), tOrO);
+    if (!no_v) pipe_v.consumer_release(stp);
+  } else if (!Traits::kEarlyV && !no_v) {
+    pipe_v.consumer_wait(stp);  // last tile skipped: its V stage is released unread
+    pipe_v.consumer_release(stp);
+  }
+  if (hist != nullptr) {
+    named_sync(kBarVote0 + cwg, 128);  // the last tile's atomics before its flush
+    if (hist_thread) hist_flush(w.n_max - 1);
+  }
   cnt.visited = static_cast<unsigned long long>(n_visited);
   cnt.skipped = static_cast<unsigned long long>(n_skipped);
 }

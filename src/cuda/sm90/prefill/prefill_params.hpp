@@ -15,6 +15,31 @@ inline constexpr int kHistSlots = kHistBins + 2;
 inline constexpr float kHistLo = -64.0f;
 inline constexpr float kHistInvWidth = 16.0f;
 
+// Kernel structure flags (PrefillTraits::kVariant; see prefill_traits.hpp).
+inline constexpr int kVarTwoCopy = 1, kVarSerialMax = 2, kVarEarlyV = 4, kVarKAhead = 8,
+                     kVarNoHist = 16;
+inline constexpr int kLibraryVariant = 0;
+
+// Bench-only instantiations (bf16, d = 128; BLASST_PREFILL_BENCH_VARIANTS builds), by id
+// (bench_knobs >> 8): whether it is a skip kernel, and its structure flags.
+struct BenchVariant {
+  bool skip;
+  int flags;
+};
+inline constexpr BenchVariant kBenchVariants[] = {
+    {false, 0},                                           // 0: none (the library's kernels)
+    {true, kVarTwoCopy | kVarSerialMax},                  // 1: run 3's skip structure
+    {true, kVarSerialMax},                                // 2: one body, serial max
+    {true, kVarTwoCopy | kVarSerialMax | kVarEarlyV},     // 3: run 3 + early V release
+    {true, kVarEarlyV},                                   // 4: one body, tree, early V
+    {true, kVarEarlyV | kVarKAhead},                      // 5: 4 + K-ahead producer
+    {false, kVarKAhead},                                  // 6: dense, K-ahead producer
+    {true, kVarTwoCopy | kVarSerialMax | kVarEarlyV | kVarKAhead},  // 7: 3 + K-ahead producer
+    {true, kVarNoHist},                                   // 8: library without histogram code
+    {true, kVarEarlyV | kVarKAhead | kVarNoHist},         // 9: 5 without histogram code
+};
+inline constexpr int kNumBenchVariants = int(sizeof(kBenchVariants) / sizeof(kBenchVariants[0]));
+
 struct PrefillParams {
   const void* q = nullptr;
   const void* k = nullptr;
@@ -54,11 +79,11 @@ struct PrefillParams {
   //   bench_no_v_loads: the producer loads no V tile and the consumers do not wait for one (the
   //     output is wrong): the upper bound of what skipping V loads could save.
   //   bench_legacy_grid: the previous grid order (heads fastest) for an A/B of the scheduler.
-  //   bench_two_copy_skip: the skip kernel is the bench-only instantiation with run 3's loop
-  //     structure (bf16, d = 128; built with BLASST_PREFILL_BENCH_VARIANTS only).
+  //   bench_variant: 0 = the library's kernel; k > 0 = bench-only instantiation
+  //     kBenchVariants[k] (bf16, d = 128; built with BLASST_PREFILL_BENCH_VARIANTS only).
   bool bench_no_v_loads = false;
   bool bench_legacy_grid = false;
-  bool bench_two_copy_skip = false;
+  int bench_variant = 0;
 };
 
 }  // namespace blasst::sm90::prefill

@@ -22,11 +22,11 @@ __device__ __forceinline__ int hist_bin(float delta) {
 // delta_G = max over the group's rows r of (tile_max_r - m_r) * scale, in natural-log units.
 // Rows past the sequence end and rows with nothing visible in the tile do not vote; a row that
 // has seen no key yet (m = -inf) with a visible key gives +inf (the first tile is never skipped).
-// All 128 threads of the warpgroup return the same value.
+// This thread's rows only (-inf when none votes; NaN terms ignored, as fmaxf does); m must be
+// the running max before the tile is folded in.
 template <int kRows>
-__device__ __forceinline__ float vote_delta(float const (&tmax)[kRows], float const (&m)[kRows],
-                                            int const (&row)[kRows], int q_len, float scale,
-                                            float* slots /* [4] for this tile parity */) {
+__device__ __forceinline__ float thread_delta(float const (&tmax)[kRows], float const (&m)[kRows],
+                                              int const (&row)[kRows], int q_len, float scale) {
   float d = -INFINITY;
   CUTLASS_PRAGMA_UNROLL
   for (int i = 0; i < kRows; ++i) {
@@ -35,17 +35,27 @@ __device__ __forceinline__ float vote_delta(float const (&tmax)[kRows], float co
       d = fmaxf(d, di);
     }
   }
-  // Lanes of a quad hold the same rows: reduce over the warp, then across the 4 warps.
-  d = fmaxf(d, __shfl_xor_sync(0xffffffffu, d, 4));
-  d = fmaxf(d, __shfl_xor_sync(0xffffffffu, d, 8));
-  d = fmaxf(d, __shfl_xor_sync(0xffffffffu, d, 16));
-  const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
-  if (lane == 0) slots[warp] = d;
   return d;
 }
 
+// Warp maximum of thread_delta (the 4 lanes of a quad hold the same rows: xor 4, 8, 16).
+__device__ __forceinline__ float warp_delta(float d) {
+  d = fmaxf(d, __shfl_xor_sync(0xffffffffu, d, 4));
+  d = fmaxf(d, __shfl_xor_sync(0xffffffffu, d, 8));
+  return fmaxf(d, __shfl_xor_sync(0xffffffffu, d, 16));
+}
+
+// Order-preserving map of non-NaN floats to ints (a shared-memory atomicMax over floats).
+__device__ __forceinline__ int ordered_int(float f) {
+  const int i = __float_as_int(f);
+  return i >= 0 ? i : i ^ 0x7fffffff;
+}
+__device__ __forceinline__ float from_ordered_int(int i) {
+  return __int_as_float(i >= 0 ? i : i ^ 0x7fffffff);
+}
+
 // This thread's share of "do not skip": some of its voting rows has delta_r >= ln(lambda). Same
-// per-row terms as vote_delta, so with ln(lambda) > -inf the OR of this over the warpgroup is
+// per-row terms as thread_delta, so with ln(lambda) > -inf the OR of this over the warpgroup is
 // exactly !(delta_G < ln(lambda)) (NaN terms count for neither, as fmaxf ignores them; no voting
 // row -> skip, as delta_G = -inf). The caller handles ln(lambda) = -inf (never skip).
 template <int kRows>

@@ -13,22 +13,36 @@
 #include <cutlass/arch/barrier.h>
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
+#include "cuda/sm90/prefill/prefill_params.hpp"
+
 namespace blasst::sm90::prefill {
 
 using namespace cute;
 using cute::Tensor;  // not blasst::Tensor
 
-// kTwoCopySkip (skip only, bench instantiation): run 3's loop structure for an A/B in one run:
-// two copies of the loop body (with and without the P V issue) picked per tile, and the serial
-// row maximum, instead of the library's single body with a uniform branch around P V.
-template <class Element_, int kHeadDim_, bool kSkip_, bool kTwoCopySkip_ = false>
+// Structure flags (kVariant_): the library's instantiations use kLibraryVariant; the others
+// exist as bench-only instantiations (BLASST_PREFILL_BENCH_VARIANTS) for A/B runs.
+//   kVarTwoCopy:   skip loop as two body copies (with / without the P V issue) picked per tile
+//                  (run 3) instead of one body with a warp-uniform branch around P V.
+//   kVarSerialMax: serial row maximum (31 dependent FMNMX per row) instead of a pairwise tree.
+//   kVarEarlyV:    skip variant waits for P V of tile n-1 and releases its V stage right after
+//                  the vote (before the exponentials; the schedule ptxas gives dense), and a
+//                  skipped tile's V stage is released in its own step instead of the next.
+//   kVarKAhead:    the producer issues K_{n+1} before V_n (V is needed one step after K).
+//   kVarNoHist:    no histogram code in the loop (the statistics' delta histogram is rejected).
+// (The flag values live in prefill_params.hpp.)
+template <class Element_, int kHeadDim_, bool kSkip_, int kVariant_ = kLibraryVariant>
 struct PrefillTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr bool kSkip = kSkip_;
-  static constexpr bool kTwoCopySkip = kTwoCopySkip_ && kSkip_;
-  // Tree row maximum: the library's skip variant (its vote waits for every row maximum).
-  static constexpr bool kTreeMax = kSkip_ && !kTwoCopySkip;
+  static constexpr int kVariant = kVariant_;
+  static constexpr bool kTwoCopySkip = kSkip_ && (kVariant_ & kVarTwoCopy) != 0;
+  // Tree row maximum only where the vote waits for every row maximum (skip); dense interleaves.
+  static constexpr bool kTreeMax = kSkip_ && (kVariant_ & kVarSerialMax) == 0;
+  static constexpr bool kEarlyV = kSkip_ && (kVariant_ & kVarEarlyV) != 0;
+  static constexpr bool kKAhead = (kVariant_ & kVarKAhead) != 0;
+  static constexpr bool kNoHist = (kVariant_ & kVarNoHist) != 0;
   // 128 query rows per CTA = two consumer warpgroups of 64 rows (the skip vote group);
   // 128 keys per tile = the SPEC tile.
   static constexpr int kBlockM = 128;
@@ -93,8 +107,9 @@ struct PrefillTraits {
     typename Pipeline::SharedStorage pipe_k;
     typename Pipeline::SharedStorage pipe_v;
     cutlass::arch::ClusterTransactionBarrier::ValueType barrier_q;
-    // Skip vote: per consumer warpgroup, double-buffered by tile parity, one slot per warp.
-    float vote[kNumMmaWG][2][4];
+    // Delta histogram: per consumer warpgroup, double-buffered by tile parity, the warps'
+    // maximum delta (ordered_int) of a tile, combined by shared-memory atomicMax.
+    int hist_delta[kNumMmaWG][2];
   };
 };
 
