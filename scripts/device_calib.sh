@@ -24,8 +24,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$OUT/gpu.txt" 2>&1
 t0=$(date +%s)
-if ! { cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBLASST_BUILD_PYTHON=OFF \
-         -DBLASST_BUILD_TESTS=OFF -DBLASST_BUILD_BENCH=OFF &&
+if ! { cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBLASST_BUILD_PYTHON=OFF -DBLASST_BUILD_CLI=ON &&
        cmake --build "$BUILD" --target blasst_cli -j "$JOBS"; } > "$OUT/build.log" 2>&1; then
   grep -E "error|Error" "$OUT/build.log" | head -30
   echo "BUILD FAILED (log: build.log)"
