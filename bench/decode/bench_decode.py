@@ -197,12 +197,15 @@ def write_report(rows, dev, copy_bw):
         lines += ["", "Probes (dense TB/s): default (tensor-map boxes, heads fastest in the grid), per-thread "
                   "16-byte cp.async, splits fastest in the grid, and a head-major [B, Hk, L, d] cache "
                   "(tensor-map boxes, each tile one contiguous 32 KB block)", "",
-                  "| B | L | Hq/Hk | tma (default) | cp.async | splits fastest | head-major | max diff |",
-                  "|---|---|---|---|---|---|---|---|"]
+                  "| B | L | Hq/Hk | tma (default) | cp.async | splits fastest | head-major | max diff | "
+                  "skip kernel, nothing skipped: us / vs dense | + seed prologue: us / vs natural |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
         for r in probes:
             lines.append(f"| {r['B']} | {r['L'] // 1024}k | {r['hq']}/{r['hk']} | {r['dense_tbs']:.2f} | "
                          f"{r['dense_cpasync_tbs']:.2f} | {r['dense_splitsfirst_tbs']:.2f} | "
-                         f"{r['dense_headmajor_tbs']:.2f} | {r['headmajor_max_diff']:.1e} |")
+                         f"{r['dense_headmajor_tbs']:.2f} | {r['headmajor_max_diff']:.1e} | "
+                         f"{r['skipkernel_noskip_us']:.1f} / {r['skipkernel_noskip_us'] / r['dense_us']:.3f} | "
+                         f"{r['seeded_noskip_us']:.1f} / {r['seeded_noskip_us'] / r['skipkernel_noskip_us']:.3f} |")
     table = "\n".join(lines) + "\n"
     with open(os.path.join(OUT, "decode_bench.md"), "w") as f:
         f.write(table)
@@ -291,6 +294,12 @@ def main():
                         finally:
                             del os.environ[env]
                         row[key] = kv_bytes / t_c / 1e12
+                    # Cost of the seed prologue (max-first = seeded splits) with nothing skipped:
+                    # the skip kernel at lambda 1e-30, seeded vs natural.
+                    t_nat, _ = time_graph(lambda i: ours(*bufs[i], 1e-30), nbuf)
+                    t_seed, _ = time_graph(lambda i: ours(*bufs[i], 1e-30, order=1), nbuf)
+                    row["skipkernel_noskip_us"] = t_nat * 1e6
+                    row["seeded_noskip_us"] = t_seed * 1e6
                     hm = [(qq, kk.permute(0, 2, 1, 3).contiguous(), vv.permute(0, 2, 1, 3).contiguous(), oo)
                           for qq, kk, vv, oo in bufs]
                     t_h, _ = time_graph(lambda i: ours(*hm[i], 0.0, head_major=1), nbuf)
