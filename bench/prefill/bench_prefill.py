@@ -285,9 +285,8 @@ def main():
 # bench knobs of the library (prefill_launch.hpp): bit 1 = no V loads; id << 8 = bench-only
 # instantiation kBenchVariants[id] (prefill_params.hpp)
 K_NOV = 1
-SKIP_VARIANTS = {1: "run3", 2: "1body+serial", 3: "run3+earlyV", 4: "earlyV", 5: "earlyV+Kahead",
-                 7: "run3+earlyV+Kahead", 8: "noHist", 9: "earlyV+Kahead+noHist"}
-DENSE_VARIANTS = {6: "dense+Kahead"}
+SKIP_VARIANTS = {1: "run3 structure", 2: "two copies+earlyV+noHist", 3: "library without K-ahead"}
+DENSE_VARIANTS = {}
 
 
 def knob(vid):

@@ -34,9 +34,9 @@ Inputs llm_inputs(const Case& c, std::uint64_t seed) {
 }
 
 // Paths that must not change results, on device tensors through launch_attention (the bench's
-// path): the skip kernel with the delta histogram on (the warp maxima ride on the vote's
-// BAR.RED) against the same kernel without it (same decisions: bitwise-equal outputs, equal
-// counters; the histogram counts every visited pair once); and, in builds with the bench-only
+// path): the skip kernel with the delta histogram on (its own instantiation, the warps' maxima
+// folded in shared memory between vote barriers) against the plain skip kernel (same decisions:
+// equal counters, outputs within rounding; the histogram counts every visited pair once); and, in builds with the bench-only
 // variants (other loop structures / producer orders, prefill_params.hpp), each of them against
 // the library's kernel of its kind (another binary: equal counters, outputs within rounding).
 // Retired knob bits are an Error.
@@ -117,8 +117,12 @@ TEST(GpuPrefill, BenchKnobsKeepResults) {
     const SkipConfig sk = SkipConfig::from_threshold(lambda);
     const Res a = run(sk, 0, false), b = run(sk, 0, true);
     EXPECT_EQ(max_rel(a, a), 0.0) << "NaN in the output (poison left or computed)";
-    EXPECT_TRUE(a.o == b.o) << "histogram on changes the output";
+    // The histogram runs its own instantiation (same math, another binary): equal decisions,
+    // outputs within rounding (bitwise in practice: printed).
+    EXPECT_LE(max_rel(a, b), 2.0 / 128) << "histogram on changes the output beyond rounding";
     EXPECT_EQ(a.cnt, b.cnt) << "histogram on changes the skip decisions";
+    std::printf("[knobs] lambda %g: histogram kernel vs skip kernel bitwise equal: %s\n", lambda,
+                a.o == b.o ? "yes" : "no");
     for (int h = 0; h < c.hq; ++h) {
       unsigned long long total = 0;
       for (int i = 0; i < pf::kHistSlots; ++i) total += b.hist[std::size_t(h) * pf::kHistSlots + i];

@@ -112,9 +112,12 @@ template <Elem E> struct ElemType;
 template <> struct ElemType<Elem::bf16> { using type = cutlass::bfloat16_t; };
 template <> struct ElemType<Elem::f16> { using type = cutlass::half_t; };
 
-template <Elem E, int kHeadDim, bool kSkip>
+template <Elem E, int kHeadDim, int kKind>
 void run_prefill(const PrefillParams& p, cudaStream_t stream) {
-  launch_prefill<PrefillTraits<typename ElemType<E>::type, kHeadDim, kSkip>>(p, stream);
+  constexpr int kFlags = kKind == kKindDense  ? kLibraryVariant
+                         : kKind == kKindSkip ? kLibrarySkipFlags
+                                              : kLibraryHistFlags;
+  launch_prefill<PrefillTraits<typename ElemType<E>::type, kHeadDim, kKind != kKindDense, kFlags>>(p, stream);
 }
 
 // Bench-only instantiation kBenchVariants[kId] (bf16, d = 128).
@@ -126,7 +129,7 @@ void run_prefill_bench(const PrefillParams& p, cudaStream_t stream) {
 
 }  // namespace blasst::sm90::prefill
 
-#define BLASST_PREFILL_INSTANTIATE(E, D, S)                                                  \
+#define BLASST_PREFILL_INSTANTIATE(E, D, K)                                                  \
   namespace blasst::sm90::prefill {                                                          \
-  template void run_prefill<E, D, S>(const PrefillParams&, cudaStream_t);                    \
+  template void run_prefill<E, D, K>(const PrefillParams&, cudaStream_t);                    \
   }

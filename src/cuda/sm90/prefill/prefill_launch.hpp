@@ -37,21 +37,28 @@ bool bench_variants_built();
 template <int kId>
 void run_prefill_bench(const PrefillParams& p, cudaStream_t stream);
 
-// Launches the kernel for one (dtype, head dim, skip) combination on `stream`.
+// Kernel kinds: dense, skip (no histogram code), skip with the SPEC §5 delta histogram.
+inline constexpr int kKindDense = 0, kKindSkip = 1, kKindSkipHist = 2;
+
+// Launches the kernel for one (dtype, head dim, kind) combination on `stream`.
 // Throws blasst::Error on a CUDA error (launch included).
-template <Elem E, int kHeadDim, bool kSkip>
+template <Elem E, int kHeadDim, int kKind>
 void run_prefill(const PrefillParams& p, cudaStream_t stream);
 
-#define BLASST_PREFILL_DECLARE(E, D, S) \
-  extern template void run_prefill<E, D, S>(const PrefillParams&, cudaStream_t);
-BLASST_PREFILL_DECLARE(Elem::bf16, 64, false)
-BLASST_PREFILL_DECLARE(Elem::bf16, 64, true)
-BLASST_PREFILL_DECLARE(Elem::bf16, 128, false)
-BLASST_PREFILL_DECLARE(Elem::bf16, 128, true)
-BLASST_PREFILL_DECLARE(Elem::f16, 64, false)
-BLASST_PREFILL_DECLARE(Elem::f16, 64, true)
-BLASST_PREFILL_DECLARE(Elem::f16, 128, false)
-BLASST_PREFILL_DECLARE(Elem::f16, 128, true)
+#define BLASST_PREFILL_DECLARE(E, D, K) \
+  extern template void run_prefill<E, D, K>(const PrefillParams&, cudaStream_t);
+BLASST_PREFILL_DECLARE(Elem::bf16, 64, kKindDense)
+BLASST_PREFILL_DECLARE(Elem::bf16, 64, kKindSkip)
+BLASST_PREFILL_DECLARE(Elem::bf16, 64, kKindSkipHist)
+BLASST_PREFILL_DECLARE(Elem::bf16, 128, kKindDense)
+BLASST_PREFILL_DECLARE(Elem::bf16, 128, kKindSkip)
+BLASST_PREFILL_DECLARE(Elem::bf16, 128, kKindSkipHist)
+BLASST_PREFILL_DECLARE(Elem::f16, 64, kKindDense)
+BLASST_PREFILL_DECLARE(Elem::f16, 64, kKindSkip)
+BLASST_PREFILL_DECLARE(Elem::f16, 64, kKindSkipHist)
+BLASST_PREFILL_DECLARE(Elem::f16, 128, kKindDense)
+BLASST_PREFILL_DECLARE(Elem::f16, 128, kKindSkip)
+BLASST_PREFILL_DECLARE(Elem::f16, 128, kKindSkipHist)
 #undef BLASST_PREFILL_DECLARE
 
 }  // namespace blasst::sm90::prefill

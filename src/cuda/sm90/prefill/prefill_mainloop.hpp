@@ -228,6 +228,7 @@ __device__ __forceinline__ void consumer_mainloop(KernelParams<Traits> const& kp
         n_visited += 1;
         n_skipped += skip ? 1 : 0;
       }
+      // Tile n-1's slot: complete since this tile's vote barrier, reset before the next one.
       if (hist_thread && !kFirst) hist_flush(n - 1);
     }
 
