@@ -280,7 +280,12 @@ def main():
                                                          v.transpose(1, 2).float(), enable_gqa=True).transpose(1, 2)
                     row["rel_err_vs_torch_f32"] = ((o.float() - ref).norm() / ref.norm()).item()
                     del ref
+                # The first timing of a row ran 4-6 % slower than later ones of the same kernel in
+                # session 2's runs (probes timed after it were faster whatever they were): time the
+                # dense kernel twice and keep the second; the first is kept for the record.
+                t_first, _ = time_graph(lambda i: ours(*bufs[i], 0.0), nbuf)
                 t, mode = time_graph(lambda i: ours(*bufs[i], 0.0), nbuf)
+                row["dense_first_us"] = t_first * 1e6
                 row["dense_us"] = t * 1e6
                 row["dense_tbs"] = kv_bytes / t / 1e12
                 row["timing"] = mode
