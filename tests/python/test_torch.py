@@ -199,6 +199,32 @@ def test_gpu_decode_paged_matches_reference(cuda, gen, page_size):
 
 
 @pytest.mark.gpu
+def test_gpu_decode_max_first_is_seeded_and_matches_reference(cuda, gen):
+    """order="max_first" in decode runs seeded split-KV (SPEC §2a): the statistics report the
+    order and the split layout, and the reference with that layout skips the same tiles."""
+    B, L, Hq, Hk, d = 1, 9000, 8, 2, 128
+    k = randn(gen, B, L, Hk, d) * 0.3
+    k[:, 0, :, 0] = 8.0 * math.sqrt(d)  # a sink key every query meets first
+    q = randn(gen, B, 1, Hq, d) * 0.3
+    q[..., 0] = 1.0
+    v = randn(gen, B, L, Hk, d)
+    q, k, v = (t.to(torch.bfloat16) for t in (q, k, v))
+    skip = blasst.SkipSoftmax(threshold=1e-3, order="max_first")
+    st = {}
+    out = blasst.decode(q.to(cuda), k.to(cuda), v.to(cuda), skip=skip, stats=st)
+    g = st["granularity"]
+    assert g["order"] == "max_first" and g["split_tiles"] > 0 and g["heads"] == Hq // Hk, g
+    assert st["sparsity"] > 0.5, st  # seeded splits skip past the sink in every split
+    ref_skip = blasst.SkipSoftmax(threshold=1e-3, order="max_first", vote_rows=1,
+                                  vote_heads=Hq // Hk, split_tiles=g["split_tiles"])
+    rs = {}
+    ro = blasst.decode(q.float(), k.float(), v.float(), skip=ref_skip, stats=rs)
+    assert abs(st["skipped"] - rs["skipped"]) <= 1 + 0.01 * rs["visited"], (st, rs)
+    assert st["visited"] == rs["visited"]
+    torch.testing.assert_close(out.float().cpu(), ro, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.gpu
 def test_gpu_skip_reports_sparsity_and_stays_close(cuda, gen):
     """A structured input (a dominant first key tile): the kernel skips and stays within the
     SPEC §2 error bound of the dense result."""
