@@ -35,7 +35,11 @@ std::map<Key, ByLength> pool(const std::vector<CurveSample>& samples, bool per_l
         throw Error("calibration: samples of component '" + std::get<0>(k) + "', phase " +
                     to_string(std::get<2>(k)) + " mix vote granularities: " +
                     describe(c.granularity()) + " (L=" + std::to_string(len) + ") vs " +
-                    describe(s.curve.granularity()) + " (L=" + std::to_string(s.length) + ")");
+                    describe(s.curve.granularity()) + " (L=" + std::to_string(s.length) + ")" +
+                    (c.granularity().split_tiles != s.curve.granularity().split_tiles
+                         ? "; the split layout differs (the decode kernel picks it per length): fix it "
+                           "with a split size (blasst calibrate --split-tiles N)"
+                         : ""));
     out[k][s.length].merge(s.curve);
   };
   for (std::size_t i = 0; i < samples.size(); ++i) {
