@@ -2,7 +2,10 @@
 # Everything the decode kernel needs from the GPU machine, in one call:
 #   configure + build (test_gpu_decode, blasst_decode_bench), GPU tests, compute-sanitizer
 #   (memcheck, racecheck) on a small case, the benchmark; logs under $OUT, a short table last.
-# Usage: [BLASST_COMMIT=abc123] scripts/device_decode.sh [all|test|bench|quick]
+# Usage: [BLASST_COMMIT=abc123] scripts/device_decode.sh [all|test|bench|quick|profile]
+#   profile (~1-2 min after the build): ncu (--clock-control none) on one dense call at B = 8, 32k,
+#   32/8 and one at B = 1 (speed of light, memory workload, warp states, scheduler, occupancy);
+#   reports as text under $OUT.
 #   all: tests (both load paths) + sanitizer + full benchmark; test: no benchmark;
 #   bench: benchmark only; quick (~80 s after the build): GPU tests without sanitizer (tensor-map
 #   loads, a subset with cp.async loads) and a 3-shape benchmark (both visit orders) beside cuDNN. Sharing BUILD_DIR with scripts/device_prefill.sh avoids building the library twice.
@@ -26,7 +29,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --fo
 cat "$OUT/gpu.txt"
 t0=$(date +%s)
 if ! { cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBLASST_BUILD_CLI=OFF -DBLASST_BUILD_PYTHON=OFF &&
-       cmake --build "$BUILD" --target test_gpu_decode blasst_decode_bench -j "$JOBS"; } > "$OUT/build.log" 2>&1; then
+       cmake --build "$BUILD" --target test_gpu_decode blasst_decode_bench blasst_decode_profile -j "$JOBS"; } > "$OUT/build.log" 2>&1; then
   grep -E "error|Error" "$OUT/build.log" | head -30
   echo "BUILD FAILED (log: build.log)"
   exit 1
@@ -35,6 +38,19 @@ echo "build: $(( $(date +%s) - t0 )) s"
 [ "$MODE" = quick ] && START=$(date +%s)
 
 rc=0
+if [ "$MODE" = profile ]; then
+  P="$BUILD/bench/decode/blasst_decode_profile"
+  for cfg in "8 32768 32 8" "1 32768 32 8"; do
+    tag=$(echo "$cfg" | tr ' ' '_')
+    "$P" $cfg 0 20 | tee -a "$OUT/profile_timing.txt"
+    timeout 240 ncu --clock-control none --kernel-name regex:decode_kernel --launch-skip 3 --launch-count 1 \
+      --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
+      --section SchedulerStats --section Occupancy --section LaunchStats \
+      "$P" $cfg 0 1 > "$OUT/ncu_$tag.txt" 2>&1
+    echo "ncu $cfg: rc=$? ($(grep -E 'DRAM Throughput|Memory Throughput|Duration' "$OUT/ncu_$tag.txt" | head -3 | tr -s ' ' | tr '\n' ';'))"
+  done
+  exit 0
+fi
 if [ "$MODE" != bench ]; then
   t0=$(date +%s)
   timeout ${TEST_TIMEOUT_S:-100} "$BUILD/tests/gpu_decode/test_gpu_decode" --gtest_brief=1 > "$OUT/tests.log" 2>&1
