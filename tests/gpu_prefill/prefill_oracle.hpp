@@ -15,6 +15,7 @@
 
 #include "blasst/blasst.hpp"
 #include "blasst/half.hpp"
+#include "blasst/workloads.hpp"
 
 namespace blasst::test {
 
@@ -78,6 +79,21 @@ inline Inputs make_inputs(const Case& c, const std::vector<float>& q, const std:
   cvt(k, in.k, in.kf);
   cvt(v, in.v, in.vf);
   return in;
+}
+
+// llm-like data (docs/workloads.md) so that skip thresholds find tiles to skip; queries and keys
+// are the first Lq rows of one workload sequence.
+inline Inputs llm_inputs(const Case& c, std::uint64_t seed) {
+  WorkloadSpec ws;
+  ws.kind = WorkloadKind::llm;
+  ws.batch = c.B;
+  ws.seq_len = c.Lq;
+  ws.heads_q = c.hq;
+  ws.heads_k = c.hk;
+  ws.head_dim = c.d;
+  ws.seed = seed;
+  Workload w = make_workload(ws);
+  return make_inputs(c, w.q, w.k, w.v);
 }
 
 inline std::vector<float> randn(std::size_t n, std::mt19937_64& g, float sd = 1.f) {

@@ -113,20 +113,6 @@ TEST(GpuPrefill, RaggedBatch) {
   }
 }
 
-// Skip: structured (llm-like) data so that deltas spread over a useful range.
-Inputs llm_inputs(const Case& c, std::uint64_t seed) {
-  WorkloadSpec ws;
-  ws.kind = WorkloadKind::llm;
-  ws.batch = c.B;
-  ws.seq_len = c.Lq;
-  ws.heads_q = c.hq;
-  ws.heads_k = c.hk;
-  ws.head_dim = c.d;
-  ws.seed = seed;
-  Workload w = make_workload(ws);
-  return make_inputs(c, w.q, w.k, w.v);
-}
-
 void check_skip(const Case& c, const Inputs& in, double lambda, bool hist) {
   SCOPED_TRACE(c.name() + " lambda " + std::to_string(lambda));
   SkipConfig sk = SkipConfig::from_threshold(lambda);

@@ -19,20 +19,6 @@ namespace {
   if (!blasst::cuda_available()) GTEST_SKIP() << "no CUDA GPU: the sm_90a prefill kernel " \
                                                  "needs a Hopper device"
 
-// llm-like data (as in test_prefill.cpp) so that lambda 0.3 skips tiles.
-Inputs llm_inputs(const Case& c, std::uint64_t seed) {
-  WorkloadSpec ws;
-  ws.kind = WorkloadKind::llm;
-  ws.batch = c.B;
-  ws.seq_len = c.Lq;
-  ws.heads_q = c.hq;
-  ws.heads_k = c.hk;
-  ws.head_dim = c.d;
-  ws.seed = seed;
-  Workload w = make_workload(ws);
-  return make_inputs(c, w.q, w.k, w.v);
-}
-
 // Paths that must not change results, on device tensors through launch_attention (the bench's
 // path): the skip kernel with the delta histogram on (its own instantiation, the warps' maxima
 // folded in shared memory between vote barriers) against the plain skip kernel (same decisions:

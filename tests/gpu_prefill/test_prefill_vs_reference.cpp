@@ -78,15 +78,7 @@ TEST(GpuPrefillVsReference, SkipSetsAndHistograms) {
     c.hq = 4;
     c.hk = 1;
     c.causal = causal;
-    WorkloadSpec ws;
-    ws.kind = WorkloadKind::llm;
-    ws.seq_len = c.Lq;
-    ws.heads_q = c.hq;
-    ws.heads_k = c.hk;
-    ws.head_dim = c.d;
-    ws.seed = fresh_seed() + std::uint64_t(i++);
-    Workload w = make_workload(ws);
-    const Inputs in = make_inputs(c, w.q, w.k, w.v);
+    const Inputs in = llm_inputs(c, fresh_seed() + std::uint64_t(i++));
     for (double lambda : {1e-3, 5e-2}) compare(c, in, lambda);
   }
 }

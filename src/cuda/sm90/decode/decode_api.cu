@@ -181,11 +181,6 @@ void launch(DType dt, int d, bool skip, int mt, const Params& p, dim3 grid, std:
   else launch_mt<4>(dt, d, skip, p, grid, smem, s);
 }
 
-std::size_t smem_for(int d, int mt) {
-  return d == 128 ? (mt == 1 ? decode::smem_bytes(128, 1) : decode::smem_bytes(128, 4))
-                  : (mt == 1 ? decode::smem_bytes(64, 1) : decode::smem_bytes(64, 4));
-}
-
 // cuTensorMapEncodeTiled through the runtime's driver entry point (no link against libcuda).
 using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
                                  const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
@@ -332,7 +327,7 @@ void cuda_decode(const DecodeProblem& p, const SkipConfig& skip, const RunOption
   const bool use_skip = lam_mode != 0 || seeded;
 
   const int mtiles = decode::mtiles_for(static_cast<int>(rows));
-  const std::size_t smem = smem_for(static_cast<int>(r.d), mtiles);
+  const std::size_t smem = decode::smem_bytes(static_cast<int>(r.d), mtiles);
   int dev = 0;
   BLASST_CUDA_CHECK(cudaGetDevice(&dev));
   const std::int64_t max_tiles = (r.max_k_len + decode::kTileKeys - 1) / decode::kTileKeys;
