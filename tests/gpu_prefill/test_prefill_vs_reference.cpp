@@ -4,7 +4,10 @@
 // delta histograms up to deltas within rounding of a bin edge, and outputs within tolerance.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <string>
+#include <vector>
 
 #include "blasst/blasst.hpp"
 #include "blasst/workloads.hpp"
@@ -13,13 +16,13 @@
 namespace blasst::test {
 namespace {
 
-void compare(const Case& c, const Inputs& in, double lambda) {
-  SCOPED_TRACE(c.name() + " lambda " + std::to_string(lambda));
+void compare(const Case& c, const Inputs& in, double lambda, VisitOrder order = VisitOrder::natural) {
+  SCOPED_TRACE(c.name() + " lambda " + std::to_string(lambda) + " order " + to_string(order));
   SkipConfig sk = SkipConfig::from_threshold(lambda);
   sk.vote.rows = 64;
   sk.vote.heads = 1;
   sk.vote.tile_keys = 128;
-  sk.vote.order = VisitOrder::natural;
+  sk.vote.order = order;
   RunOptions ropt;
   ropt.collect_histogram = true;
   ropt.record_deltas = true;
@@ -41,6 +44,7 @@ void compare(const Case& c, const Inputs& in, double lambda) {
   const KernelOut k = run_gpu(c, in, sk, gopt, &gs);
 
   ASSERT_EQ(gs.visited.size(), rs.visited.size());
+  EXPECT_EQ(gs.granularity.order, order);
   const double ln = std::log(lambda);
   std::int64_t ties = 0;
   for (float d : rs.deltas) ties += std::abs(double(d) - ln) < 1e-3 ? 1 : 0;
@@ -80,6 +84,65 @@ TEST(GpuPrefillVsReference, SkipSetsAndHistograms) {
     c.causal = causal;
     const Inputs in = llm_inputs(c, fresh_seed() + std::uint64_t(i++));
     for (double lambda : {1e-3, 5e-2}) compare(c, in, lambda);
+  }
+}
+
+// Max-first order (SPEC §2a) in the kernel: the same skip sets as the reference's max-first order
+// at the kernel's vote groups. Causal with Lq == Lk and Lq != Lk (the two 64-row groups of a CTA
+// may have diagonal tiles one apart), full with Lq == Lk (the llm and dit workloads).
+TEST(GpuPrefillVsReference, MaxFirstSkipSets) {
+  if (!blasst::cuda_available()) GTEST_SKIP() << "no CUDA GPU: the sm_90a prefill kernel needs a Hopper device";
+  struct Shape {
+    int lq, lk;
+    bool causal;
+    WorkloadKind kind;
+  };
+  int i = 0;
+  for (Shape sh : {Shape{2000, 2000, true, WorkloadKind::llm}, Shape{1000, 2300, true, WorkloadKind::llm},
+                   Shape{2000, 2000, false, WorkloadKind::dit}, Shape{1500, 1500, false, WorkloadKind::llm}}) {
+    Case c;
+    c.Lq = sh.lq;
+    c.Lk = sh.lk;
+    c.hq = 4;
+    c.hk = 1;
+    c.causal = sh.causal;
+    WorkloadSpec ws;
+    ws.kind = sh.kind;
+    ws.seq_len = c.Lk;  // every shape here has Lq <= Lk
+    ws.heads_q = c.hq;
+    ws.heads_k = c.hk;
+    ws.head_dim = c.d;
+    ws.seed = fresh_seed() + std::uint64_t(i++);
+    Workload w = make_workload(ws);
+    // Queries: the last Lq rows of the workload (causal bottom-right alignment), keys: all Lk.
+    const std::size_t qrow = std::size_t(c.hq) * c.d, krow = std::size_t(c.hk) * c.d;
+    std::vector<float> q(w.q.end() - std::ptrdiff_t(std::size_t(c.Lq) * qrow), w.q.end());
+    std::vector<float> k(w.k.begin(), w.k.begin() + std::ptrdiff_t(std::size_t(c.Lk) * krow));
+    std::vector<float> v(w.v.begin(), w.v.begin() + std::ptrdiff_t(std::size_t(c.Lk) * krow));
+    const Inputs in = make_inputs(c, q, k, v);
+    for (double lambda : {1e-3, 5e-2}) compare(c, in, lambda, VisitOrder::max_first);
+  }
+}
+
+// Full masks with Lq != Lk have no CTA-wide max-first order that equals every vote group's: a
+// clear error, not a silently different skip set.
+TEST(GpuPrefillVsReference, MaxFirstFullMaskNeedsEqualLengths) {
+  if (!blasst::cuda_available()) GTEST_SKIP() << "no CUDA GPU: the sm_90a prefill kernel needs a Hopper device";
+  Case c;
+  c.Lq = 300;
+  c.Lk = 500;
+  c.hq = 2;
+  c.hk = 1;
+  c.causal = false;
+  std::vector<float> q(std::size_t(c.Lq) * c.hq * c.d, 0.1f), kv(std::size_t(c.Lk) * c.hk * c.d, 0.1f);
+  const Inputs in = make_inputs(c, q, kv, kv);
+  SkipConfig sk = SkipConfig::from_threshold(1e-3);
+  sk.vote.order = VisitOrder::max_first;
+  try {
+    (void)run_gpu(c, in, sk, RunOptions{}, nullptr);
+    ADD_FAILURE() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("Lq == Lk"), std::string::npos) << e.what();
   }
 }
 

@@ -251,6 +251,27 @@ std::vector<double> launch_attention(const AttentionProblem& p, const SkipConfig
   prm.scale = static_cast<float>(r.scale);
   prm.scale_log2 = static_cast<float>(r.scale * 1.4426950408889634);
   prm.causal = r.mask == MaskKind::causal;
+  // Visit order (SPEC §2a). Max-first: one order per 128-row CTA serves both of its 64-row vote
+  // groups exactly for causal masks (any Lq, Lk) and for full masks with Lq == Lk per sequence
+  // (prefill_tile_scheduler.hpp, visit_tile); other full-mask shapes are an error.
+  prm.visit_order = (use_skip_kernel && skip.vote.order == VisitOrder::max_first) ? 1 : 0;
+  if (prm.visit_order == 1 && !prm.causal) {
+    if (!r.ragged) {
+      if (p.q.shape[1] != p.k.shape[1])
+        throw Error("skip.vote.order: max_first on the CUDA prefill kernel with a full mask needs Lq == Lk, got " +
+                    std::to_string(p.q.shape[1]) + " and " + std::to_string(p.k.shape[1]));
+    } else if (r.q_len.empty() || r.k_len.empty()) {
+      throw Error("skip.vote.order: max_first on the CUDA prefill kernel with a full mask needs host-visible "
+                  "sequence lengths (Lq == Lk is checked per sequence); leave max_seqlen_q/k unset or use a "
+                  "causal mask");
+    } else {
+      for (std::size_t b = 0; b < r.q_len.size(); ++b)
+        if (r.q_len[b] != r.k_len[b])
+          throw Error("skip.vote.order: max_first on the CUDA prefill kernel with a full mask needs Lq == Lk; "
+                      "sequence " + std::to_string(b) + " has " + std::to_string(r.q_len[b]) + " and " +
+                      std::to_string(r.k_len[b]));
+    }
+  }
 
   // Per-sequence key lengths on the host, when available (needed for stats and mode 0).
   std::vector<std::int64_t> k_len = r.k_len;
@@ -334,8 +355,10 @@ void cuda_attention(const AttentionProblem& p, const SkipConfig& skip, const Run
     stats->granularity.rows = 64;
     stats->granularity.heads = 1;
     stats->granularity.split_tiles = 0;
-    stats->granularity.order = VisitOrder::natural;
-    stats->counted_at = "64 query rows x 1 head (one consumer warpgroup) x 128-key tiles, natural order";
+    const bool max_first = skip.vote.order == VisitOrder::max_first;
+    stats->granularity.order = max_first ? VisitOrder::max_first : VisitOrder::natural;
+    stats->counted_at = std::string("64 query rows x 1 head (one consumer warpgroup) x 128-key tiles, ") +
+                        (max_first ? "max-first order" : "natural order");
     stats->lambda = lambdas;
     if (want_stats) {
       std::vector<unsigned long long> host(counters.bytes() / sizeof(unsigned long long));

@@ -22,6 +22,14 @@ struct KernelParams {
   typename Traits::GLayout layout_v;
 };
 
+// Key tile of step n: the dense kernel always visits in natural order (its code stays free of
+// the order, and the order changes nothing but rounding there).
+template <class Traits>
+__device__ __forceinline__ int tile_of(int n, PrefillWork const& w) {
+  if constexpr (Traits::kSkip) return visit_tile(n, w.n_max, w.own);
+  return n;
+}
+
 // Gmem tile view for a sequence: rows offset by the sequence start (ragged) or indexed by batch.
 template <class TmaTensor>
 __device__ __forceinline__ auto seq_view(TmaTensor const& m, int head, int b, int start, bool ragged) {
@@ -66,7 +74,8 @@ __device__ __forceinline__ void producer_run(KernelParams<Traits> const& kp, Pre
     auto st_v = st;
     auto load_k = [&](int n) {
       pipe_k.producer_acquire(st);
-      copy(kp.tma_k.with(*pipe_k.producer_get_barrier(st)), tKgK(_, n), tKsK(_, st.index()));
+      copy(kp.tma_k.with(*pipe_k.producer_get_barrier(st)), tKgK(_, tile_of<Traits>(n, w)),
+           tKsK(_, st.index()));
       ++st;
     };
     load_k(0);
@@ -74,17 +83,19 @@ __device__ __forceinline__ void producer_run(KernelParams<Traits> const& kp, Pre
       if (n + 1 < w.n_max) load_k(n + 1);
       if (!kp.p.bench_no_v_loads) {
         pipe_v.producer_acquire(st_v);
-        copy(kp.tma_v.with(*pipe_v.producer_get_barrier(st_v)), tVgV(_, n), tVsV(_, st_v.index()));
+        copy(kp.tma_v.with(*pipe_v.producer_get_barrier(st_v)), tVgV(_, tile_of<Traits>(n, w)),
+             tVsV(_, st_v.index()));
       }
       ++st_v;
     }
   } else {
     for (int n = 0; n < w.n_max; ++n) {
+      const int t = tile_of<Traits>(n, w);  // key tile of step n (n in natural order)
       pipe_k.producer_acquire(st);
-      copy(kp.tma_k.with(*pipe_k.producer_get_barrier(st)), tKgK(_, n), tKsK(_, st.index()));
+      copy(kp.tma_k.with(*pipe_k.producer_get_barrier(st)), tKgK(_, t), tKsK(_, st.index()));
       if (!kp.p.bench_no_v_loads) {
         pipe_v.producer_acquire(st);
-        copy(kp.tma_v.with(*pipe_v.producer_get_barrier(st)), tVgV(_, n), tVsV(_, st.index()));
+        copy(kp.tma_v.with(*pipe_v.producer_get_barrier(st)), tVgV(_, t), tVsV(_, st.index()));
       }
       ++st;
     }
@@ -162,10 +173,12 @@ __device__ __forceinline__ void consumer_mainloop(KernelParams<Traits> const& kp
   // for tile n + 2. The last tile's slot is read after one extra barrier at the end.
   int* const hslot = ss.hist_delta[cwg];
   const bool hist_thread = hist != nullptr && mma_tid % 128 == 0;
-  auto hist_flush = [&](int t) {  // tile t's delta into the histogram (hist_thread only)
-    const float delta = from_ordered_int(hslot[t & 1]);
-    hslot[t & 1] = ordered_int(-INFINITY);
-    if (t < n_vis) atomicAdd(hist + std::size_t(w.h) * kHistSlots + hist_bin(delta), 1ull);
+  // Step n's delta into the histogram (hist_thread only); counted when its tile is visible.
+  auto hist_flush = [&](int n) {
+    const float delta = from_ordered_int(hslot[n & 1]);
+    hslot[n & 1] = ordered_int(-INFINITY);
+    if (tile_of<Traits>(n, w) < n_vis)
+      atomicAdd(hist + std::size_t(w.h) * kHistSlots + hist_bin(delta), 1ull);
   };
   if (hist_thread) hslot[0] = hslot[1] = ordered_int(-INFINITY);  // ordered by tile 0's barrier
 
@@ -209,8 +222,9 @@ __device__ __forceinline__ void consumer_mainloop(KernelParams<Traits> const& kp
     warpgroup_fence_operand(tSrS);
     pipe_k.consumer_release(st);
 
-    if (tile_needs_mask(n, kBlockN, row0, w.q_len, w.k_len, p.causal)) {
-      apply_mask(tSrS_rc, tScS_rc, row0, n * kBlockN, w.q_len, w.k_len, p.causal);
+    const int tile = tile_of<Traits>(n, w);  // masks and counts go by the key tile
+    if (tile_needs_mask(tile, kBlockN, row0, w.q_len, w.k_len, p.causal)) {
+      apply_mask(tSrS_rc, tScS_rc, row0, tile * kBlockN, w.q_len, w.k_len, p.causal);
     }
     float tmax[kRows];
     sm.template tile_max<Traits::kTreeMax>(tSrS_rc, tmax);
@@ -224,7 +238,7 @@ __device__ __forceinline__ void consumer_mainloop(KernelParams<Traits> const& kp
       if (hist != nullptr) d_thread = thread_delta(tmax, sm.m, row, w.q_len, p.scale);
       const bool any_keep = named_sync_or(kBarVote0 + cwg, 128, keep);
       skip = can_skip && !any_keep;
-      if (n < n_vis) {
+      if (tile < n_vis) {
         n_visited += 1;
         n_skipped += skip ? 1 : 0;
       }

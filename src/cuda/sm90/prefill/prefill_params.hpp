@@ -62,6 +62,10 @@ struct PrefillParams {
   const int* cu_k = nullptr;
   float scale = 0.f, scale_log2 = 0.f;
   bool causal = false;
+  // Tile visit order (SPEC §2a): 0 natural, 1 max-first (sink tile, the CTA's own tile, then
+  // outward). The host allows max-first only where one order per CTA equals each 64-row vote
+  // group's (causal masks; full masks with Lq == Lk): see prefill_tile_scheduler.hpp.
+  int visit_order = 0;
   // Skip threshold ln(lambda) per sequence; -inf = dense for that sequence (lambda >= 1).
   //   lambda_mode 0: ln_lambda[b] (batch <= kMaxInlineSeqs, lengths known on the host)
   //   lambda_mode 1: ln_lambda_const for every sequence (a direct threshold)

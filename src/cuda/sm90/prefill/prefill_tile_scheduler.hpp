@@ -11,8 +11,31 @@ namespace blasst::sm90::prefill {
 struct PrefillWork {
   int m_block = 0, h = 0, b = 0;
   int q_start = 0, q_len = 0, k_start = 0, k_len = 0;
-  int n_max = 0;  // key tiles visited by the CTA (natural order 0..n_max-1)
+  int n_max = 0;  // key tiles visited by the CTA: tiles 0..n_max-1, in visit order
+  int own = 0;    // max-first: the CTA's own tile (-1: natural order)
 };
+
+// Key tile visited at step n (0 <= n < n_max) of a CTA. Natural order: n. Max-first (own >= 0):
+// the sink tile 0, the own tile, then own-1, own+1, own-2, own+2, ... within [1, n_max), exactly
+// as the reference's visit_order (src/reference/reference.cpp) lists them.
+// Why one order per CTA matches both 64-row vote groups: causal, the own tile is the last
+// visible one (n_max - 1 for the CTA's last rows); the first group's own tile is the same or one
+// less, and restricted to its visible tiles the CTA's order is that group's order (own + k is
+// never visible to it). Full mask with Lq == Lk: both groups' own tiles are row0 / 128.
+__device__ __forceinline__ int visit_tile(int n, int n_max, int own) {
+  if (own < 0 || n == 0) return n;
+  if (own == 0) return n;  // 0, 1, 2, ...
+  if (n == 1) return own;
+  const int j = n - 2;
+  const int left = own - 1, right = n_max - 1 - own;  // tiles in [1, own) and (own, n_max)
+  const int m = min(left, right);
+  if (j < 2 * m) {
+    const int dist = j / 2 + 1;
+    return (j & 1) ? own + dist : own - dist;
+  }
+  const int dist = m + 1 + (j - 2 * m);
+  return left > right ? own - dist : own + dist;
+}
 
 struct HeavyFirstScheduler {
   static dim3 grid(const PrefillParams& p) {
@@ -43,6 +66,13 @@ struct HeavyFirstScheduler {
       const int row_last = min(w.q_len, (w.m_block + 1) * kBlockM) - 1;
       const int lim = row_last + w.k_len - w.q_len;  // last key visible to the CTA's last row
       w.n_max = lim < 0 ? 0 : min(n_tiles, lim / kBlockN + 1);
+    }
+    w.own = -1;
+    if (p.visit_order == 1 && w.n_max > 0) {
+      // Causal: the diagonal tile; full: the tile holding key row0 * Lk / Lq (SPEC §2a).
+      const long long row0 = static_cast<long long>(w.m_block) * kBlockM;
+      const int own = p.causal ? w.n_max - 1 : static_cast<int>(row0 * w.k_len / max(w.q_len, 1) / kBlockN);
+      w.own = min(max(own, 0), w.n_max - 1);
     }
     return true;
   }
