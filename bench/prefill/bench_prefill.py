@@ -293,6 +293,9 @@ def knob(vid):
     return vid << 8
 
 
+MAX_FIRST = 1 << 30  # prefill_bench_lib.cpp: SkipConfig.vote.order = max_first
+
+
 def interleaved_ms(fns, iters, warmup):
     """Median ms of each callable, timed in rounds (fn0, fn1, ... then again) so that clock drift
     (a cold GPU boosts higher at first) hits every variant alike. Also the spread of each."""
@@ -357,8 +360,9 @@ def quick_main(args, lib):
                     fns.append(lambda vid=vid: ours(0.0, 0, None, knob(vid)))
             if kind == "random":
                 cnt = ours.counters(True)
-                names += ["skip0", "skip0_stats"]
-                fns += [lambda: ours(0.0, 1), lambda: ours(0.0, 1, cnt)]
+                names += ["skip0", "skip0_stats", "skip0_maxfirst"]
+                fns += [lambda: ours(0.0, 1), lambda: ours(0.0, 1, cnt),
+                        lambda: ours(0.0, 1, None, MAX_FIRST)]
                 if d == 128:
                     for vid in sv:
                         names.append(f"skip0_v{vid}")
@@ -374,15 +378,34 @@ def quick_main(args, lib):
                 ours(0.0, 1, cnt)
                 torch.cuda.synchronize()
                 hist = cnt[2].view(32, HIST_SLOTS).sum(0).double()
+                # Max-first order: its own one-pass curve, so the orders compare at equal sparsity.
+                cmf = ours.counters(True)
+                ours(0.0, 1, cmf, MAX_FIRST)
+                torch.cuda.synchronize()
+                hist_mf = cmf[2].view(32, HIST_SLOTS).sum(0).double()
+                o_dense = None
+                ours()
+                torch.cuda.synchronize()
+                o_dense = ours.o.float().clone()
                 r["skip"] = []
                 for s in (0.5, 0.7, 0.9):
                     lam, _ = lambda_for(hist, s)
-                    e = dict(target=s, **{"lambda": lam})
+                    lam_mf, _ = lambda_for(hist_mf, s)
+                    e = dict(target=s, **{"lambda": lam, "lambda_maxfirst": lam_mf})
+                    if lam_mf is not None:
+                        c3 = ours.counters(False)
+                        ours(lam_mf, 0, c3, MAX_FIRST)
+                        torch.cuda.synchronize()
+                        e["achieved_maxfirst"] = c3[1].sum().item() / max(1, c3[0].sum().item())
+                        e["err_maxfirst"] = ((ours.o.float() - o_dense).norm() / o_dense.norm()).item()
+                        names.append(f"mf{lam_mf}")
+                        fns.append(lambda lam_mf=lam_mf: ours(lam_mf, 0, None, MAX_FIRST))
                     if lam is not None:
                         c2 = ours.counters(False)
                         ours(lam, 0, c2)
                         torch.cuda.synchronize()
                         e["achieved"] = c2[1].sum().item() / max(1, c2[0].sum().item())
+                        e["err"] = ((ours.o.float() - o_dense).norm() / o_dense.norm()).item()
                         o_lib = ours.o.clone()
                         e["bitwise_equal_to_library"] = {}
                         for vid in sv:
@@ -415,6 +438,8 @@ def quick_main(args, lib):
                     if lam is None:
                         continue
                     e["speedup"] = r["dense_ms"] / res[f"lib{lam}"][0]
+                    if e.get("lambda_maxfirst") is not None:
+                        e["speedup_maxfirst"] = r["dense_ms"] / res[f"mf{e['lambda_maxfirst']}"][0]
                     for vid in sv:
                         e[f"speedup_v{vid}"] = r["dense_ms"] / res[f"v{vid}_{lam}"][0]
             rows.append(r)
@@ -452,6 +477,22 @@ def quick_main(args, lib):
                 cells = [f"{e['speedup']:.3f}x"] + [f"{e[f'speedup_v{k}']:.3f}x" for k in sv]
                 lines.append(f"| {r['L']} | {r['mask']} | {r['dense_tflops']:.0f} | {e['achieved']:.2f} | "
                              + " | ".join(cells) + " |" + (f" not bitwise: {diff}" if diff else ""))
+    lines += ["", "Visit order (SPEC §2a): natural vs max-first, each at the lambda of its own one-pass curve "
+              "(equal sparsity); speedup over dense, rel. L2 error vs dense; skip kernel at 0 % with max-first "
+              "vs natural (random inputs)", "",
+              "| L | d | mask | skip0 natural | skip0 max-first |", "|---|---|---|---|---|"]
+    for r in rows:
+        if r["workload"] == "random":
+            lines.append(f"| {r['L']} | {r['d']} | {r['mask']} | {pc(r.get('skip0_ovh'))} | "
+                         f"{pc(r.get('skip0_maxfirst_ovh'))} |")
+    lines += ["", "| L | mask | s | natural: ach, x, err | max-first: ach, x, err |", "|---|---|---|---|---|"]
+    for r in rows:
+        if r["workload"] == "llm":
+            for e in r["skip"]:
+                nat = (f"{e['achieved']:.2f}, {e['speedup']:.3f}x, {e['err']:.3f}" if "speedup" in e else "n/a")
+                mf = (f"{e['achieved_maxfirst']:.2f}, {e['speedup_maxfirst']:.3f}x, {e['err_maxfirst']:.3f}"
+                      if "speedup_maxfirst" in e else "n/a")
+                lines.append(f"| {r['L']} | {r['mask']} | {e['target']} | {nat} | {mf} |")
     table = "\n".join(lines)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "bench_prefill_quick.json"), "w") as fh:

@@ -22,7 +22,7 @@ int blasst_prefill_bench_variants() { return blasst::sm90::prefill::bench_varian
 // (with lambda <= 0 it skips nothing: the cost of the variant at 0 % sparsity). Counters:
 // device pointers or null (visited/skipped [Hq], hist [Hq, 1026]); zeroed by the caller.
 // knobs: measurement switches (prefill_launch.hpp: 1 = no V loads, 2 = legacy grid order,
-// 64 = run 3's two-copy skip structure).
+// id << 8 = a bench-only variant), plus kOrderMaxFirst (this file only): visit order max_first.
 // Returns 0 on success, 1 on error (message in blasst_prefill_last_error()).
 int blasst_prefill(const void* q, const void* k, const void* v, void* o, float* lse, long long B,
                    long long Lq, long long Lk, long long hq, long long hk, long long d, int dtype,
@@ -40,9 +40,12 @@ int blasst_prefill(const void* q, const void* k, const void* v, void* o, float* 
     p.out = dev(Tensor::contiguous(o, dt, {B, Lq, hq, d}));
     if (lse) p.lse = dev(Tensor::contiguous(lse, DType::f32, {B, hq, Lq}));
     p.mask = causal ? MaskKind::causal : MaskKind::full;
+    constexpr int kOrderMaxFirst = 1 << 30;
     SkipConfig sk;
     if (lambda > 0) sk = SkipConfig::from_threshold(lambda);
-    sm90::prefill::launch_attention(p, sk, stream, force_skip != 0, visited, skipped, hist, knobs);
+    if (knobs & kOrderMaxFirst) sk.vote.order = VisitOrder::max_first;
+    sm90::prefill::launch_attention(p, sk, stream, force_skip != 0, visited, skipped, hist,
+                                    knobs & ~kOrderMaxFirst);
     g_err[0] = 0;
     return 0;
   } catch (const std::exception& e) {
