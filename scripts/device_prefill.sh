@@ -27,6 +27,7 @@ if ! cmake --build "$BUILD" -j16 --target test_gpu_prefill test_gpu_prefill_ref 
 fi
 SUMMARY+=("build: $(( $(date +%s) - t0 )) s")
 cuobjdump --dump-sass "$BUILD/libblasst.a" 2>/dev/null | grep -c HGMMA > "$OUT/hgmma_count.txt" || true
+cuobjdump --dump-resource-usage "$BUILD/libblasst.a" 2>/dev/null | grep -E "Function|REG" | grep -A1 prefill_kernel > "$OUT/prefill_resource_usage.txt" || true
 
 # Smoke test first: a hang or crash here skips the long phases (the device call has a time limit).
 timeout 40 "$BUILD/tests/gpu_prefill/test_gpu_prefill" --gtest_filter='GpuPrefillSanitizer.*' > "$OUT/smoke.log" 2>&1
@@ -59,7 +60,7 @@ fi
 
 if [ "$MODE" = all ] || [ "$MODE" = bench ]; then
   t0=$(date +%s)
-  PYTHONUNBUFFERED=1 timeout 150 python3 bench/prefill/bench_prefill.py --lib "$BUILD/bench/prefill/libblasst_prefill_bench.so" \
+  PYTHONUNBUFFERED=1 timeout ${BENCH_TIMEOUT_S:-240} python3 bench/prefill/bench_prefill.py --lib "$BUILD/bench/prefill/libblasst_prefill_bench.so" \
     --out "$OUT" ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1
   SUMMARY+=("bench: rc=$? ($(( $(date +%s) - t0 )) s)")
 fi

@@ -79,22 +79,6 @@ def sdpa(q, k, v, causal, backend):
         return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, enable_gqa=g > 1)
 
 
-def median_ms(fn, iters, warmup):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    ev = []
-    for _ in range(iters):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        ev.append((s, e))
-    torch.cuda.synchronize()
-    ts = [s.elapsed_time(e) for s, e in ev]
-    return statistics.median(ts), (max(ts) - min(ts)) / statistics.median(ts)
-
-
 # ---- workloads ------------------------------------------------------------------------------
 def rope(x, base=10000.0):
     B, L, H, d = x.shape
@@ -189,74 +173,97 @@ def main():
         configs.append(("llm", 1, 16384, 32, 32, 64, causal))
     configs.append(("dit", 1, 32760, 40, 40, 128, False))
     rows = []
+    warm_up(lib)
     for (kind, B, L, H, Hk, d, causal) in configs:
         q, k, v = gen(kind, B, L, H, Hk, d, 1234 + L + d + int(causal), bf)
         ours = Ours(lib, q, k, v, causal)
         fl = flops(B, H, L, L, d, causal)
         r = dict(workload=kind, B=B, L=L, H=H, Hk=Hk, d=d, mask="causal" if causal else "full")
         tf = lambda ms: fl / (ms * 1e-3) / 1e12
-        ms, spread = median_ms(lambda: ours(), args.iters, args.warmup)
-        r["ours_dense_ms"], r["ours_dense_tflops"], r["ours_dense_spread"] = ms, tf(ms), spread
-        # A/B: previous grid order (heads fastest) and, as a bound, no V loads at all.
-        ms_l, _ = median_ms(lambda: ours(knobs=2), args.iters, args.warmup)
-        r["legacy_grid_tflops"] = tf(ms_l)
-        ms_nv, _ = median_ms(lambda: ours(knobs=1), args.iters, args.warmup)
-        r["dense_noV_speedup"] = ms / ms_nv
+        # Every figure of a row comes from one interleaved timing (interleaved_ms).
+        names, fns = ["dense"], [lambda: ours()]
         ref = {}
         for name, be in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
             try:
-                out = sdpa(q, k, v, causal, be)
-                ref[name] = out
-                ms2, _ = median_ms(lambda: sdpa(q, k, v, causal, be), args.iters, args.warmup)
-                r[name + "_ms"], r[name + "_tflops"] = ms2, tf(ms2)
+                ref[name] = sdpa(q, k, v, causal, be)
+                names.append(name)
+                fns.append(lambda be=be: sdpa(q, k, v, causal, be))
             except Exception as ex:  # backend unavailable for this shape
                 r[name + "_error"] = str(ex)[:200]
         ours()
         torch.cuda.synchronize()
+        o_dense = ours.o.float().clone()
         if "cudnn" in ref:
-            r["maxdiff_vs_cudnn"] = (ours.o.float() - ref["cudnn"].transpose(1, 2).float()).abs().max().item()
-        if "cudnn_ms" in r:
-            r["ratio_vs_cudnn"] = r["cudnn_ms"] / r["ours_dense_ms"]
+            r["maxdiff_vs_cudnn"] = (o_dense - ref["cudnn"].transpose(1, 2).float()).abs().max().item()
+        del ref
+        rel = lambda: ((ours.o.float() - o_dense).norm() / o_dense.norm()).item()
         if kind == "random":
-            # Skip variant at 0 % sparsity (lambda off), and with the statistics + histogram on.
-            ms3, _ = median_ms(lambda: ours(0.0, 1), args.iters, args.warmup)
-            r["skip0_ms"], r["skip0_overhead"] = ms3, ms3 / r["ours_dense_ms"] - 1
+            # A/B: previous grid order (heads fastest), as a bound no V loads at all; the skip
+            # kernel at 0 % sparsity (lambda off): plain, with statistics + histogram, max-first.
             cnt = ours.counters(True)
-            ms4, _ = median_ms(lambda: ours(0.0, 1, cnt), args.iters, args.warmup)
-            r["stats_ms"], r["stats_overhead_vs_skip0"] = ms4, ms4 / ms3 - 1
+            names += ["legacy_grid", "dense_noV", "skip0", "skip0_stats", "skip0_maxfirst"]
+            fns += [lambda: ours(knobs=2), lambda: ours(knobs=1), lambda: ours(0.0, 1),
+                    lambda: ours(0.0, 1, cnt), lambda: ours(0.0, 1, None, MAX_FIRST)]
         else:
-            cnt = ours.counters(True)
-            ours(0.0, 1, cnt)
-            torch.cuda.synchronize()
-            hist = cnt[2].view(H, HIST_SLOTS).sum(0).double()
+            # One-pass curves (SPEC §5) of both visit orders: each order at its own lambda.
+            curves = {}
+            for order, kn in (("natural", 0), ("maxfirst", MAX_FIRST)):
+                cnt = ours.counters(True)
+                ours(0.0, 1, cnt, kn)
+                torch.cuda.synchronize()
+                curves[order] = cnt[2].view(H, HIST_SLOTS).sum(0).double()
             r["skip"] = []
             for s in (0.5, 0.7, 0.9):
-                lam, predicted = lambda_for(hist, s)
-                e = dict(target=s, **{"lambda": lam, "curve_sparsity": predicted})
-                if lam is None:
-                    e["note"] = "unreachable with lambda < 1 (natural order)"
-                    r["skip"].append(e)
-                    continue
-                c2 = ours.counters(False)
-                ours(lam, 0, c2)
-                torch.cuda.synchronize()
-                e["achieved"] = c2[1].sum().item() / max(1, c2[0].sum().item())
-                ms5, _ = median_ms(lambda: ours(lam), args.iters, args.warmup)
-                e["ms"], e["dense_equiv_tflops"] = ms5, tf(ms5)
-                e["speedup_vs_dense"] = r["ours_dense_ms"] / ms5
-                ms6, _ = median_ms(lambda: ours(lam, knobs=1), args.iters, args.warmup)
-                e["noV_speedup_vs_dense"] = r["ours_dense_ms"] / ms6  # upper bound, wrong output
-                if "cudnn" in ref:
-                    e["maxdiff_vs_cudnn"] = (ours.o.float() - ref["cudnn"].transpose(1, 2).float()).abs().max().item()
+                e = dict(target=s)
+                for order, kn in (("natural", 0), ("maxfirst", MAX_FIRST)):
+                    sfx = "" if order == "natural" else "_maxfirst"
+                    lam, predicted = lambda_for(curves[order], s)
+                    e["lambda" + sfx], e["curve_sparsity" + sfx] = lam, predicted
+                    if lam is None:
+                        e["note" + sfx] = "unreachable with lambda < 1"
+                        continue
+                    c2 = ours.counters(False)
+                    ours(lam, 0, c2, kn)
+                    torch.cuda.synchronize()
+                    e["achieved" + sfx] = c2[1].sum().item() / max(1, c2[0].sum().item())
+                    e["err" + sfx] = rel()
+                    names.append(f"skip{sfx}_{s}")
+                    fns.append(lambda lam=lam, kn=kn: ours(lam, 0, None, kn))
+                    if order == "natural":
+                        names.append(f"noV_{s}")  # upper bound of V-load skipping, wrong output
+                        fns.append(lambda lam=lam: ours(lam, 0, None, K_NOV))
                 r["skip"].append(e)
-        del ref
+        res = dict(zip(names, interleaved_ms(fns, args.iters, args.warmup)))
+        ms = res["dense"][0]
+        r["ours_dense_ms"], r["ours_dense_tflops"], r["ours_dense_spread"] = ms, tf(ms), res["dense"][1]
+        for name in ("cudnn", "flash"):
+            if name in res:
+                r[name + "_ms"], r[name + "_tflops"] = res[name][0], tf(res[name][0])
+        if "cudnn_ms" in r:
+            r["ratio_vs_cudnn"] = r["cudnn_ms"] / ms
+        if kind == "random":
+            r["legacy_grid_tflops"] = tf(res["legacy_grid"][0])
+            r["dense_noV_speedup"] = ms / res["dense_noV"][0]
+            r["skip0_ms"], r["skip0_overhead"] = res["skip0"][0], res["skip0"][0] / ms - 1
+            r["stats_ms"], r["stats_overhead_vs_skip0"] = res["skip0_stats"][0], res["skip0_stats"][0] / res["skip0"][0] - 1
+            r["skip0_maxfirst_overhead_vs_natural"] = res["skip0_maxfirst"][0] / res["skip0"][0] - 1
+        else:
+            for e in r["skip"]:
+                s = e["target"]
+                if f"skip_{s}" in res:
+                    e["ms"], e["dense_equiv_tflops"] = res[f"skip_{s}"][0], tf(res[f"skip_{s}"][0])
+                    e["speedup_vs_dense"] = ms / e["ms"]
+                    e["noV_speedup_vs_dense"] = ms / res[f"noV_{s}"][0]
+                if f"skip_maxfirst_{s}" in res:
+                    e["speedup_vs_dense_maxfirst"] = ms / res[f"skip_maxfirst_{s}"][0]
         rows.append(r)
         print(json.dumps(r), flush=True)
-        del q, k, v, ours
+        del q, k, v, ours, o_dense
         torch.cuda.empty_cache()
 
     meta = dict(date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), commit=commit, gpu=dev,
-                torch=torch.__version__, iters=args.iters, warmup=args.warmup)
+                torch=torch.__version__, iters=args.iters, warmup=args.warmup,
+                timing="interleaved rounds per row after a 2 s warm-up")
     lines = [f"# prefill benchmark  {meta['date']}  commit {commit}  {dev}  torch {torch.__version__}",
              "", "| workload | d | L | mask | ours TF/s | cuDNN TF/s | flash TF/s | ours/cuDNN | old grid TF/s | skip0 ovh | stats ovh | "
              "skip s=0.5 (achieved, speedup [no-V bound], dense-eq TF/s) | s=0.7 | s=0.9 |", "|" + "---|" * 14]
@@ -273,6 +280,21 @@ def main():
                      f"{f(100 * r['skip0_overhead'], 1) + '%' if 'skip0_overhead' in r else '-'} | "
                      f"{f(100 * r['stats_overhead_vs_skip0'], 1) + '%' if 'stats_overhead_vs_skip0' in r else '-'} | "
                      + " | ".join(sk) + " |")
+    lines += ["", "Visit order (SPEC §2a): natural vs max-first, each at the lambda of its own one-pass curve "
+              "(equal sparsity): achieved sparsity, speedup over our dense, rel. L2 error vs our dense. "
+              "Skip kernel at 0 %: max-first over natural (random rows).", "",
+              "| workload | d | L | mask | s | natural: lambda, ach, x, err | max-first: lambda, ach, x, err |",
+              "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if r["workload"] == "random":
+            lines.append(f"| random | {r['d']} | {r['L']} | {r['mask']} | 0 | skip0 | max-first "
+                         f"{100 * r['skip0_maxfirst_overhead_vs_natural']:+.1f}% |")
+            continue
+        for e in r["skip"]:
+            cell = lambda sfx, xs: (f"{e['lambda' + sfx]:.3g}, {e['achieved' + sfx]:.2f}, {e[xs]:.3f}x, {e['err' + sfx]:.4f}"
+                                    if xs in e else "unreachable")
+            lines.append(f"| {r['workload']} | {r['d']} | {r['L']} | {r['mask']} | {e['target']} | "
+                         f"{cell('', 'speedup_vs_dense')} | {cell('_maxfirst', 'speedup_vs_dense_maxfirst')} |")
     table = "\n".join(lines)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "bench_prefill.json"), "w") as fh:
@@ -320,6 +342,18 @@ def interleaved_ms(fns, iters, warmup):
     return out
 
 
+def warm_up(lib):
+    """~2 s of dense work, so that the first configuration is not measured on a cold,
+    higher-clocked card (run 3's 16k causal row was)."""
+    q, k, v = gen("random", 1, 16384, 32, 32, 128, 7, torch.bfloat16)
+    w = Ours(lib, q, k, v, False)
+    t_end = time.time() + 2.0
+    while time.time() < t_end:
+        w()
+        torch.cuda.synchronize()
+    del q, k, v, w
+
+
 def quick_main(args, lib):
     """Reduced suite for the skip variant (bf16): d128 at 16k and 32k, causal and full, and d64
     16k causal (random only). GPU warmed up first; every comparison timed interleaved.
@@ -333,15 +367,7 @@ def quick_main(args, lib):
     sv = SKIP_VARIANTS if built else {}
     dv = DENSE_VARIANTS if built else {}
     rows = []
-    # Warm the GPU up (~2 s of dense work) so that the first configuration is not measured on a
-    # cold, higher-clocked card (run 3's 16k causal row was).
-    q, k, v = gen("random", 1, 16384, 32, 32, 128, 7, torch.bfloat16)
-    w = Ours(lib, q, k, v, False)
-    t_end = time.time() + 2.0
-    while time.time() < t_end:
-        w()
-        torch.cuda.synchronize()
-    del q, k, v, w
+    warm_up(lib)
     configs = [(L, causal, 128) for L in (16384, 32768) for causal in (True, False)]
     configs.append((16384, True, 64))
     for (L, causal, d) in configs:

@@ -167,10 +167,11 @@ __device__ __forceinline__ void consumer_mainloop(KernelParams<Traits> const& kp
   unsigned long long* const hist = (Traits::kSkip && !Traits::kNoHist) ? p.hist : nullptr;
   int n_visited = 0, n_skipped = 0;
 
-  // Histogram (statistics): each warp folds its delta maximum of tile n into an smem slot after
-  // the tile's vote (off the softmax's critical path); one thread reads the slot after the next
-  // tile's vote barrier (which orders the four warps' atomics before it), bins it and resets it
-  // for tile n + 2. The last tile's slot is read after one extra barrier at the end.
+  // Histogram (statistics), kept off the softmax's critical path: a warp's delta maximum of tile n
+  // is reduced and folded into an smem slot (atomicMax) in step n+1 while its S wgmma runs; one
+  // thread bins slot n in step n+2, in the same gap (tile n+1's vote barrier orders the four warps'
+  // atomics before it), and resets it for tile n+2. The last two tiles are binned after one extra
+  // barrier at the end.
   int* const hslot = ss.hist_delta[cwg];
   const bool hist_thread = hist != nullptr && mma_tid % 128 == 0;
   // Step n's delta into the histogram (hist_thread only); counted when its tile is visible.
@@ -181,6 +182,13 @@ __device__ __forceinline__ void consumer_mainloop(KernelParams<Traits> const& kp
       atomicAdd(hist + std::size_t(w.h) * kHistSlots + hist_bin(delta), 1ull);
   };
   if (hist_thread) hslot[0] = hslot[1] = ordered_int(-INFINITY);  // ordered by tile 0's barrier
+  float d_prev = -INFINITY;  // this thread's delta of the previous tile (histogram only)
+  // In step n's wgmma gap: tile n-1's warp maxima into its slot; thread 0 bins tile n-2.
+  auto hist_gap = [&](int n) {
+    const float d = warp_delta(d_prev);
+    if (threadIdx.x % 32 == 0 && !isnan(d)) atomicMax(hslot + ((n - 1) & 1), ordered_int(d));
+    if (hist_thread && n >= 2) hist_flush(n - 2);
+  };
 
   cutlass::arch::ClusterTransactionBarrier::wait(&ss.barrier_q, 0);
 
@@ -218,6 +226,9 @@ __device__ __forceinline__ void consumer_mainloop(KernelParams<Traits> const& kp
       }
     }
     if constexpr (Traits::kPingPong) named_arrive(kBarSched0 + other, Traits::kNumMmaThreads);
+    if constexpr (!kFirst) {
+      if (hist != nullptr) hist_gap(n);
+    }
     if constexpr (kPV != 0) warpgroup_wait<1>(); else warpgroup_wait<0>();
     warpgroup_fence_operand(tSrS);
     pipe_k.consumer_release(st);
@@ -242,8 +253,6 @@ __device__ __forceinline__ void consumer_mainloop(KernelParams<Traits> const& kp
         n_visited += 1;
         n_skipped += skip ? 1 : 0;
       }
-      // Tile n-1's slot: complete since this tile's vote barrier, reset before the next one.
-      if (hist_thread && !kFirst) hist_flush(n - 1);
     }
 
     // V stages: the one of tile n-1 is released after its P V product is done (kept) or unread
@@ -282,10 +291,7 @@ __device__ __forceinline__ void consumer_mainloop(KernelParams<Traits> const& kp
     float alpha[kRows];
     if (!skip) sm.update(tSrS_rc, tmax, p.scale_log2, alpha);
     if constexpr (Traits::kSkip) {
-      if (hist != nullptr) {
-        const float d = warp_delta(d_thread);
-        if (threadIdx.x % 32 == 0 && !isnan(d)) atomicMax(hslot + (n & 1), ordered_int(d));
-      }
+      if (hist != nullptr) d_prev = d_thread;
     }
     if constexpr (!Traits::kEarlyV) finish_v_prev();
     if (!skip) {
@@ -323,8 +329,13 @@ __device__ __forceinline__ void consumer_mainloop(KernelParams<Traits> const& kp
     pipe_v.consumer_release(stp);
   }
   if (hist != nullptr) {
-    named_sync(kBarVote0 + cwg, 128);  // the last tile's atomics before its flush
-    if (hist_thread) hist_flush(w.n_max - 1);
+    const float d = warp_delta(d_prev);  // the last tile's warp maxima
+    if (threadIdx.x % 32 == 0 && !isnan(d)) atomicMax(hslot + ((w.n_max - 1) & 1), ordered_int(d));
+    named_sync(kBarVote0 + cwg, 128);  // orders every warp's atomics before the flushes
+    if (hist_thread) {
+      if (w.n_max >= 2) hist_flush(w.n_max - 2);
+      hist_flush(w.n_max - 1);
+    }
   }
   cnt.visited = static_cast<unsigned long long>(n_visited);
   cnt.skipped = static_cast<unsigned long long>(n_skipped);
