@@ -24,7 +24,10 @@ __global__ void __launch_bounds__(128) merge_kernel(const __grid_constant__ Merg
   const int b = static_cast<int>(row / (static_cast<std::int64_t>(p.rows) * p.hk));
   const int qi = r / p.group, hq = h * p.group + r % p.group;
 
-  // Partial rows of this output row: [b, h, s, r].
+  // Partial rows of this output row: [b, h, s, r]. The lanes read the LSEs of 32 splits at once;
+  // each split's weight then reaches every lane by a shuffle, and the O loads of kUnroll splits
+  // are issued before any is used (a serial split loop waited one L2 latency per split: ~6 us of
+  // a 45 us B = 1, 32k call, H200 ncu vs eager timing, 9337138).
   const std::int64_t base = (static_cast<std::int64_t>(b) * p.hk + h) * p.num_splits;
   float mx = -INFINITY;
   for (int s = lane; s < p.num_splits; s += 32) mx = fmaxf(mx, p.lse_part[(base + s) * p.rows + r]);
@@ -34,18 +37,37 @@ __global__ void __launch_bounds__(128) merge_kernel(const __grid_constant__ Merg
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
   float wsum = 0.f;
   if (mx != -INFINITY) {
-    for (int s = 0; s < p.num_splits; ++s) {
-      const float l = p.lse_part[(base + s) * p.rows + r];
-      if (l == -INFINITY) continue;
-      const float w = __expf(l - mx);
-      wsum += w;
-      const float* src = p.o_part + ((base + s) * p.rows + r) * p.dv + lane * per_lane;
-      if (per_lane == 4) {
-        const float4 v = *reinterpret_cast<const float4*>(src);
-        acc[0] += w * v.x; acc[1] += w * v.y; acc[2] += w * v.z; acc[3] += w * v.w;
-      } else {
-        const float2 v = *reinterpret_cast<const float2*>(src);
-        acc[0] += w * v.x; acc[1] += w * v.y;
+    constexpr int kUnroll = 8;
+    for (int s0 = 0; s0 < p.num_splits; s0 += 32) {
+      const int s = s0 + lane;
+      const float l = s < p.num_splits ? p.lse_part[(base + s) * p.rows + r] : -INFINITY;
+      const float w_lane = l == -INFINITY ? 0.f : __expf(l - mx);  // empty partials: weight 0
+      float ws = w_lane;
+      for (int o = 16; o > 0; o >>= 1) ws += __shfl_xor_sync(0xffffffffu, ws, o);
+      wsum += ws;
+      const int cnt = min(32, p.num_splits - s0);
+      for (int j0 = 0; j0 < cnt; j0 += kUnroll) {
+        float4 v[kUnroll];
+        float w[kUnroll];
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          // Past cnt: weight 0 and a load of split s0 (in range; every partial is finite).
+          const bool in = j0 + u < cnt;
+          const int j = in ? j0 + u : 0;
+          w[u] = __shfl_sync(0xffffffffu, w_lane, j);
+          if (!in) w[u] = 0.f;
+          const float* src = p.o_part + ((base + s0 + j) * p.rows + r) * p.dv + lane * per_lane;
+          if (per_lane == 4) {
+            v[u] = *reinterpret_cast<const float4*>(src);
+          } else {
+            const float2 t = *reinterpret_cast<const float2*>(src);
+            v[u] = make_float4(t.x, t.y, 0.f, 0.f);
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          acc[0] += w[u] * v[u].x; acc[1] += w[u] * v[u].y; acc[2] += w[u] * v[u].z; acc[3] += w[u] * v[u].w;
+        }
       }
     }
   }
