@@ -49,6 +49,12 @@ if [ "$MODE" = profile ]; then
       "$P" $cfg 0 1 > "$OUT/ncu_$tag.txt" 2>&1
     echo "ncu $cfg: rc=$? ($(grep -E 'DRAM Throughput|Memory Throughput|Duration' "$OUT/ncu_$tag.txt" | head -3 | tr -s ' ' | tr '\n' ';'))"
   done
+  # The peer on the same shape (cuDNN SDPA through torch): what its kernels reach and how they launch.
+  timeout 240 ncu --clock-control none --kernel-name regex:'sdpa|fmha|attn|Attn|flash|Flash|cudnn|Sdpa|Fmha' \
+    --launch-skip 0 --launch-count 3 --section SpeedOfLight --section MemoryWorkloadAnalysis \
+    --section WarpStateStats --section Occupancy --section LaunchStats \
+    python3 bench/decode/profile_peer.py 8 32768 32 8 2 > "$OUT/ncu_cudnn_8_32768_32_8.txt" 2>&1
+  echo "ncu cuDNN 8 32768 32 8: rc=$? ($(grep -E 'DRAM Throughput|Duration|Grid Size|Block Size' "$OUT/ncu_cudnn_8_32768_32_8.txt" | tr -s ' ' | tr '\n' ';'))"
   exit 0
 fi
 if [ "$MODE" != bench ]; then

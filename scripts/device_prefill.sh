@@ -2,7 +2,9 @@
 # Prefill kernel, one device call: configure + build the prefill targets, run the GPU tests,
 # compute-sanitizer (memcheck + racecheck) on small configurations, the benchmark; logs and
 # results under $OUT; a short summary and the benchmark table last.
-#   usage: scripts/device_prefill.sh [all|test|bench|quick]   (BENCH_ARGS: extra bench_prefill.py args)
+#   usage: scripts/device_prefill.sh [all|test|bench|quick|profile]   (BENCH_ARGS: extra bench_prefill.py args)
+#   profile: ncu on dense, the skip kernel at 0 % and the histogram kernel (random bf16, d128, 16k
+#          causal; bench/prefill/profile_prefill.py): throughput, instructions, warp stalls.
 #   quick: build, GPU tests (no sanitizers), the reduced benchmark (bench_prefill.py --quick:
 #          d128 16k/32k + d64 16k causal, skip kernel at 0 % and at 50/70/90 % against the
 #          two-copy bench variant, interleaved timing after a warm-up), ~120 s on an H200.
@@ -69,6 +71,15 @@ if [ "$MODE" = quick ]; then
   PYTHONUNBUFFERED=1 timeout 150 python3 bench/prefill/bench_prefill.py --quick --lib "$BUILD/bench/prefill/libblasst_prefill_bench.so" \
     --out "$OUT" ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1
   SUMMARY+=("quick bench: rc=$? ($(( $(date +%s) - t0 )) s)")
+fi
+if [ "$MODE" = profile ]; then
+  t0=$(date +%s)
+  timeout 300 ncu --clock-control none --kernel-name regex:prefill_kernel --launch-skip 0 --launch-count 6 \
+    --section SpeedOfLight --section ComputeWorkloadAnalysis --section InstructionStats \
+    --section WarpStateStats --section SchedulerStats --section SourceCounters \
+    python3 bench/prefill/profile_prefill.py "$BUILD/bench/prefill/libblasst_prefill_bench.so" 16384 1 128 2 \
+    > "$OUT/ncu_prefill_16k_causal.txt" 2>&1
+  SUMMARY+=("ncu: rc=$? ($(( $(date +%s) - t0 )) s): $(grep -E '^  Duration|Executed Instructions  ' "$OUT/ncu_prefill_16k_causal.txt" | tr -s ' ' | tr '\n' ';')")
 fi
 echo "==== summary"
 cat "$OUT/gpu.txt"

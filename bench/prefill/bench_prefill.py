@@ -154,6 +154,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--quick", action="store_true",
                     help="reduced suite for the skip-variant overhead (quick_main)")
+    ap.add_argument("--only", nargs="*", default=None, metavar="WORKLOAD:L:MASK:D",
+                    help="full suite: only these rows (e.g. random:32768:full:128)")
     args = ap.parse_args()
     lib = load_lib(args.lib)
     if args.quick:
@@ -172,6 +174,12 @@ def main():
         configs.append(("random", 1, 16384, 32, 32, 64, causal))
         configs.append(("llm", 1, 16384, 32, 32, 64, causal))
     configs.append(("dit", 1, 32760, 40, 40, 128, False))
+    if args.only is not None:
+        key = lambda c: f"{c[0]}:{c[2]}:{'causal' if c[6] else 'full'}:{c[5]}"
+        unknown = set(args.only) - {key(c) for c in configs}
+        if unknown:
+            raise SystemExit(f"--only: no such rows {sorted(unknown)}")
+        configs = [c for c in configs if key(c) in args.only]
     rows = []
     warm_up(lib)
     for (kind, B, L, H, Hk, d, causal) in configs:

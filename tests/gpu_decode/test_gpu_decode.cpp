@@ -604,9 +604,10 @@ TEST(GpuDecode, SeededSplitsMatchReference) {
   c.d = 64;
   c.hq = 16;
   c.hk = 2;
-  c.q_len = 8;  // 64 rows vote together: lambda 0.125 (factor 1500 at 12000 keys) still skips
+  c.q_len = 8;  // 64 rows vote together: lambda from this data's one-pass curve (a fixed factor
+  // 1500, lambda 0.125, skipped nothing for one fresh seed: H200 run of d85171c)
   c.lens = {12000};
-  check_skip(c, f, 5, 0.01, kDenseTol);
+  check_skip(c, f, 5, 0.01, kDenseTol, 0.15);
 }
 
 // Unsupported combinations are clear errors raised before any CUDA work (runs without a GPU).
