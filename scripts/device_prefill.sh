@@ -74,12 +74,16 @@ if [ "$MODE" = quick ]; then
 fi
 if [ "$MODE" = profile ]; then
   t0=$(date +%s)
-  timeout 300 ncu --clock-control none --kernel-name regex:prefill_kernel --launch-skip 0 --launch-count 6 \
-    --section SpeedOfLight --section ComputeWorkloadAnalysis --section InstructionStats \
-    --section WarpStateStats --section SchedulerStats --section SourceCounters \
-    python3 bench/prefill/profile_prefill.py "$BUILD/bench/prefill/libblasst_prefill_bench.so" 16384 1 128 2 \
-    > "$OUT/ncu_prefill_16k_causal.txt" 2>&1
-  SUMMARY+=("ncu: rc=$? ($(( $(date +%s) - t0 )) s): $(grep -E '^  Duration|Executed Instructions  ' "$OUT/ncu_prefill_16k_causal.txt" | tr -s ' ' | tr '\n' ';')")
+  # One launch of each kind (dense, skip at 0 %, histogram, max-first) after one warm launch each.
+  for cfg in "16384 1" "32768 0"; do
+    tag=$(echo "$cfg" | tr ' ' '_')
+    timeout 200 ncu --clock-control none --kernel-name regex:prefill_kernel --launch-skip 0 --launch-count 8 \
+      --section SpeedOfLight --section ComputeWorkloadAnalysis --section InstructionStats \
+      --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section SourceCounters \
+      python3 bench/prefill/profile_prefill.py "$BUILD/bench/prefill/libblasst_prefill_bench.so" $cfg 128 2 \
+      > "$OUT/ncu_prefill_$tag.txt" 2>&1
+    SUMMARY+=("ncu L, causal = $cfg: rc=$? ($(( $(date +%s) - t0 )) s): $(grep -E '^    Duration' "$OUT/ncu_prefill_$tag.txt" | tr -s ' ' | cut -d' ' -f4 | tr '\n' ' ')ms")
+  done
 fi
 echo "==== summary"
 cat "$OUT/gpu.txt"

@@ -1,15 +1,15 @@
 #!/usr/bin/env python3
 """Runs one prefill configuration a few times per kernel kind, for ncu (scripts/device_prefill.sh
 profile): dense, the skip kernel at 0 % (lambda off), the skip kernel with the delta histogram
-(statistics), in that order, each `reps` times. Random bf16 inputs.
-Usage: profile_prefill.py LIB.so L causal(0|1) d [reps]"""
+(statistics), the skip kernel at 0 % in max-first order, in that order, each `reps` times.
+Random bf16 inputs. Usage: profile_prefill.py LIB.so L causal(0|1) d [reps]"""
 import os
 import sys
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_prefill import Ours, gen, load_lib  # noqa: E402
+from bench_prefill import MAX_FIRST, Ours, gen, load_lib  # noqa: E402
 
 
 def main():
@@ -20,7 +20,8 @@ def main():
     ours = Ours(lib, q, k, v, causal)
     cnt = ours.counters(True)
     for name, fn in (("dense", lambda: ours()), ("skip0", lambda: ours(0.0, 1)),
-                     ("skip0_hist", lambda: ours(0.0, 1, cnt))):
+                     ("skip0_hist", lambda: ours(0.0, 1, cnt)),
+                     ("skip0_maxfirst", lambda: ours(0.0, 1, None, MAX_FIRST))):
         for _ in range(reps):
             fn()
         torch.cuda.synchronize()

@@ -167,27 +167,35 @@ __device__ __forceinline__ void consumer_mainloop(KernelParams<Traits> const& kp
   unsigned long long* const hist = (Traits::kSkip && !Traits::kNoHist) ? p.hist : nullptr;
   int n_visited = 0, n_skipped = 0;
 
-  // Histogram (statistics), kept off the softmax's critical path: a warp's delta maximum of tile n
-  // is reduced and folded into an smem slot (atomicMax) in step n+1 while its S wgmma runs; one
-  // thread bins slot n in step n+2, in the same gap (tile n+1's vote barrier orders the four warps'
-  // atomics before it), and resets it for tile n+2. The last two tiles are binned after one extra
-  // barrier at the end.
-  int* const hslot = ss.hist_delta[cwg];
-  const bool hist_thread = hist != nullptr && mma_tid % 128 == 0;
-  // Step n's delta into the histogram (hist_thread only); counted when its tile is visible.
+  // Histogram (statistics), kept off the softmax's critical path and free of divergent branches
+  // (a lane-0 atomic and a one-thread flush made 5 % of the branches divergent and cost 14 %:
+  // ncu, H200, ce3a458): in step n+1, while its S wgmma runs, each warp reduces its delta maximum
+  // of tile n and stores it in its own smem slot; in step n+2 (after tile n+1's vote barrier,
+  // which orders those stores) warp 0 of the warpgroup reads the four slots, all its lanes bin
+  // the maximum alike and lane 0 counts it. The last two tiles are binned after one extra barrier.
+  float* const hslot = &ss.hist_delta[cwg][0][0];  // [tile parity][warp]
+  const int wg_warp = (mma_tid / 32) % 4;
+  const int lane = threadIdx.x % 32;
+  const bool hist_warp = hist != nullptr && wg_warp == 0;
+  // Tile of step n into the histogram (warp 0 of the warpgroup); counted when the tile is visible.
   auto hist_flush = [&](int n) {
-    const float delta = from_ordered_int(hslot[n & 1]);
-    hslot[n & 1] = ordered_int(-INFINITY);
-    if (tile_of<Traits>(n, w) < n_vis)
-      atomicAdd(hist + std::size_t(w.h) * kHistSlots + hist_bin(delta), 1ull);
+    float delta = hslot[(n & 1) * 4 + (lane & 3)];
+    delta = fmaxf(delta, __shfl_xor_sync(0xffffffffu, delta, 1));
+    delta = fmaxf(delta, __shfl_xor_sync(0xffffffffu, delta, 2));
+    const int bin = hist_bin(delta);
+    if (lane == 0 && tile_of<Traits>(n, w) < n_vis)
+      atomicAdd(hist + std::size_t(w.h) * kHistSlots + bin, 1ull);
   };
-  if (hist_thread) hslot[0] = hslot[1] = ordered_int(-INFINITY);  // ordered by tile 0's barrier
   float d_prev = -INFINITY;  // this thread's delta of the previous tile (histogram only)
-  // In step n's wgmma gap: tile n-1's warp maxima into its slot; thread 0 bins tile n-2.
-  auto hist_gap = [&](int n) {
+  // This warp's maximum of step n's tile into its slot (NaN terms are ignored, as by fmaxf).
+  auto hist_store = [&](int n) {
     const float d = warp_delta(d_prev);
-    if (threadIdx.x % 32 == 0 && !isnan(d)) atomicMax(hslot + ((n - 1) & 1), ordered_int(d));
-    if (hist_thread && n >= 2) hist_flush(n - 2);
+    if (lane == 0) hslot[(n & 1) * 4 + wg_warp] = isnan(d) ? -INFINITY : d;
+  };
+  // In step n's wgmma gap: tile n-1 into this warp's slot; warp 0 bins tile n-2.
+  auto hist_gap = [&](int n) {
+    hist_store(n - 1);
+    if (hist_warp && n >= 2) hist_flush(n - 2);
   };
 
   cutlass::arch::ClusterTransactionBarrier::wait(&ss.barrier_q, 0);
@@ -329,10 +337,9 @@ __device__ __forceinline__ void consumer_mainloop(KernelParams<Traits> const& kp
     pipe_v.consumer_release(stp);
   }
   if (hist != nullptr) {
-    const float d = warp_delta(d_prev);  // the last tile's warp maxima
-    if (threadIdx.x % 32 == 0 && !isnan(d)) atomicMax(hslot + ((w.n_max - 1) & 1), ordered_int(d));
-    named_sync(kBarVote0 + cwg, 128);  // orders every warp's atomics before the flushes
-    if (hist_thread) {
+    hist_store(w.n_max - 1);  // the last tile's warp maxima
+    named_sync(kBarVote0 + cwg, 128);  // orders every warp's stores before the flushes
+    if (hist_warp) {
       if (w.n_max >= 2) hist_flush(w.n_max - 2);
       hist_flush(w.n_max - 1);
     }

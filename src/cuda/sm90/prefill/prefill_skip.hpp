@@ -45,15 +45,6 @@ __device__ __forceinline__ float warp_delta(float d) {
   return fmaxf(d, __shfl_xor_sync(0xffffffffu, d, 16));
 }
 
-// Order-preserving map of non-NaN floats to ints (a shared-memory atomicMax over floats).
-__device__ __forceinline__ int ordered_int(float f) {
-  const int i = __float_as_int(f);
-  return i >= 0 ? i : i ^ 0x7fffffff;
-}
-__device__ __forceinline__ float from_ordered_int(int i) {
-  return __int_as_float(i >= 0 ? i : i ^ 0x7fffffff);
-}
-
 // This thread's share of "do not skip": some of its voting rows has delta_r >= ln(lambda). Same
 // per-row terms as thread_delta, so with ln(lambda) > -inf the OR of this over the warpgroup is
 // exactly !(delta_G < ln(lambda)) (NaN terms count for neither, as fmaxf ignores them; no voting

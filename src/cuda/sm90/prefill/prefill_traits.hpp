@@ -107,9 +107,9 @@ struct PrefillTraits {
     typename Pipeline::SharedStorage pipe_k;
     typename Pipeline::SharedStorage pipe_v;
     cutlass::arch::ClusterTransactionBarrier::ValueType barrier_q;
-    // Delta histogram: per consumer warpgroup, double-buffered by tile parity, the warps'
-    // maximum delta (ordered_int) of a tile, combined by shared-memory atomicMax.
-    int hist_delta[kNumMmaWG][2];
+    // Delta histogram: per consumer warpgroup, double-buffered by tile parity, each warp's
+    // maximum delta of a tile (the mainloop's hist_gap).
+    float hist_delta[kNumMmaWG][2][4];
   };
 };
 
