@@ -84,6 +84,14 @@ if [ "$MODE" = profile ]; then
       > "$OUT/ncu_prefill_$tag.txt" 2>&1
     SUMMARY+=("ncu L, causal = $cfg: rc=$? ($(( $(date +%s) - t0 )) s): $(grep -E '^    Duration' "$OUT/ncu_prefill_$tag.txt" | tr -s ' ' | cut -d' ' -f4 | tr '\n' ' ')ms")
   done
+  # Warp stall reasons per issued instruction (d128 and d64, 16k causal), one launch per kind.
+  for d in 128 64; do
+    timeout 120 ncu --clock-control none --kernel-name regex:prefill_kernel --launch-skip 0 --launch-count 8 \
+      --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,gpu__time_duration.sum,smsp__inst_executed.sum' \
+      python3 bench/prefill/profile_prefill.py "$BUILD/bench/prefill/libblasst_prefill_bench.so" 16384 1 $d 2 \
+      > "$OUT/ncu_stalls_d$d.txt" 2>&1
+    SUMMARY+=("ncu stalls d$d: rc=$?")
+  done
 fi
 echo "==== summary"
 cat "$OUT/gpu.txt"
