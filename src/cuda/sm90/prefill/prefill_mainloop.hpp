@@ -167,24 +167,24 @@ __device__ __forceinline__ void consumer_mainloop(KernelParams<Traits> const& kp
   unsigned long long* const hist = (Traits::kSkip && !Traits::kNoHist) ? p.hist : nullptr;
   int n_visited = 0, n_skipped = 0;
 
-  // Histogram (statistics), kept off the softmax's critical path and free of divergent branches
-  // (a lane-0 atomic and a one-thread flush made 5 % of the branches divergent and cost 14 %:
-  // ncu, H200, ce3a458): in step n+1, while its S wgmma runs, each warp reduces its delta maximum
-  // of tile n and stores it in its own smem slot; in step n+2 (after tile n+1's vote barrier,
-  // which orders those stores) warp 0 of the warpgroup reads the four slots, all its lanes bin
-  // the maximum alike and lane 0 counts it. The last two tiles are binned after one extra barrier.
+  // Histogram (statistics), kept off the softmax's critical path and free of divergent branches:
+  // in step n+1, while its S wgmma runs, each warp reduces its delta maximum of tile n and stores
+  // it in its own smem slot; in step n+2 (after tile n+1's vote barrier, which orders those
+  // stores) warp 0 of the warpgroup reads the four slots at once, all its lanes bin the maximum
+  // alike and lane 0 counts it. The last two tiles are binned after one extra barrier. Whatever
+  // warp 0 does here delays the next vote barrier if it outlasts the S wgmma (ncu, H200, 78202c4:
+  // barrier stalls 0.25 -> 0.76 per instruction), so the chain is kept short: one 16-byte smem
+  // read, float binning, the tiles' visibility carried in registers.
   float* const hslot = &ss.hist_delta[cwg][0][0];  // [tile parity][warp]
   const int wg_warp = (mma_tid / 32) % 4;
   const int lane = threadIdx.x % 32;
   const bool hist_warp = hist != nullptr && wg_warp == 0;
-  // Tile of step n into the histogram (warp 0 of the warpgroup); counted when the tile is visible.
-  auto hist_flush = [&](int n) {
-    float delta = hslot[(n & 1) * 4 + (lane & 3)];
-    delta = fmaxf(delta, __shfl_xor_sync(0xffffffffu, delta, 1));
-    delta = fmaxf(delta, __shfl_xor_sync(0xffffffffu, delta, 2));
-    const int bin = hist_bin(delta);
-    if (lane == 0 && tile_of<Traits>(n, w) < n_vis)
-      atomicAdd(hist + std::size_t(w.h) * kHistSlots + bin, 1ull);
+  bool vis1 = false, vis2 = false;  // tiles of the previous two steps visible to this warpgroup
+  // The tile of step n into the histogram (warp 0 of the warpgroup), when visible.
+  auto hist_flush = [&](int n, bool visible) {
+    const float4 v = *reinterpret_cast<const float4*>(hslot + (n & 1) * 4);
+    const int bin = hist_bin(fmaxf(fmaxf(v.x, v.y), fmaxf(v.z, v.w)));
+    if (lane == 0 && visible) atomicAdd(hist + std::size_t(w.h) * kHistSlots + bin, 1ull);
   };
   float d_prev = -INFINITY;  // this thread's delta of the previous tile (histogram only)
   // This warp's maximum of step n's tile into its slot (NaN terms are ignored, as by fmaxf).
@@ -195,7 +195,7 @@ __device__ __forceinline__ void consumer_mainloop(KernelParams<Traits> const& kp
   // In step n's wgmma gap: tile n-1 into this warp's slot; warp 0 bins tile n-2.
   auto hist_gap = [&](int n) {
     hist_store(n - 1);
-    if (hist_warp && n >= 2) hist_flush(n - 2);
+    if (hist_warp && n >= 2) hist_flush(n - 2, vis2);
   };
 
   cutlass::arch::ClusterTransactionBarrier::wait(&ss.barrier_q, 0);
@@ -299,7 +299,11 @@ __device__ __forceinline__ void consumer_mainloop(KernelParams<Traits> const& kp
     float alpha[kRows];
     if (!skip) sm.update(tSrS_rc, tmax, p.scale_log2, alpha);
     if constexpr (Traits::kSkip) {
-      if (hist != nullptr) d_prev = d_thread;
+      if (hist != nullptr) {
+        d_prev = d_thread;
+        vis2 = vis1;
+        vis1 = tile < n_vis;
+      }
     }
     if constexpr (!Traits::kEarlyV) finish_v_prev();
     if (!skip) {
@@ -340,8 +344,8 @@ __device__ __forceinline__ void consumer_mainloop(KernelParams<Traits> const& kp
     hist_store(w.n_max - 1);  // the last tile's warp maxima
     named_sync(kBarVote0 + cwg, 128);  // orders every warp's stores before the flushes
     if (hist_warp) {
-      if (w.n_max >= 2) hist_flush(w.n_max - 2);
-      hist_flush(w.n_max - 1);
+      if (w.n_max >= 2) hist_flush(w.n_max - 2, vis2);
+      hist_flush(w.n_max - 1, vis1);
     }
   }
   cnt.visited = static_cast<unsigned long long>(n_visited);

@@ -109,7 +109,7 @@ struct PrefillTraits {
     cutlass::arch::ClusterTransactionBarrier::ValueType barrier_q;
     // Delta histogram: per consumer warpgroup, double-buffered by tile parity, each warp's
     // maximum delta of a tile (the mainloop's hist_gap).
-    float hist_delta[kNumMmaWG][2][4];
+    alignas(16) float hist_delta[kNumMmaWG][2][4];
   };
 };
 
