@@ -40,7 +40,7 @@ struct CalibrateArgs {
   std::string out;
   std::string report;
   std::string check;
-  std::string order = "natural";  // max_first: the reference and the CUDA decode kernel (seeded splits)
+  std::string order = "natural";  // max_first: reference, CUDA prefill, CUDA decode (seeded splits)
   std::string mask;  // npy: causal | full (default causal); workloads: llm causal, dit full
   int tile_keys = 128;
   int rows = 64;
@@ -385,7 +385,7 @@ void register_calibrate(CLI::App& app) {
                                  "(several components: a model directory)");
   s->add_option("--report", a->report, "report directory (report.md, PNG plots)");
   s->add_option("--check", a->check, "validate a config.json (or model directory) and print a summary");
-  s->add_option("--order", a->order, "tile visit order: natural (default) or max_first (the reference; the CUDA decode kernel as seeded splits; the CUDA prefill kernel visits in natural order and reports it)");
+  s->add_option("--order", a->order, "tile visit order: natural (default) or max_first (SPEC §2a: the reference and the CUDA prefill kernel; the CUDA decode kernel as seeded splits)");
   s->add_option("--mask", a->mask, "causal or full (default: llm/npy causal, dit full)");
   s->add_option("--tile-keys", a->tile_keys, "keys per tile (default 128, the kernels')");
   s->add_option("--rows", a->rows, "prefill vote group rows (default 64: the prefill kernel's warpgroup)");
