@@ -23,12 +23,15 @@
 #include <limits>
 #include <sstream>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "blasst/blasst.hpp"
 #include "blasst/calibration.hpp"
 #include "blasst/workloads.hpp"
 #include "calibration/plot.hpp"  // internal: the calibration report's PNG line plots
+#include "core/decode_layout.hpp"  // internal: the decode kernel's split heuristic
 
 namespace blasst::bench_order {
 namespace {
@@ -59,29 +62,6 @@ double now_s() {
 // Prefill heads per length: the cost grows as L^2, so fewer heads at longer L keeps the whole
 // program within ~10 minutes on 2 cores (each head is an independent sample of the workload).
 i64 prefill_heads(i64 L) { return L <= 4096 ? 4 : (L <= 16384 ? 2 : 1); }
-
-// The decode kernel's split heuristic (src/cuda/sm90/decode/decode_api.cu, decode_split_tiles;
-// docs/decode_kernel.md), reproduced here so the CPU build needs no CUDA: tiles per split
-// minimising waves * (tiles_per_split + 2), ties to fewer splits.
-i64 kernel_split_tiles(i64 batch, i64 hk, i64 max_tiles, int sms, int ctas_per_sm) {
-  if (max_tiles <= 1) return 1;
-  const i64 slots = static_cast<i64>(sms) * std::max(ctas_per_sm, 1);
-  const i64 base = batch * hk;
-  i64 best_st = max_tiles;
-  double best = 0.0;
-  const i64 max_splits = std::min<i64>(max_tiles, 4 * ((slots + base - 1) / base));
-  for (i64 s = 1; s <= max_splits; ++s) {
-    const i64 st = (max_tiles + s - 1) / s;
-    const i64 splits = (max_tiles + st - 1) / st;
-    const i64 waves = (base * splits + slots - 1) / slots;
-    const double cost = static_cast<double>(waves) * static_cast<double>(st + 2);
-    if (s == 1 || cost < best - 1e-9) {
-      best = cost;
-      best_st = st;
-    }
-  }
-  return best_st;
-}
 
 struct Err {
   double rel_l2 = 0.0, max_abs = 0.0;
@@ -133,6 +113,24 @@ int g_checked = 0, g_mismatch = 0;
 void check_curve(double curve, double run) {
   ++g_checked;
   if (curve != run) ++g_mismatch;
+}
+
+// One skip run at lambda with the case's vote layout (the reference engine, through `run`): its
+// achieved sparsity, checked against the one-pass curve's prediction, and its error vs the fp64
+// reference.
+template <class Run>
+std::pair<double, Err> skip_run(double lambda, const VoteGranularity& vote, int threads, double curve,
+                                std::vector<float>& out, const std::vector<double>& ref, Run run) {
+  SkipConfig sk = SkipConfig::from_threshold(lambda);
+  sk.vote = vote;
+  RunOptions rs;
+  rs.collect_stats = true;
+  rs.num_threads = threads;
+  SkipStats ss;
+  std::fill(out.begin(), out.end(), std::nanf(""));
+  run(sk, rs, ss);
+  check_curve(curve, ss.sparsity());
+  return {ss.sparsity(), compare(out, ref)};
 }
 
 PrefillCase run_prefill(WorkloadKind kind, i64 L, const Options& opt) {
@@ -195,17 +193,9 @@ PrefillCase run_prefill(WorkloadKind kind, i64 L, const Options& opt) {
       pt.reachable = std::isfinite(pt.lambda) && pt.lambda < 1.0;
       if (pt.reachable) {
         pt.curve_sparsity = curve.sparsity_at(pt.lambda);
-        SkipConfig sk = SkipConfig::from_threshold(pt.lambda);
-        sk.vote = vote;
-        RunOptions rs;
-        rs.collect_stats = true;
-        rs.num_threads = opt.threads;
-        SkipStats ss;
-        std::fill(out.begin(), out.end(), std::nanf(""));
-        reference::attention(p, sk, rs, &ss);
-        pt.achieved = ss.sparsity();
-        check_curve(pt.curve_sparsity, pt.achieved);
-        pt.err = compare(out, ref);
+        std::tie(pt.achieved, pt.err) =
+            skip_run(pt.lambda, vote, opt.threads, pt.curve_sparsity, out, ref,
+                     [&](const SkipConfig& sk, const RunOptions& rs, SkipStats& ss) { reference::attention(p, sk, rs, &ss); });
       }
       r.points.push_back(pt);
     }
@@ -249,7 +239,7 @@ DecodeCase run_decode(i64 L, const Options& opt) {
   // B = 1; 132 SMs, 1 CTA per SM at d = 128, docs/decode_kernel.md); heads are scaled down here
   // for CPU time only.
   const i64 tiles = (L + 127) / 128;
-  dc.split = kernel_split_tiles(1, 8, tiles, 132, 1);
+  dc.split = detail::decode_split_tiles(1, 8, tiles, 132, 1);
 
   WorkloadSpec ws;
   ws.kind = WorkloadKind::llm;
@@ -326,17 +316,11 @@ DecodeCase run_decode(i64 L, const Options& opt) {
         continue;
       }
       r.sparsity.push_back(curves[li].sparsity_at(lam));
-      SkipConfig sk = SkipConfig::from_threshold(lam);
-      sk.vote = vote;
-      RunOptions rs;
-      rs.collect_stats = true;
-      rs.num_threads = opt.threads;
-      SkipStats ss;
-      std::fill(out.begin(), out.end(), std::nanf(""));
-      reference::decode(p, sk, rs, &ss);
-      r.achieved.push_back(ss.sparsity());
-      check_curve(r.sparsity.back(), r.achieved.back());
-      r.err.push_back(compare(out, ref));
+      const auto [achieved, err] =
+          skip_run(lam, vote, opt.threads, r.sparsity.back(), out, ref,
+                   [&](const SkipConfig& sk, const RunOptions& rs, SkipStats& ss) { reference::decode(p, sk, rs, &ss); });
+      r.achieved.push_back(achieved);
+      r.err.push_back(err);
     }
     dc.layouts.push_back(std::move(r));
   }

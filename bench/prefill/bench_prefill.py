@@ -303,13 +303,7 @@ def main():
                                     if xs in e else "unreachable")
             lines.append(f"| {r['workload']} | {r['d']} | {r['L']} | {r['mask']} | {e['target']} | "
                          f"{cell('', 'speedup_vs_dense')} | {cell('_maxfirst', 'speedup_vs_dense_maxfirst')} |")
-    table = "\n".join(lines)
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "bench_prefill.json"), "w") as fh:
-        json.dump(dict(meta=meta, rows=rows), fh, indent=1)
-    with open(os.path.join(args.out, "bench_prefill.md"), "w") as fh:
-        fh.write(table + "\n")
-    print(table)
+    write_results(args.out, "bench_prefill.json", meta, rows, lines)
 
 
 # bench knobs of the library (prefill_launch.hpp): bit 1 = no V loads; id << 8 = bench-only
@@ -348,6 +342,17 @@ def interleaved_ms(fns, iters, warmup):
         m = statistics.median(ts)
         out.append((m, (max(ts) - min(ts)) / m))
     return out
+
+
+def write_results(out, json_name, meta, rows, lines):
+    """The JSON (meta + rows) and the markdown table (bench_prefill.md) under `out`; the table is printed."""
+    table = "\n".join(lines)
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, json_name), "w") as fh:
+        json.dump(dict(meta=meta, rows=rows), fh, indent=1)
+    with open(os.path.join(out, "bench_prefill.md"), "w") as fh:
+        fh.write(table + "\n")
+    print(table)
 
 
 def warm_up(lib):
@@ -527,13 +532,7 @@ def quick_main(args, lib):
                 mf = (f"{e['achieved_maxfirst']:.2f}, {e['speedup_maxfirst']:.3f}x, {e['err_maxfirst']:.3f}"
                       if "speedup_maxfirst" in e else "n/a")
                 lines.append(f"| {r['L']} | {r['mask']} | {e['target']} | {nat} | {mf} |")
-    table = "\n".join(lines)
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "bench_prefill_quick.json"), "w") as fh:
-        json.dump(dict(meta=meta, rows=rows), fh, indent=1)
-    with open(os.path.join(args.out, "bench_prefill.md"), "w") as fh:
-        fh.write(table + "\n")
-    print(table)
+    write_results(args.out, "bench_prefill_quick.json", meta, rows, lines)
 
 
 if __name__ == "__main__":

@@ -187,10 +187,11 @@ __device__ __forceinline__ void consumer_mainloop(KernelParams<Traits> const& kp
     if (lane == 0 && visible) atomicAdd(hist + std::size_t(w.h) * kHistSlots + bin, 1ull);
   };
   float d_prev = -INFINITY;  // this thread's delta of the previous tile (histogram only)
-  // This warp's maximum of step n's tile into its slot (NaN terms are ignored, as by fmaxf).
+  // This warp's maximum of step n's tile into its slot (never NaN: thread_delta and warp_delta
+  // take fmaxf from -inf, which drops NaN terms).
   auto hist_store = [&](int n) {
     const float d = warp_delta(d_prev);
-    if (lane == 0) hslot[(n & 1) * 4 + wg_warp] = isnan(d) ? -INFINITY : d;
+    if (lane == 0) hslot[(n & 1) * 4 + wg_warp] = d;
   };
   // In step n's wgmma gap: tile n-1 into this warp's slot; warp 0 bins tile n-2.
   auto hist_gap = [&](int n) {

@@ -1,4 +1,5 @@
-// Internal: the split-KV heuristic of the CUDA decode path (also used by tests and benchmarks).
+// Internal: the split-KV heuristic of the CUDA decode path. Plain host code, built without CUDA
+// too, so that CPU tools (bench/order) reproduce the kernel's layout from the same function.
 #pragma once
 
 #include <cstdint>
