@@ -2,15 +2,43 @@
 // (ragged, decode, paged, 16-bit inputs), plus the workload generators.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "blasst/gating.hpp"
 #include "blasst/half.hpp"
 #include "blasst/workloads.hpp"
 #include "common.hpp"
+#include "core/visit_cursor.hpp"
 
 using namespace blasst;
 using namespace blasst::test;
+
+// The kernels' step-by-step visit order against the SPEC §2a definition written out directly:
+// the sink tile, the own tile, then the rest by distance from own, the left one first at equal
+// distance; own <= 1 (and -1, the kernels' "natural") is the natural order.
+TEST(Core, VisitCursorMatchesSpecOrder) {
+  for (int n = 1; n <= 70; ++n)
+    for (int own = -1; own < n; ++own) {
+      std::vector<int> want{0};
+      if (own > 0) want.push_back(own);
+      std::vector<int> rest;
+      for (int t = 1; t < n; ++t)
+        if (t != own) rest.push_back(t);
+      const int o = own < 0 ? 0 : own;
+      std::stable_sort(rest.begin(), rest.end(), [o](int a, int b) {
+        const int da = std::abs(a - o), db = std::abs(b - o);
+        return da != db ? da < db : a < b;
+      });
+      want.insert(want.end(), rest.begin(), rest.end());
+      detail::VisitCursor c(n, own);
+      std::vector<int> got;
+      for (int step = 0; step < n; ++step, c.advance()) got.push_back(c.tile);
+      ASSERT_EQ(got, want) << "n " << n << " own " << own;
+    }
+}
 
 TEST(Core, EnumsRoundTrip) {
   for (DType t : {DType::f32, DType::f16, DType::bf16, DType::f64}) EXPECT_EQ(parse_dtype(to_string(t)), t);

@@ -406,17 +406,74 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas(D, MT)) decode_kernel(co
   if (seeded) {
     // Seeded split (SPEC §2a): m starts at the row's maximum over the seed tiles (computed by every
     // split of the group; the seed tiles mostly come from L2 after the first split reads them).
+    // Both tiles in one pass: two independent MMA chains, so their latencies overlap. Their warp
+    // maxima go where nothing is written before the first vote (MT = 1: the back half of the
+    // last V slot, whose front half staged Q; MT = 4: P stage 0), so one barrier suffices: the
+    // first vote's barrier orders these reads before any reuse of that memory or the seed slots.
+    float* seed_red = MT == 1 ? reinterpret_cast<float*>(sV + (NV - 1) * kSlotBytes + kSlotBytes / 2)
+                              : reinterpret_cast<float*>(sP);  // [2][W][kRows]
+    static_assert(MT != 1 || kRows * D * 2 <= kSlotBytes / 2, "Q staging and the seed maxima share a slot");
+    static_assert(2 * W * kRows * 4 <= (MT == 1 ? kSlotBytes / 2 : kPStage), "seed maxima fit");
+    mbar_wait(barS0, 0);
+    mbar_wait(barS0 + 8, 0);
+    float acc[2][MT][kSN][4];
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < kSN; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[j][mt][nt][e] = 0.f;
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) {
+      std::uint32_t r[2][4];
+      const int key = warp * kKW + (lane & 7) + (lane >> 4) * 8;
+#pragma unroll
+      for (int j = 0; j < 2; ++j) ldsm_x4(smem_u32(sV + j * kSlotBytes) + kv_off(key, ks * 2 + ((lane >> 3) & 1)), r[j]);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        std::uint32_t a[4];
+        if constexpr (MT == 1) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) a[e] = qa[ks][e];
+        } else {
+          ldsm_x4(smem_u32(sQ + swz(mt * 16 + (lane & 15), ks * 2 + (lane >> 4), CH)), a);
+        }
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          mma16816<T>(acc[j][mt][0], a, r[j][0], r[j][1]);
+          mma16816<T>(acc[j][mt][1], a, r[j][2], r[j][3]);
+        }
+      }
+    }
+#pragma unroll
     for (int j = 0; j < 2; ++j) {
-      mbar_wait(barS0 + 8 * j, 0);
-      score(sV + j * kSlotBytes, seed_tile(j), sRed + j * W * kRows);
+      const int key0 = static_cast<int>(seed_tile(j) * kTileKeys) + warp * kKW + 2 * (lane & 3);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          float mx = -INFINITY;
+#pragma unroll
+          for (int nt = 0; nt < kSN; ++nt)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int key = key0 + nt * 8 + e;
+              const float v = acc[j][mt][nt][hf * 2 + e] * p.scale_log2;
+              mx = fmaxf(mx, key < row_lim[mt][hf] ? v : -INFINITY);
+            }
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+          if ((lane & 3) == 0) seed_red[(j * W + warp) * kRows + mt * 16 + hf * 8 + (lane >> 2)] = mx;
+        }
     }
     __syncthreads();
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf)
-        m_run[mt][hf] = fmaxf(tile_max(sRed, mt, hf), tile_max(sRed + W * kRows, mt, hf));
-    __syncthreads();  // sRed and the seed slots are reused below
+        m_run[mt][hf] = fmaxf(tile_max(seed_red, mt, hf), tile_max(seed_red + W * kRows, mt, hf));
   }
 
   int skipped_count = 0;

@@ -253,7 +253,7 @@ std::vector<double> launch_attention(const AttentionProblem& p, const SkipConfig
   prm.causal = r.mask == MaskKind::causal;
   // Visit order (SPEC §2a). Max-first: one order per 128-row CTA serves both of its 64-row vote
   // groups exactly for causal masks (any Lq, Lk) and for full masks with Lq == Lk per sequence
-  // (prefill_tile_scheduler.hpp, visit_tile); other full-mask shapes are an error.
+  // (prefill_tile_scheduler.hpp, VisitCursor); other full-mask shapes are an error.
   prm.visit_order = (use_skip_kernel && skip.vote.order == VisitOrder::max_first) ? 1 : 0;
   if (prm.visit_order == 1 && !prm.causal) {
     if (!r.ragged) {

@@ -22,13 +22,23 @@ struct KernelParams {
   typename Traits::GLayout layout_v;
 };
 
-// Key tile of step n: the dense kernel always visits in natural order (its code stays free of
-// the order, and the order changes nothing but rounding there).
+// The key tiles of a CTA's steps, one step at a time: the skip kernel walks the visit order
+// (natural or max-first, SPEC §2a); the dense kernel always visits in natural order (its code
+// stays free of the order, and the order changes nothing but rounding there).
 template <class Traits>
-__device__ __forceinline__ int tile_of(int n, PrefillWork const& w) {
-  if constexpr (Traits::kSkip) return visit_tile(n, w.n_max, w.own);
-  return n;
-}
+struct TileWalk {
+  ::blasst::detail::VisitCursor cur;
+  int n = 0;
+  __device__ __forceinline__ explicit TileWalk(PrefillWork const& w) : cur(w.n_max, w.own) {}
+  __device__ __forceinline__ int tile() const {
+    if constexpr (Traits::kSkip) return cur.tile;
+    return n;
+  }
+  __device__ __forceinline__ void advance() {
+    if constexpr (Traits::kSkip) cur.advance();
+    else ++n;
+  }
+};
 
 // Gmem tile view for a sequence: rows offset by the sequence start (ragged) or indexed by batch.
 template <class TmaTensor>
@@ -72,31 +82,36 @@ __device__ __forceinline__ void producer_run(KernelParams<Traits> const& kp, Pre
   if constexpr (Traits::kKAhead) {
     // K_{n+1} before V_n: V_n is first read one step after K_n, so K gets the earlier slot.
     auto st_v = st;
-    auto load_k = [&](int n) {
+    TileWalk<Traits> walk_k(w), walk_v(w);
+    auto load_k = [&]() {
       pipe_k.producer_acquire(st);
-      copy(kp.tma_k.with(*pipe_k.producer_get_barrier(st)), tKgK(_, tile_of<Traits>(n, w)),
+      copy(kp.tma_k.with(*pipe_k.producer_get_barrier(st)), tKgK(_, walk_k.tile()),
            tKsK(_, st.index()));
+      walk_k.advance();
       ++st;
     };
-    load_k(0);
+    load_k();
     for (int n = 0; n < w.n_max; ++n) {
-      if (n + 1 < w.n_max) load_k(n + 1);
+      if (n + 1 < w.n_max) load_k();
       if (!kp.p.bench_no_v_loads) {
         pipe_v.producer_acquire(st_v);
-        copy(kp.tma_v.with(*pipe_v.producer_get_barrier(st_v)), tVgV(_, tile_of<Traits>(n, w)),
+        copy(kp.tma_v.with(*pipe_v.producer_get_barrier(st_v)), tVgV(_, walk_v.tile()),
              tVsV(_, st_v.index()));
       }
+      walk_v.advance();
       ++st_v;
     }
   } else {
+    TileWalk<Traits> walk(w);
     for (int n = 0; n < w.n_max; ++n) {
-      const int t = tile_of<Traits>(n, w);  // key tile of step n (n in natural order)
+      const int t = walk.tile();  // key tile of step n
       pipe_k.producer_acquire(st);
       copy(kp.tma_k.with(*pipe_k.producer_get_barrier(st)), tKgK(_, t), tKsK(_, st.index()));
       if (!kp.p.bench_no_v_loads) {
         pipe_v.producer_acquire(st);
         copy(kp.tma_v.with(*pipe_v.producer_get_barrier(st)), tVgV(_, t), tVsV(_, st.index()));
       }
+      walk.advance();
       ++st;
     }
   }
@@ -201,6 +216,7 @@ __device__ __forceinline__ void consumer_mainloop(KernelParams<Traits> const& kp
 
   cutlass::arch::ClusterTransactionBarrier::wait(&ss.barrier_q, 0);
 
+  TileWalk<Traits> walk(w);            // the key tile of step n
   typename Traits::PipelineState st;   // tile n
   typename Traits::PipelineState stp;  // tile n-1
   // The P V product of tile n-1 is still to issue (tile n-1 kept). Dense: always, after tile 0.
@@ -242,7 +258,8 @@ __device__ __forceinline__ void consumer_mainloop(KernelParams<Traits> const& kp
     warpgroup_fence_operand(tSrS);
     pipe_k.consumer_release(st);
 
-    const int tile = tile_of<Traits>(n, w);  // masks and counts go by the key tile
+    const int tile = walk.tile();  // masks and counts go by the key tile
+    walk.advance();                // (the next step's tile: off this step's critical path)
     if (tile_needs_mask(tile, kBlockN, row0, w.q_len, w.k_len, p.causal)) {
       apply_mask(tSrS_rc, tScS_rc, row0, tile * kBlockN, w.q_len, w.k_len, p.causal);
     }

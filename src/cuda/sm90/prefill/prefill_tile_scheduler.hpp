@@ -4,6 +4,7 @@
 // first and the light ones fill the tail.
 #pragma once
 
+#include "core/visit_cursor.hpp"
 #include "cuda/sm90/prefill/prefill_params.hpp"
 
 namespace blasst::sm90::prefill {
@@ -15,27 +16,14 @@ struct PrefillWork {
   int own = 0;    // max-first: the CTA's own tile (-1: natural order)
 };
 
-// Key tile visited at step n (0 <= n < n_max) of a CTA. Natural order: n. Max-first (own >= 0):
-// the sink tile 0, the own tile, then own-1, own+1, own-2, own+2, ... within [1, n_max), exactly
-// as the reference's visit_order (src/reference/reference.cpp) lists them.
+// The visit order of a CTA's key tiles is walked with detail::VisitCursor (src/core/visit_cursor.hpp):
+// natural (own = -1), or max-first (own >= 0): the sink tile 0, the own tile, then own-1, own+1,
+// own-2, own+2, ... within [1, n_max), exactly as the reference's visit_order
+// (src/reference/reference.cpp) lists them.
 // Why one order per CTA matches both 64-row vote groups: causal, the own tile is the last
 // visible one (n_max - 1 for the CTA's last rows); the first group's own tile is the same or one
 // less, and restricted to its visible tiles the CTA's order is that group's order (own + k is
 // never visible to it). Full mask with Lq == Lk: both groups' own tiles are row0 / 128.
-__device__ __forceinline__ int visit_tile(int n, int n_max, int own) {
-  if (own < 0 || n == 0) return n;
-  if (own == 0) return n;  // 0, 1, 2, ...
-  if (n == 1) return own;
-  const int j = n - 2;
-  const int left = own - 1, right = n_max - 1 - own;  // tiles in [1, own) and (own, n_max)
-  const int m = min(left, right);
-  if (j < 2 * m) {
-    const int dist = j / 2 + 1;
-    return (j & 1) ? own + dist : own - dist;
-  }
-  const int dist = m + 1 + (j - 2 * m);
-  return left > right ? own - dist : own + dist;
-}
 
 struct HeavyFirstScheduler {
   static dim3 grid(const PrefillParams& p) {
