@@ -350,6 +350,14 @@ void cuda_decode(const DecodeProblem& p, const SkipConfig& skip, const RunOption
   kp.lam_mode = lam_mode; kp.lam_value = lam_value;
   kp.split_tiles = static_cast<int>(split_tiles); kp.num_splits = static_cast<int>(num_splits);
   kp.seeded = seeded ? 1 : 0;
+  // Benchmark probe of the seed prologue's cost (bench/decode/bench_decode.py): "load" = the seed
+  // tiles are loaded and waited for but not scored, "score" = the split's first tile is scored in
+  // their place (no extra loads). Both leave the running maxima wrong for skipping: timing only.
+  if (const char* probe = std::getenv("BLASST_DECODE_SEED_PROBE"); probe != nullptr && *probe != '\0' && seeded) {
+    const std::string v = probe;
+    if (v != "load" && v != "score") throw Error("BLASST_DECODE_SEED_PROBE: expected load or score, got '" + v + "'");
+    kp.seeded = v == "load" ? 2 : 3;
+  }
   kp.o_part = o_part.as<float>(); kp.lse_part = lse_part.as<float>();
   if (want_stats) {
     kp.visited = counts.as<unsigned long long>();

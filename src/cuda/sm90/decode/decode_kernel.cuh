@@ -272,9 +272,11 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas(D, MT)) decode_kernel(co
   };
 
   const bool seeded = kSkip && p.seeded != 0;
+  // Benchmark probes of the prologue's cost (Params::seeded 2 and 3; wrong maxima, never for results).
+  const bool seed_loads = seeded && p.seeded != 3, seed_scores = seeded && p.seeded != 2;
   auto seed_tile = [ntiles](int j) -> std::int64_t { return j == 0 ? 0 : ntiles - 1; };
   auto first_loads = [&] {
-    if (seeded) {
+    if (seed_loads) {
       // The seed tiles' K go into V slots 0 and 1 (free until the first vote) on their own barriers.
       for (int j = 0; j < 2; ++j)
         load_tile(kbase, p.k_s0, p.k_s1, p.k_sh, sV + j * kSlotBytes, barS0 + 8 * j, seed_tile(j), false);
@@ -414,66 +416,75 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas(D, MT)) decode_kernel(co
                               : reinterpret_cast<float*>(sP);  // [2][W][kRows]
     static_assert(MT != 1 || kRows * D * 2 <= kSlotBytes / 2, "Q staging and the seed maxima share a slot");
     static_assert(2 * W * kRows * 4 <= (MT == 1 ? kSlotBytes / 2 : kPStage), "seed maxima fit");
-    mbar_wait(barS0, 0);
-    mbar_wait(barS0 + 8, 0);
-    float acc[2][MT][kSN][4];
-#pragma unroll
-    for (int j = 0; j < 2; ++j)
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < kSN; ++nt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) acc[j][mt][nt][e] = 0.f;
-#pragma unroll
-    for (int ks = 0; ks < D / 16; ++ks) {
-      std::uint32_t r[2][4];
-      const int key = warp * kKW + (lane & 7) + (lane >> 4) * 8;
-#pragma unroll
-      for (int j = 0; j < 2; ++j) ldsm_x4(smem_u32(sV + j * kSlotBytes) + kv_off(key, ks * 2 + ((lane >> 3) & 1)), r[j]);
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        std::uint32_t a[4];
-        if constexpr (MT == 1) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) a[e] = qa[ks][e];
-        } else {
-          ldsm_x4(smem_u32(sQ + swz(mt * 16 + (lane & 15), ks * 2 + (lane >> 4), CH)), a);
-        }
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          mma16816<T>(acc[j][mt][0], a, r[j][0], r[j][1]);
-          mma16816<T>(acc[j][mt][1], a, r[j][2], r[j][3]);
-        }
-      }
+    // Probe 3 scores the split's first ring tile twice instead of the seed tiles.
+    const unsigned char* seed_slot[2] = {sV, sV + kSlotBytes};
+    if (seed_loads) {
+      mbar_wait(barS0, 0);
+      mbar_wait(barS0 + 8, 0);
+    } else {
+      mbar_wait(barK0, 0);
+      seed_slot[0] = seed_slot[1] = sK;
     }
+    if (seed_scores) {
+      float acc[2][MT][kSN][4];
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const int key0 = static_cast<int>(seed_tile(j) * kTileKeys) + warp * kKW + 2 * (lane & 3);
+      for (int j = 0; j < 2; ++j)
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-          float mx = -INFINITY;
+        for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
           for (int nt = 0; nt < kSN; ++nt)
 #pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const int key = key0 + nt * 8 + e;
-              const float v = acc[j][mt][nt][hf * 2 + e] * p.scale_log2;
-              mx = fmaxf(mx, key < row_lim[mt][hf] ? v : -INFINITY);
-            }
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-          if ((lane & 3) == 0) seed_red[(j * W + warp) * kRows + mt * 16 + hf * 8 + (lane >> 2)] = mx;
+            for (int e = 0; e < 4; ++e) acc[j][mt][nt][e] = 0.f;
+#pragma unroll
+      for (int ks = 0; ks < D / 16; ++ks) {
+        std::uint32_t r[2][4];
+        const int key = warp * kKW + (lane & 7) + (lane >> 4) * 8;
+#pragma unroll
+        for (int j = 0; j < 2; ++j) ldsm_x4(smem_u32(seed_slot[j]) + kv_off(key, ks * 2 + ((lane >> 3) & 1)), r[j]);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          std::uint32_t a[4];
+          if constexpr (MT == 1) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) a[e] = qa[ks][e];
+          } else {
+            ldsm_x4(smem_u32(sQ + swz(mt * 16 + (lane & 15), ks * 2 + (lane >> 4), CH)), a);
+          }
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            mma16816<T>(acc[j][mt][0], a, r[j][0], r[j][1]);
+            mma16816<T>(acc[j][mt][1], a, r[j][2], r[j][3]);
+          }
         }
+      }
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int key0 = static_cast<int>(seed_tile(j) * kTileKeys) + warp * kKW + 2 * (lane & 3);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int hf = 0; hf < 2; ++hf) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int nt = 0; nt < kSN; ++nt)
+#pragma unroll
+              for (int e = 0; e < 2; ++e) {
+                const int key = key0 + nt * 8 + e;
+                const float v = acc[j][mt][nt][hf * 2 + e] * p.scale_log2;
+                mx = fmaxf(mx, key < row_lim[mt][hf] ? v : -INFINITY);
+              }
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            if ((lane & 3) == 0) seed_red[(j * W + warp) * kRows + mt * 16 + hf * 8 + (lane >> 2)] = mx;
+          }
+      }
     }
     __syncthreads();
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf)
-        m_run[mt][hf] = fmaxf(tile_max(seed_red, mt, hf), tile_max(seed_red + W * kRows, mt, hf));
+        if (seed_scores) m_run[mt][hf] = fmaxf(tile_max(seed_red, mt, hf), tile_max(seed_red + W * kRows, mt, hf));
   }
 
   int skipped_count = 0;

@@ -57,6 +57,7 @@ struct Params {
   int split_tiles, num_splits;
   // Seeded splits (SPEC §2a, max-first order in split-KV decode): each split's running maxima start
   // from the group's scores on the seed tiles (sink tile 0 and the last tile), not from -inf.
+  // 2, 3: benchmark probes (BLASST_DECODE_SEED_PROBE load / score, decode_api.cu).
   int seeded;
   int splits_fastest;  // grid (Hk, splits, B) (default) or (splits, Hk, B) (BLASST_DECODE_GRID=splits)
   float* o_part;    // [B, Hk, splits, rows, D] normalised partial outputs
