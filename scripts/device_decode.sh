@@ -2,7 +2,8 @@
 # Everything the decode kernel needs from the GPU machine, in one call:
 #   configure + build (test_gpu_decode, blasst_decode_bench), GPU tests, compute-sanitizer
 #   (memcheck, racecheck) on a small case, the benchmark; logs under $OUT, a short table last.
-# Usage: [BLASST_COMMIT=abc123] scripts/device_decode.sh [all|test|bench|quick|profile]
+# Usage: [BLASST_COMMIT=abc123] scripts/device_decode.sh [all|test|bench|quick|profile|trace]
+#   trace: per-CTA timeline of the seed prologue (bench/decode/trace_decode.py, BLASST_DECODE_TRACE).
 #   profile (~1-2 min after the build): ncu (--clock-control none) on one dense call at B = 8, 32k,
 #   32/8 and one at B = 1 (speed of light, memory workload, warp states, scheduler, occupancy);
 #   reports as text under $OUT.
@@ -38,6 +39,12 @@ echo "build: $(( $(date +%s) - t0 )) s"
 [ "$MODE" = quick ] && START=$(date +%s)
 
 rc=0
+if [ "$MODE" = trace ]; then
+  # Per-CTA timeline of natural vs seeded splits and the prologue probes (bench/decode/trace_decode.py).
+  timeout 240 python3 bench/decode/trace_decode.py "$BUILD/bench/decode/libblasst_decode_bench.so" "$OUT" > "$OUT/trace.log" 2>&1
+  echo "trace: rc=$?"; cat "$OUT/decode_trace.md" 2>/dev/null || tail -20 "$OUT/trace.log"
+  exit 0
+fi
 if [ "$MODE" = profile ]; then
   P="$BUILD/bench/decode/blasst_decode_profile"
   for cfg in "8 32768 32 8" "1 32768 32 8"; do

@@ -692,7 +692,10 @@ TEST(GpuDecodeSanitizer, SmallSeededAndWideRows) {
   blasst::SkipConfig s = blasst::SkipConfig::from_threshold(0.05);
   s.vote.order = blasst::VisitOrder::max_first;
   c.q_len = 1;
-  check_skip(c, s, 4, 0.0, 0.5);  // seeded: looser skip-vs-dense bound (see SeededSplitsMatchReference)
+  // Seeded: lambda from this data's one-pass curve at 30 % (the fixed 0.05 skipped so much for one
+  // fresh seed that the output sat 0.83 from dense, while the kernel matched the reference: H200
+  // racecheck run of cd4d709); looser skip-vs-dense bound (see SeededSplitsMatchReference).
+  check_skip(c, s, 4, 0.0, 0.5, 0.3);
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -330,6 +331,15 @@ void cuda_decode(const DecodeProblem& p, const SkipConfig& skip, const RunOption
   const std::size_t n_counts = static_cast<std::size_t>(r.hk) * 2 + (want_hist ? static_cast<std::size_t>(r.hk) * decode::kHistBins : 0);
   StreamBuffer counts(want_stats ? n_counts * sizeof(unsigned long long) : 0, stream, pool, capturing);
   if (want_stats) BLASST_CUDA_CHECK(cudaMemsetAsync(counts.as<unsigned long long>(), 0, n_counts * sizeof(unsigned long long), stream));
+  // Diagnostic timeline (BLASST_DECODE_TRACE=<file>, bench/decode/trace_decode.py): each CTA's
+  // timer stamps appended to <file> as CSV; synchronises, so never during stream capture.
+  const char* trace_file = std::getenv("BLASST_DECODE_TRACE");
+  if (trace_file != nullptr && *trace_file == '\0') trace_file = nullptr;
+  if (trace_file != nullptr && capturing) throw Error("BLASST_DECODE_TRACE: cannot trace during stream capture");
+  const std::size_t n_ctas = static_cast<std::size_t>(r.batch * r.hk * num_splits);
+  const std::size_t n_trace = trace_file ? n_ctas * decode::kTracePoints * 2 : 0;
+  StreamBuffer trace(n_trace * sizeof(unsigned long long), stream, pool, capturing);
+  if (trace_file) BLASST_CUDA_CHECK(cudaMemsetAsync(trace.as<unsigned long long>(), 0, n_trace * sizeof(unsigned long long), stream));
 
   Params kp{};
   kp.q = p.q.data;
@@ -359,6 +369,7 @@ void cuda_decode(const DecodeProblem& p, const SkipConfig& skip, const RunOption
     kp.seeded = v == "load" ? 2 : 3;
   }
   kp.o_part = o_part.as<float>(); kp.lse_part = lse_part.as<float>();
+  kp.trace = trace_file ? trace.as<unsigned long long>() : nullptr;
   if (want_stats) {
     kp.visited = counts.as<unsigned long long>();
     kp.skipped = kp.visited + r.hk;
@@ -403,6 +414,24 @@ void cuda_decode(const DecodeProblem& p, const SkipConfig& skip, const RunOption
     mp.l_sb = p.lse.stride[0]; mp.l_sh = p.lse.stride[1]; mp.l_st = p.lse.stride[2];
   }
   decode::launch_merge(mp, stream);
+  if (trace_file) {
+    std::vector<unsigned long long> tr(n_trace);
+    BLASST_CUDA_CHECK(cudaMemcpyAsync(tr.data(), trace.as<unsigned long long>(), n_trace * sizeof(unsigned long long),
+                                      cudaMemcpyDeviceToHost, stream));
+    BLASST_CUDA_CHECK(cudaStreamSynchronize(stream));
+    std::FILE* f = std::fopen(trace_file, "a");
+    if (f == nullptr) throw Error(std::string("BLASST_DECODE_TRACE: cannot open ") + trace_file);
+    const char* tag = std::getenv("BLASST_DECODE_TRACE_TAG");
+    for (std::size_t c = 0; c < n_ctas; ++c) {
+      // CTA index = (z * gridDim.y + y) * gridDim.x + x
+      const std::size_t x = c % grid.x, y = (c / grid.x) % grid.y, z = c / (std::size_t{grid.x} * grid.y);
+      const std::size_t h = kp.splits_fastest ? y : x, split = kp.splits_fastest ? x : y;
+      std::fprintf(f, "%s,%zu,%zu,%zu,%zu", tag ? tag : "", c, z, h, split);
+      for (int k = 0; k < decode::kTracePoints * 2; ++k) std::fprintf(f, ",%llu", tr[c * decode::kTracePoints * 2 + k]);
+      std::fprintf(f, "\n");
+    }
+    std::fclose(f);
+  }
 
   if (stats) {
     SkipStats& st = *stats;

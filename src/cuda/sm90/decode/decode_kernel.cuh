@@ -132,6 +132,18 @@ __device__ __forceinline__ int hist_bin(double delta) {
   return 1 + i;
 }
 
+// Diagnostic timeline (Params::trace, BLASST_DECODE_TRACE): thread 0 of each CTA records the global
+// timer (ns) and its SM's clock at a few points of the kernel.
+__device__ __forceinline__ void trace_point(unsigned long long* trace, int point) {
+  if (trace == nullptr || threadIdx.x != 0) return;
+  unsigned long long g;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(g));
+  const long long c = clock64();
+  const std::size_t cta = (static_cast<std::size_t>(blockIdx.z) * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
+  trace[(cta * kTracePoints + point) * 2] = g;
+  trace[(cta * kTracePoints + point) * 2 + 1] = static_cast<unsigned long long>(c);
+}
+
 // ---- the kernel ------------------------------------------------------------------------------
 
 // Byte offset of 16-byte chunk `chunk` of key row `key` in a K/V slot: the tensor-map image, i.e.
@@ -167,6 +179,7 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas(D, MT)) decode_kernel(co
   // Heads fastest (default): neighbouring CTAs read neighbouring head rows of the same keys;
   // splits fastest (BLASST_DECODE_GRID=splits, a probe): neighbouring key ranges of one head. The
   // H200 runs of f05b4c2 / 6ff5dca measured the two orders within run-to-run noise of each other.
+  trace_point(p.trace, 0);  // start
   const int h = p.splits_fastest ? blockIdx.y : blockIdx.x, split = p.splits_fastest ? blockIdx.x : blockIdx.y;
   const int b = blockIdx.z;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -405,6 +418,7 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas(D, MT)) decode_kernel(co
     return tm;
   };
 
+  trace_point(p.trace, 1);  // Q staged, first loads issued
   if (seeded) {
     // Seeded split (SPEC §2a): m starts at the row's maximum over the seed tiles (computed by every
     // split of the group; the seed tiles mostly come from L2 after the first split reads them).
@@ -487,6 +501,7 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas(D, MT)) decode_kernel(co
         if (seed_scores) m_run[mt][hf] = fmaxf(tile_max(seed_red, mt, hf), tile_max(seed_red + W * kRows, mt, hf));
   }
 
+  trace_point(p.trace, 2);  // prologue done
   int skipped_count = 0;
   int kept = 0, done = 0;  // survivors whose V load was issued / whose P.V is done
 
@@ -600,6 +615,7 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas(D, MT)) decode_kernel(co
     } else {
       __syncthreads();
     }
+    if (i == 0) trace_point(p.trace, 3);  // first vote
 
     // Exact group delta for the statistics (warp 0, whose lanes cover every row).
     if (p.visited != nullptr && warp == 0) {
@@ -710,6 +726,7 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas(D, MT)) decode_kernel(co
     while (done < kept) pv_smem(done++);
   }
 
+  trace_point(p.trace, 4);  // last P.V issued
   // Row sums: quad, then across warps (every warp saw different keys).
   __syncthreads();  // every warp is done with the rings: their memory is reused below
   float* lred = sRed;  // [W][kRows]
@@ -778,6 +795,7 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas(D, MT)) decode_kernel(co
       }
     }
   }
+  trace_point(p.trace, 5);  // partials written
   if (p.visited != nullptr && tid == 0) {
     atomicAdd(p.visited + h, static_cast<unsigned long long>(n));
     atomicAdd(p.skipped + h, static_cast<unsigned long long>(skipped_count));

@@ -18,6 +18,7 @@ constexpr int kWarps = 8;
 constexpr int kTileKeys = 128;  // SPEC §2 tile
 constexpr int kMaxRows = 64;    // g * q_len
 constexpr int kHistBins = 1024 + 2;  // DeltaHistogram::kBins + 2
+constexpr int kTracePoints = 6;      // BLASST_DECODE_TRACE: start, prologue start/end, first vote, loop end, end
 
 // m-tiles for a row count (the instantiation that runs it).
 constexpr int mtiles_for(int rows) { return rows <= 16 ? 1 : 4; }
@@ -65,6 +66,7 @@ struct Params {
   unsigned long long* visited;  // [Hk] or nullptr
   unsigned long long* skipped;  // [Hk]
   unsigned long long* hist;     // [Hk, kHistBins] or nullptr
+  unsigned long long* trace;    // diagnostic timeline [CTAs][kTracePoints][2] or nullptr (decode_api.cu)
 };
 
 struct MergeParams {
