@@ -6,8 +6,8 @@ Usage: trace_decode.py LIB.so OUTDIR
 For B = 1 and 8 (L = 32k, 32/8, bf16, random inputs) and each variant - the skip kernel with
 nothing skipped (lambda 1e-30) in natural order, seeded (max-first), and the two prologue probes
 (BLASST_DECODE_SEED_PROBE=load / score) - a few single calls are traced after warm-up calls. Each
-CTA's thread 0 stamps the global timer at: 0 start, 1 Q staged (first loads issued), 2 prologue
-done, 3 first vote, 4 loop done, 5 partials written. The table gives, in microseconds, means over
+CTA's thread 0 stamps the global timer at: 0 start, 1 Q requested and the first K tiles issued,
+2 Q staged, 3 prologue done, 4 first vote, 5 loop done, 6 partials written. The table gives, in microseconds, means over
 CTAs and calls (and the latest CTA for the end), measured from the earliest start of each call.
 Single synchronised calls: absolute times are longer than in the graph-timed benchmark.
 """
@@ -63,22 +63,23 @@ def main():
             parts = line.strip().split(",")
             tag, vals = parts[0], [int(x) for x in parts[5:]]
             g = vals[0::2]
-            if g[5] == 0:  # an empty split (past its sequence's end)
+            if g[6] == 0:  # an empty split (past its sequence's end)
                 continue
             rows.setdefault(tag, []).append(g)
     lines = ["# decode kernel timeline (us from the call's earliest CTA start; means over CTAs, then over calls)", "",
-             "| variant | B | start | Q staged | prologue done | first vote | loop done | end (mean) | end (last CTA) | prologue | calls |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| variant | B | start | first loads | Q staged | prologue done | first vote | loop done | end (mean) | "
+             "end (last CTA) | prologue | calls |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     summary = {}
     for tag, ctas in rows.items():
         name, B, _ = tag.split(":")
         t0 = min(c[0] for c in ctas)
-        pts = [statistics.mean((c[i] - t0) / 1e3 for c in ctas) for i in range(6)]
-        last = max(c[5] - t0 for c in ctas) / 1e3
-        pro = statistics.mean((c[2] - c[1]) / 1e3 for c in ctas)
+        pts = [statistics.mean((c[i] - t0) / 1e3 for c in ctas) for i in range(7)]
+        last = max(c[6] - t0 for c in ctas) / 1e3
+        pro = statistics.mean((c[3] - c[2]) / 1e3 for c in ctas)
         summary.setdefault((name, int(B)), []).append(pts + [last, pro])
     for (name, B), runs in sorted(summary.items(), key=lambda x: (x[0][1], x[0][0])):
-        m = [statistics.median(r[i] for r in runs) for i in range(8)]
+        m = [statistics.median(r[i] for r in runs) for i in range(9)]
         lines.append(f"| {name} | {B} | " + " | ".join(f"{x:.2f}" for x in m) + f" | {len(runs)} |")
     text = "\n".join(lines) + "\n"
     with open(os.path.join(OUT, "decode_trace.md"), "w") as f:

@@ -577,7 +577,9 @@ TEST(GpuDecode, SeededSplitsMatchReference) {
   // Seeded splits skip more tiles at the same lambda than unseeded ones, so the sanity bound on
   // the distance from the dense output is looser here (0.5; H200 runs of ba856d5 / e0fc43b saw
   // 0.318 and 0.389 at lambda 0.125 and 0.02-0.045): the kernel-vs-reference checks are the point.
-  constexpr double kDenseTol = 0.5;
+  // lambda: from each fresh input's one-pass curve at 30 % (a fixed 0.02 left one seed's paged
+  // case 0.62 from dense while the kernel matched the reference: H200 cp.async run of 162092d).
+  constexpr double kDenseTol = 0.5, kTarget = 0.3;
   blasst::SkipConfig skip = blasst::SkipConfig::from_threshold(0.02);
   skip.vote.order = blasst::VisitOrder::max_first;
   for (int ql : {1, 4}) {
@@ -585,12 +587,12 @@ TEST(GpuDecode, SeededSplitsMatchReference) {
     c.structured = true;
     c.q_len = ql;
     c.lens = {20000};
-    check_skip(c, skip, 0, 0.01, kDenseTol);
-    check_skip(c, skip, 7, 0.01, kDenseTol);
-    check_skip(c, skip, 1000, 0.01, kDenseTol);  // one split: seeded too
+    check_skip(c, skip, 0, 0.01, kDenseTol, kTarget);
+    check_skip(c, skip, 7, 0.01, kDenseTol, kTarget);
+    check_skip(c, skip, 1000, 0.01, kDenseTol, kTarget);  // one split: seeded too
     c.page = 32;
     c.lens = {9000, 129, 3000, 0};
-    check_skip(c, skip, 5, 0.02, kDenseTol);
+    check_skip(c, skip, 5, 0.02, kDenseTol, kTarget);
   }
   blasst::SkipConfig f = blasst::SkipConfig::from_factor(1500.0);
   f.vote.order = blasst::VisitOrder::max_first;

@@ -297,23 +297,31 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas(D, MT)) decode_kernel(co
     for (int i = 0; i < NK && i < n; ++i)
       load_tile(kbase, p.k_s0, p.k_s1, p.k_sh, sK + i * kSlotBytes, barK0 + 8 * i, t_begin + i, false);
   };
-  // Tensor-map loads are issued by thread 0, which initialised the barriers: before the Q rows are
-  // staged, so the first K tiles are in flight during the prologue.
-  if (tma) first_loads();
-
-  // Q rows (zero padding rows past R) into shared memory.
+  // Q rows (zero padding rows past R) into shared memory: loaded into registers first, then the
+  // first K tiles are requested (tensor maps: by thread 0, which initialised the barriers), then Q
+  // is stored. Requested after the K tiles, the Q loads queued behind every CTA's first tiles
+  // (12 MB at B = 1) and Q was staged 5 us after the start (BLASST_DECODE_TRACE, H200, 162092d).
+  constexpr int kQPer = (kRows * CH + kThr - 1) / kThr;
+  uint4 qv[kQPer];
   {
     const T* q = static_cast<const T*>(p.q);
-    for (int idx = tid; idx < kRows * CH; idx += kThr) {
-      const int r = idx / CH, c = idx % CH;
-      uint4 val = make_uint4(0, 0, 0, 0);
-      if (r < p.rows) {
+#pragma unroll
+    for (int j = 0; j < kQPer; ++j) {
+      const int idx = tid + j * kThr, r = idx / CH, c = idx % CH;
+      qv[j] = make_uint4(0, 0, 0, 0);
+      if (idx < kRows * CH && r < p.rows) {
         const int qi = r / p.group, hh = r % p.group;
         const T* src = q + b * p.q_sb + qi * p.q_st + (static_cast<std::int64_t>(h) * p.group + hh) * p.q_sh + c * 8;
-        val = *reinterpret_cast<const uint4*>(src);
+        qv[j] = *reinterpret_cast<const uint4*>(src);
       }
-      *reinterpret_cast<uint4*>(sQ + swz(r, c, CH)) = val;
     }
+  }
+  if (tma) first_loads();
+  trace_point(p.trace, 1);  // Q requested, first loads issued
+#pragma unroll
+  for (int j = 0; j < kQPer; ++j) {
+    const int idx = tid + j * kThr;
+    if (idx < kRows * CH) *reinterpret_cast<uint4*>(sQ + swz(idx / CH, idx % CH, CH)) = qv[j];
   }
   __syncthreads();  // mbarrier init + Q visible
   if (!tma) first_loads();
@@ -418,7 +426,7 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas(D, MT)) decode_kernel(co
     return tm;
   };
 
-  trace_point(p.trace, 1);  // Q staged, first loads issued
+  trace_point(p.trace, 2);  // Q staged
   if (seeded) {
     // Seeded split (SPEC §2a): m starts at the row's maximum over the seed tiles (computed by every
     // split of the group; the seed tiles mostly come from L2 after the first split reads them).
@@ -501,7 +509,7 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas(D, MT)) decode_kernel(co
         if (seed_scores) m_run[mt][hf] = fmaxf(tile_max(seed_red, mt, hf), tile_max(seed_red + W * kRows, mt, hf));
   }
 
-  trace_point(p.trace, 2);  // prologue done
+  trace_point(p.trace, 3);  // prologue done
   int skipped_count = 0;
   int kept = 0, done = 0;  // survivors whose V load was issued / whose P.V is done
 
@@ -615,7 +623,7 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas(D, MT)) decode_kernel(co
     } else {
       __syncthreads();
     }
-    if (i == 0) trace_point(p.trace, 3);  // first vote
+    if (i == 0) trace_point(p.trace, 4);  // first vote
 
     // Exact group delta for the statistics (warp 0, whose lanes cover every row).
     if (p.visited != nullptr && warp == 0) {
@@ -726,7 +734,7 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas(D, MT)) decode_kernel(co
     while (done < kept) pv_smem(done++);
   }
 
-  trace_point(p.trace, 4);  // last P.V issued
+  trace_point(p.trace, 5);  // last P.V issued
   // Row sums: quad, then across warps (every warp saw different keys).
   __syncthreads();  // every warp is done with the rings: their memory is reused below
   float* lred = sRed;  // [W][kRows]
@@ -795,7 +803,7 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas(D, MT)) decode_kernel(co
       }
     }
   }
-  trace_point(p.trace, 5);  // partials written
+  trace_point(p.trace, 6);  // partials written
   if (p.visited != nullptr && tid == 0) {
     atomicAdd(p.visited + h, static_cast<unsigned long long>(n));
     atomicAdd(p.skipped + h, static_cast<unsigned long long>(skipped_count));

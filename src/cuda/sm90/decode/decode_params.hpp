@@ -18,7 +18,7 @@ constexpr int kWarps = 8;
 constexpr int kTileKeys = 128;  // SPEC §2 tile
 constexpr int kMaxRows = 64;    // g * q_len
 constexpr int kHistBins = 1024 + 2;  // DeltaHistogram::kBins + 2
-constexpr int kTracePoints = 6;      // BLASST_DECODE_TRACE: start, prologue start/end, first vote, loop end, end
+constexpr int kTracePoints = 7;  // BLASST_DECODE_TRACE: start, first loads, Q staged, prologue, first vote, loop, end
 
 // m-tiles for a row count (the instantiation that runs it).
 constexpr int mtiles_for(int rows) { return rows <= 16 ? 1 : 4; }
