@@ -180,6 +180,12 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas(D, MT)) decode_kernel(co
   // splits fastest (BLASST_DECODE_GRID=splits, a probe): neighbouring key ranges of one head. The
   // H200 runs of f05b4c2 / 6ff5dca measured the two orders within run-to-run noise of each other.
   trace_point(p.trace, 0);  // start
+  // The tensor maps' descriptors are fetched during the start code (the start is on the critical
+  // path at B = 1: the first tiles were requested 2.1 us after it in the trace of 3ef23cb).
+  if (threadIdx.x == 0 && p.tma != 0) {
+    asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<std::uint64_t>(&p.tmk)) : "memory");
+    asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<std::uint64_t>(&p.tmv)) : "memory");
+  }
   const int h = p.splits_fastest ? blockIdx.y : blockIdx.x, split = p.splits_fastest ? blockIdx.x : blockIdx.y;
   const int b = blockIdx.z;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -196,13 +202,6 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas(D, MT)) decode_kernel(co
       for (int c = 0; c < D; ++c) p.o_part[(part_row0 + r) * D + c] = 0.f;
     }
     return;
-  }
-
-  // Threshold in log2 units of the scaled scores; -inf: dense for this sequence.
-  float thr = -INFINITY;
-  if constexpr (kSkip) {
-    double lam = p.lam_mode == 1 ? p.lam_value : p.lam_mode == 2 ? p.lam_value / static_cast<double>(Lk) : 1.0;
-    if (lam < 1.0) thr = static_cast<float>(log2(lam));
   }
 
   // Shared memory (decode_params.hpp, smem_bytes): K ring, V ring, [P ring, Q, alpha ring: four
@@ -318,6 +317,14 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas(D, MT)) decode_kernel(co
   }
   if (tma) first_loads();
   trace_point(p.trace, 1);  // Q requested, first loads issued
+
+  // Threshold in log2 units of the scaled scores; -inf: dense for this sequence. (After the first
+  // requests: nothing before the first vote needs it.)
+  float thr = -INFINITY;
+  if constexpr (kSkip) {
+    double lam = p.lam_mode == 1 ? p.lam_value : p.lam_mode == 2 ? p.lam_value / static_cast<double>(Lk) : 1.0;
+    if (lam < 1.0) thr = static_cast<float>(log2(lam));
+  }
 #pragma unroll
   for (int j = 0; j < kQPer; ++j) {
     const int idx = tid + j * kThr;
