@@ -374,6 +374,32 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas(D, MT)) decode_kernel(co
   // warp's row maxima go to wmax (this thread's rows) and red[warp][row].
   float s[MT][kSN][4];
   float wmax[MT][2];
+  // A tile's raw scores (this warp's 16 keys of tile t) to log2 units, keys a row cannot see to
+  // -inf; the warp's row maxima to wmax and red[warp][row].
+  auto mask_max = [&](float (&acc)[MT][kSN][4], std::int64_t t, float* red) {
+    const int key0 = static_cast<int>(t * kTileKeys) + warp * kKW + 2 * (lane & 3);
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int nt = 0; nt < kSN; ++nt)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int key = key0 + nt * 8 + e;
+            float v = acc[mt][nt][hf * 2 + e] * p.scale_log2;
+            v = key < row_lim[mt][hf] ? v : -INFINITY;
+            acc[mt][nt][hf * 2 + e] = v;
+            mx = fmaxf(mx, v);
+          }
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        wmax[mt][hf] = mx;
+        if ((lane & 3) == 0) red[warp * kRows + mt * 16 + hf * 8 + (lane >> 2)] = mx;
+      }
+    }
+  };
   auto score = [&](const unsigned char* Ks, std::int64_t t, float* red) {
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
@@ -401,28 +427,7 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas(D, MT)) decode_kernel(co
         }
       }
     }
-    const int key0 = static_cast<int>(t * kTileKeys) + warp * kKW + 2 * (lane & 3);
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        float mx = -INFINITY;
-#pragma unroll
-        for (int nt = 0; nt < kSN; ++nt)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int key = key0 + nt * 8 + e;
-            float v = s[mt][nt][hf * 2 + e] * p.scale_log2;
-            v = key < row_lim[mt][hf] ? v : -INFINITY;
-            s[mt][nt][hf * 2 + e] = v;
-            mx = fmaxf(mx, v);
-          }
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        wmax[mt][hf] = mx;
-        if ((lane & 3) == 0) red[warp * kRows + mt * 16 + hf * 8 + (lane >> 2)] = mx;
-      }
-    }
+    mask_max(s, t, red);
   };
   // The tile maximum of row (mt, hf) over every warp's keys (after the barrier that follows score).
   auto tile_max = [&](const float* red, int mt, int hf) {
@@ -487,26 +492,7 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas(D, MT)) decode_kernel(co
         }
       }
 #pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const int key0 = static_cast<int>(seed_tile(j) * kTileKeys) + warp * kKW + 2 * (lane & 3);
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-          for (int hf = 0; hf < 2; ++hf) {
-            float mx = -INFINITY;
-#pragma unroll
-            for (int nt = 0; nt < kSN; ++nt)
-#pragma unroll
-              for (int e = 0; e < 2; ++e) {
-                const int key = key0 + nt * 8 + e;
-                const float v = acc[j][mt][nt][hf * 2 + e] * p.scale_log2;
-                mx = fmaxf(mx, key < row_lim[mt][hf] ? v : -INFINITY);
-              }
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            if ((lane & 3) == 0) seed_red[(j * W + warp) * kRows + mt * 16 + hf * 8 + (lane >> 2)] = mx;
-          }
-      }
+      for (int j = 0; j < 2; ++j) mask_max(acc[j], seed_tile(j), seed_red + j * W * kRows);
     }
     __syncthreads();
 #pragma unroll
