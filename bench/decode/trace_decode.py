@@ -7,8 +7,9 @@ For B = 1 and 8 (L = 32k, 32/8, bf16, random inputs) and each variant - the skip
 nothing skipped (lambda 1e-30) in natural order, seeded (max-first), and the two prologue probes
 (BLASST_DECODE_SEED_PROBE=load / score) - a few single calls are traced after warm-up calls. Each
 CTA's thread 0 stamps the global timer at: 0 start, 1 Q requested and the first K tiles issued,
-2 Q staged, 3 prologue done, 4 first vote, 5 loop done, 6 partials written. The table gives, in microseconds, means over
-CTAs and calls (and the latest CTA for the end), measured from the earliest start of each call.
+2 Q staged, 3 prologue done, 4 first vote, 5 loop done, 6 partials written. The table gives, in
+microseconds, means over CTAs and calls (and the latest CTA for the end), measured from the
+earliest start of each call.
 Single synchronised calls: absolute times are longer than in the graph-timed benchmark.
 """
 import ctypes
@@ -61,8 +62,7 @@ def main():
     with open(TRACE) as f:
         for line in f:
             parts = line.strip().split(",")
-            tag, vals = parts[0], [int(x) for x in parts[5:]]
-            g = vals[0::2]
+            tag, g = parts[0], [int(x) for x in parts[5:]]
             if g[6] == 0:  # an empty split (past its sequence's end)
                 continue
             rows.setdefault(tag, []).append(g)

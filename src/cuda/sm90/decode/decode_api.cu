@@ -62,6 +62,27 @@ class StreamBuffer {
   cudaStream_t s_;
 };
 
+// BLASST_DECODE_TRACE: the kernel's per-CTA timer stamps (device, [CTAs][kTracePoints]) appended
+// to `file` as CSV lines "tag,cta,b,h,split,t0,...", tag from BLASST_DECODE_TRACE_TAG. Synchronises.
+void append_trace(const char* file, const unsigned long long* dev, std::size_t n_ctas, dim3 grid,
+                  bool splits_fastest, cudaStream_t stream) {
+  std::vector<unsigned long long> tr(n_ctas * decode::kTracePoints);
+  BLASST_CUDA_CHECK(cudaMemcpyAsync(tr.data(), dev, tr.size() * sizeof(unsigned long long), cudaMemcpyDeviceToHost,
+                                    stream));
+  BLASST_CUDA_CHECK(cudaStreamSynchronize(stream));
+  std::FILE* f = std::fopen(file, "a");
+  if (f == nullptr) throw Error(std::string("BLASST_DECODE_TRACE: cannot open ") + file);
+  const char* tag = std::getenv("BLASST_DECODE_TRACE_TAG");
+  for (std::size_t c = 0; c < n_ctas; ++c) {
+    // CTA index = (z * gridDim.y + y) * gridDim.x + x
+    const std::size_t x = c % grid.x, y = (c / grid.x) % grid.y, z = c / (std::size_t{grid.x} * grid.y);
+    std::fprintf(f, "%s,%zu,%zu,%zu,%zu", tag ? tag : "", c, z, splits_fastest ? y : x, splits_fastest ? x : y);
+    for (int k = 0; k < decode::kTracePoints; ++k) std::fprintf(f, ",%llu", tr[c * decode::kTracePoints + k]);
+    std::fprintf(f, "\n");
+  }
+  std::fclose(f);
+}
+
 struct DeviceInfo {
   int sms = 0;
 };
@@ -337,7 +358,7 @@ void cuda_decode(const DecodeProblem& p, const SkipConfig& skip, const RunOption
   if (trace_file != nullptr && *trace_file == '\0') trace_file = nullptr;
   if (trace_file != nullptr && capturing) throw Error("BLASST_DECODE_TRACE: cannot trace during stream capture");
   const std::size_t n_ctas = static_cast<std::size_t>(r.batch * r.hk * num_splits);
-  const std::size_t n_trace = trace_file ? n_ctas * decode::kTracePoints * 2 : 0;
+  const std::size_t n_trace = trace_file ? n_ctas * decode::kTracePoints : 0;
   StreamBuffer trace(n_trace * sizeof(unsigned long long), stream, pool, capturing);
   if (trace_file) BLASST_CUDA_CHECK(cudaMemsetAsync(trace.as<unsigned long long>(), 0, n_trace * sizeof(unsigned long long), stream));
 
@@ -414,24 +435,7 @@ void cuda_decode(const DecodeProblem& p, const SkipConfig& skip, const RunOption
     mp.l_sb = p.lse.stride[0]; mp.l_sh = p.lse.stride[1]; mp.l_st = p.lse.stride[2];
   }
   decode::launch_merge(mp, stream);
-  if (trace_file) {
-    std::vector<unsigned long long> tr(n_trace);
-    BLASST_CUDA_CHECK(cudaMemcpyAsync(tr.data(), trace.as<unsigned long long>(), n_trace * sizeof(unsigned long long),
-                                      cudaMemcpyDeviceToHost, stream));
-    BLASST_CUDA_CHECK(cudaStreamSynchronize(stream));
-    std::FILE* f = std::fopen(trace_file, "a");
-    if (f == nullptr) throw Error(std::string("BLASST_DECODE_TRACE: cannot open ") + trace_file);
-    const char* tag = std::getenv("BLASST_DECODE_TRACE_TAG");
-    for (std::size_t c = 0; c < n_ctas; ++c) {
-      // CTA index = (z * gridDim.y + y) * gridDim.x + x
-      const std::size_t x = c % grid.x, y = (c / grid.x) % grid.y, z = c / (std::size_t{grid.x} * grid.y);
-      const std::size_t h = kp.splits_fastest ? y : x, split = kp.splits_fastest ? x : y;
-      std::fprintf(f, "%s,%zu,%zu,%zu,%zu", tag ? tag : "", c, z, h, split);
-      for (int k = 0; k < decode::kTracePoints * 2; ++k) std::fprintf(f, ",%llu", tr[c * decode::kTracePoints * 2 + k]);
-      std::fprintf(f, "\n");
-    }
-    std::fclose(f);
-  }
+  if (trace_file) append_trace(trace_file, trace.as<unsigned long long>(), n_ctas, grid, kp.splits_fastest != 0, stream);
 
   if (stats) {
     SkipStats& st = *stats;

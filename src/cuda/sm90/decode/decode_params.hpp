@@ -66,7 +66,7 @@ struct Params {
   unsigned long long* visited;  // [Hk] or nullptr
   unsigned long long* skipped;  // [Hk]
   unsigned long long* hist;     // [Hk, kHistBins] or nullptr
-  unsigned long long* trace;    // diagnostic timeline [CTAs][kTracePoints][2] or nullptr (decode_api.cu)
+  unsigned long long* trace;    // diagnostic timeline [CTAs][kTracePoints] or nullptr (decode_api.cu)
 };
 
 struct MergeParams {
