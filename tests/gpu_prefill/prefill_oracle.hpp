@@ -16,6 +16,7 @@
 #include "blasst/blasst.hpp"
 #include "blasst/half.hpp"
 #include "blasst/workloads.hpp"
+#include "gpu_common.hpp"
 
 namespace blasst::test {
 
@@ -51,11 +52,6 @@ struct Case {
   std::int64_t tq() const { return qstart(nseq()); }
   std::int64_t tk() const { return kstart(nseq()); }
 };
-
-inline std::uint64_t fresh_seed() {
-  std::random_device rd;
-  return (std::uint64_t(rd()) << 32) ^ rd();
-}
 
 inline std::uint16_t to16(float x, DType dt) { return dt == DType::bf16 ? float_to_bf16(x) : float_to_f16(x); }
 inline float from16(std::uint16_t h, DType dt) { return dt == DType::bf16 ? bf16_to_float(h) : f16_to_float(h); }
@@ -94,6 +90,29 @@ inline Inputs llm_inputs(const Case& c, std::uint64_t seed) {
   ws.seed = seed;
   Workload w = make_workload(ws);
   return make_inputs(c, w.q, w.k, w.v);
+}
+
+// llm-like data per sequence of a ragged (or batched) case: sequence b is its own workload (seed
+// + b) of max(Lq, Lk) tokens; queries are its last Lq rows (causal bottom-right alignment), keys
+// and values its first Lk rows.
+inline Inputs llm_ragged_inputs(const Case& c, std::uint64_t seed) {
+  std::vector<float> q, k, v;
+  for (std::int64_t b = 0; b < c.nseq(); ++b) {
+    const std::int64_t lq = c.qlen(b), lk = c.klen(b);
+    WorkloadSpec ws;
+    ws.kind = WorkloadKind::llm;
+    ws.seq_len = std::max<std::int64_t>(1, std::max(lq, lk));
+    ws.heads_q = c.hq;
+    ws.heads_k = c.hk;
+    ws.head_dim = c.d;
+    ws.seed = seed + std::uint64_t(b);
+    const Workload w = make_workload(ws);
+    const std::size_t qrow = std::size_t(c.hq * c.d), krow = std::size_t(c.hk * c.d);
+    q.insert(q.end(), w.q.begin() + std::ptrdiff_t(std::size_t(ws.seq_len - lq) * qrow), w.q.end());
+    k.insert(k.end(), w.k.begin(), w.k.begin() + std::ptrdiff_t(std::size_t(lk) * krow));
+    v.insert(v.end(), w.v.begin(), w.v.begin() + std::ptrdiff_t(std::size_t(lk) * krow));
+  }
+  return make_inputs(c, q, k, v);
 }
 
 inline std::vector<float> randn(std::size_t n, std::mt19937_64& g, float sd = 1.f) {
@@ -171,6 +190,7 @@ struct Oracle {
   std::vector<float> o_naive, lse_naive;  // naive 16-bit implementation (dense only)
   std::vector<std::int64_t> visited, skipped, ties;  // per query head
   std::vector<std::vector<float>> deltas;           // per query head, every visited pair
+  std::vector<float> all_deltas;  // every visited pair in the reference's task order (b, h, r0)
 };
 
 inline std::int64_t lse_index(const Case& c, std::int64_t b, std::int64_t h, std::int64_t i) {
@@ -179,7 +199,7 @@ inline std::int64_t lse_index(const Case& c, std::int64_t b, std::int64_t h, std
 
 // ln_lambda per sequence (-inf: dense). Vote groups: rows [64 g, 64 g + 64) of one head.
 inline Oracle oracle(const Case& c, const Inputs& in, const std::vector<double>& ln_lambda,
-                     bool naive = true, double tie_eps = 1e-3) {
+                     bool naive = true, double tie_eps = kTieEps) {
   const double ninf = -std::numeric_limits<double>::infinity();
   const double scale = 1.0 / std::sqrt(double(c.d));
   const std::int64_t D = c.d, T = 128, g = c.hq / c.hk;
@@ -298,6 +318,7 @@ inline Oracle oracle(const Case& c, const Inputs& in, const std::vector<double>&
     r.skipped[h] += ts[ti][0];
     r.ties[h] += tt[ti][0];
     r.deltas[h].insert(r.deltas[h].end(), td[ti].begin(), td[ti].end());
+    r.all_deltas.insert(r.all_deltas.end(), td[ti].begin(), td[ti].end());
   }
   return r;
 }
