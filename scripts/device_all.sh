@@ -19,6 +19,8 @@ rc=$?
 SUMMARY+=("build: rc=$rc ($(( $(date +%s) - t0 )) s)")
 if [ $rc -ne 0 ]; then grep -E "error|FAILED" "$OUT/build.log" | head -40; printf '%s\n' "${SUMMARY[@]}"; exit 1; fi
 
+# A GPU suite that finds no GPU fails here instead of skipping (tests/gpu_common.hpp).
+export BLASST_REQUIRE_GPU=1
 t0=$(date +%s)
 timeout ${CTEST_TIMEOUT:-240} ctest --test-dir "$BUILD" -j 4 --output-on-failure > "$OUT/ctest.log" 2>&1
 rc=$?

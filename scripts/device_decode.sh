@@ -26,6 +26,8 @@ JOBS=${BUILD_JOBS:-16}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1
 
+# A GPU test that finds no GPU fails here instead of skipping (tests/gpu_common.hpp).
+export BLASST_REQUIRE_GPU=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv > "$OUT/gpu.txt" 2>&1
 cat "$OUT/gpu.txt"
 t0=$(date +%s)

@@ -16,6 +16,8 @@ mkdir -p "$OUT"
 BUILD=${BUILD_DIR:-build-dev-prefill}
 # .git does not travel to the device machine: pass BLASST_COMMIT=<hash> in the command there.
 export BLASST_COMMIT=${BLASST_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+# A GPU test that finds no GPU fails here instead of skipping (tests/gpu_common.hpp).
+export BLASST_REQUIRE_GPU=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem --format=csv > "$OUT/gpu.txt" 2>&1
 SUMMARY=()
 
