@@ -337,7 +337,7 @@ namespace {
 // ragged + GQA + causal (a row range that sees no key, a partial tile), dense and skip with
 // statistics and histograms, both head dims; every result is checked against the oracle as in the
 // full tests (dense: within 2x the naive 16-bit error; skip: lambda from the one-pass curve at
-// 30 %, exact counts up to near-ties, something skipped).
+// 20 % (the d128 data reaches 29 % at most), exact counts up to near-ties, something skipped).
 TEST(GpuPrefillSanitizer, Small) {
   BLASST_GPU_OR_SKIP("the sm_90a prefill kernel needs a Hopper device");
   for (std::int64_t d : {64, 128}) {
@@ -356,7 +356,7 @@ TEST(GpuPrefillSanitizer, Small) {
     const Oracle o = oracle(c, in, std::vector<double>(std::size_t(c.nseq()), -INFINITY));
     EXPECT_LE(max_err(dense.o, o.o), 2 * max_err(o.o_naive, o.o) + kFloorO);
     EXPECT_LE(max_err(dense.lse, o.lse), 2 * max_err(o.lse_naive, o.lse) + kFloorLse);
-    const SkipResult r = check_skip(c, in, 0.3, std::nullopt, true);
+    const SkipResult r = check_skip(c, in, 0.2, std::nullopt, true);
     EXPECT_GT(r.gpu_skipped, 0);
     EXPECT_GT(r.visited, 0);
   }
