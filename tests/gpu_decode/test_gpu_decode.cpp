@@ -290,7 +290,7 @@ void check_dense(const Case& c, std::int64_t split_tiles = 0) {
 // Skip check against the reference with the kernel's layout (rows = q_len, heads = g, the
 // split_tiles the kernel reports, the same order) on the same 16-bit inputs.
 // target > 0: lambda from the reference's exact one-pass curve (SPEC §5, recorded deltas) at
-// min(target, 0.6 x the largest share any lambda < 1 reaches, which must be >= 5 %: short
+// min(target, 0.6 x the largest share any lambda < 1 reaches, which must be >= 2 %: short
 // natural-order splits keep their first tile, so the reachable share depends on the layout);
 // target == 0: skip0's own threshold source (factor: lambda = factor / Lk per sequence).
 // Asserted: visited per KV head equal; skipped per KV head within [sure, sure + near-ties]
@@ -310,13 +310,14 @@ std::vector<std::int64_t> check_skip(const Case& c, const blasst::SkipConfig& sk
   const int g = c.hq / c.hk;
   blasst::SkipConfig skip = skip0;
   skip.vote.split_tiles = split_tiles;
-  // The kernel's split layout (a GPU call with lambda >= 1 reports it and skips nothing).
-  blasst::SkipConfig probe = blasst::SkipConfig::from_factor(1e30);
+  // The kernel's split layout, reported by a GPU call with the skip instantiation on (its
+  // occupancy, hence the layout, differs from the dense one's): lambda 1e-30 (any lambda < 1
+  // selects it, as do the factor and seeded runs below).
+  blasst::SkipConfig probe = blasst::SkipConfig::from_threshold(1e-30);
   probe.vote = skip.vote;
   blasst::RunOptions po;
   po.collect_stats = true;
   const Result layout = run_gpu(hp, probe, po);
-  EXPECT_EQ(layout.stats.total_skipped(), 0) << "lambda >= 1 must skip nothing";
   blasst::VoteGranularity vote = skip.vote;
   vote.rows = c.q_len;
   vote.heads = g;
@@ -329,7 +330,9 @@ std::vector<std::int64_t> check_skip(const Case& c, const blasst::SkipConfig& sk
     curve.vote = vote;
     const Result r = run_ref(hp, curve, true, true);
     const double reach = blasst::test::max_reachable_sparsity(r.stats.deltas);
-    EXPECT_GE(reach, 0.05) << "the fixed data leaves too few skippable pairs at this layout";
+    // Natural order keeps the first tile of every split: with the kernel's 2-3-tile splits at
+    // B = 1 the reference reaches 4.5-13 % on these fixed data (CPU check of the reference side).
+    EXPECT_GE(reach, 0.02) << "the fixed data leave too few skippable pairs at split_tiles " << vote.split_tiles;
     const double t = std::min(target, 0.6 * reach);
     const double ln = blasst::test::ln_lambda_for(r.stats.deltas, t);
     if (!std::isfinite(ln)) {
