@@ -303,7 +303,10 @@ TEST(GpuPrefill, DenseStatisticsRunSkipsNothing) {
 }
 
 TEST(GpuPrefill, UnsupportedCombinationsThrow) {
-  if (!blasst::detail::cuda_built()) GTEST_SKIP() << "no CUDA GPU: library built without the kernels";
+  if (!blasst::detail::cuda_built()) {
+    if (gpu_required()) FAIL() << "BLASST_REQUIRE_GPU is set but the library was built without the kernels";
+    GTEST_SKIP() << "library built without the CUDA kernels (BLASST_REQUIRE_GPU=1 makes this a failure)";
+  }
   // Device-tagged tensors with aligned fake pointers: the checks run before any access.
   alignas(16) static std::uint16_t dummy[16];
   auto dev = [](Tensor t) { t.device = DeviceKind::cuda; return t; };
