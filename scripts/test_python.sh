@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Python package test (called by scripts/test.sh): `pip install .` into a venv at build/pyenv
-# (PyPI only), then pytest tests/python. On a machine without a GPU the extension is built without
-# the CUDA kernels to keep CI fast; BLASST_PY_CUDA=ON|OFF overrides the choice.
+# (PyPI only), then pytest tests/python. The venv gets tests/python/requirements.txt: pytest,
+# numpy and the pinned torch and transformers, so the torch and transformers tests run on CPU
+# tensors (reference engine) here; tests/python/conftest.py turns a skip of those suites into a
+# failure (BLASST_REQUIRE_TORCH=1, set below). On a machine without a GPU the extension is built
+# without the CUDA kernels to keep CI fast; BLASST_PY_CUDA=ON|OFF overrides the choice.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 t0=$(date +%s)
@@ -13,7 +16,9 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PYTHON" -m venv "$VENV"
 fi
 PY="$VENV/bin/python"
-"$PY" -m pip install -q --disable-pip-version-check pytest numpy
+echo "test_python: pip install -r tests/python/requirements.txt (pytest, numpy, torch, transformers)"
+"$PY" -m pip install -q --disable-pip-version-check -r tests/python/requirements.txt
+t_req=$(date +%s)
 
 cuda=${BLASST_PY_CUDA:-}
 if [ -z "$cuda" ]; then
@@ -34,11 +39,12 @@ echo "test_python: pip install . (build from PyPI: scikit-build-core, nanobind)"
 t1=$(date +%s)
 
 set +e
-"$PY" -m pytest -p no:cacheprovider -q -rs tests/python "$@"
+BLASST_REQUIRE_TORCH=1 "$PY" -m pytest -p no:cacheprovider -q -rs tests/python "$@"
 rc=$?
 set -e
 t2=$(date +%s)
-echo "test_python: install $((t1 - t0)) s, tests $((t2 - t1)) s, total $((t2 - t0)) s"
+echo "test_python: requirements $((t_req - t0)) s, build + install $((t1 - t_req)) s," \
+     "tests $((t2 - t1)) s, total $((t2 - t0)) s"
 if [ $rc -eq 5 ]; then
   echo "test_python: FAILED: pytest collected no tests"
   exit 1

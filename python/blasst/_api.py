@@ -16,6 +16,11 @@ from ._skip import SkipSoftmax, SkipStats
 
 _settings = {"num_threads": 0}
 
+# blasst.decode serves decode steps: 1 to 8 query tokens per sequence (speculative decoding).
+# The CPU reference would compute more, the CUDA decode kernel takes g * q_len <= 64 rows; longer
+# queries belong to blasst.attention(causal=True), which computes the same function.
+DECODE_MAX_Q_LEN = 8
+
 
 def set_num_threads(n: int) -> None:
     """Threads of the CPU reference engine (0 = all cores)."""
@@ -285,7 +290,8 @@ def decode(q, k_cache, v_cache, *, page_table=None, seqlens=None,
            stats: Union[None, SkipStats, MutableMapping[str, Any]] = None):
     """Decode attention against a KV cache (SPEC §1 with q_len <= 8).
 
-    q [B, q_len, Hq, d]. Contiguous cache: k_cache/v_cache [B, Lmax, Hk, d|dv], seqlens int32 [B]
+    q [B, q_len, Hq, d] with 1 <= q_len <= 8 (DECODE_MAX_Q_LEN; else a ValueError naming q_len).
+    Contiguous cache: k_cache/v_cache [B, Lmax, Hk, d|dv], seqlens int32 [B]
     (None: every sequence holds Lmax keys). Paged cache: [num_pages, page_size, Hk, d|dv] with an
     int32 page_table [B, max_pages_per_seq] and seqlens. out [B, q_len, Hq, dv], lse [B, Hq, q_len].
     With q_len > 1 (speculative decoding) query i sees key j iff j <= i + Lk - q_len (causal=True).
@@ -307,6 +313,10 @@ def _decode_impl(q, k_cache, v_cache, page_table, seqlens, max_seqlen_k, skip, s
     if len(qs) != 4 or len(vs) != 4:
         raise ValueError(f"q, v_cache: expected q [B, q_len, Hq, d] and v_cache [.., .., Hk, dv], "
                          f"got q {list(qs)} and v_cache {list(vs)}")
+    if not 1 <= qs[1] <= DECODE_MAX_Q_LEN:
+        raise ValueError(f"q_len: blasst.decode takes 1 to {DECODE_MAX_Q_LEN} query tokens per "
+                         f"sequence (q [B, q_len, Hq, d] = {list(qs)}), got q_len = {qs[1]}; use "
+                         "blasst.attention(causal=True) for longer queries")
     out_shape = (qs[0], qs[1], qs[2], vs[3])
     lse_shape = (qs[0], qs[2], qs[1])
     cfg, gated, raw, hist, deltas, out, lse = _prepare(frame, out_shape, lse_shape, skip, stats,

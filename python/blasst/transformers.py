@@ -22,7 +22,7 @@ from . import _api
 from ._skip import SkipSoftmax, load_config
 
 NAME = "blasst"
-DECODE_MAX_Q = 8  # blasst.decode handles up to 8 query tokens per sequence (speculative decoding)
+DECODE_MAX_Q = _api.DECODE_MAX_Q_LEN  # longer queries (chunked prefill) run blasst.attention
 LAYER_NAME = "model.layers.{}.self_attn"
 
 _state = {"default_skip": None, "layer_name": LAYER_NAME}

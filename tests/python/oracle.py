@@ -56,3 +56,90 @@ def visited_tiles(Lq, Lk, causal, rows=64, tile=128):
         if last_visible >= 0:
             total += min(n_tiles, last_visible // tile + 1)
     return total
+
+
+def visit_order(n_vis, own, order):
+    """SPEC §2a: the key tiles 0..n_vis-1 in the order a vote group visits them.
+
+    natural: 0, 1, 2, ...; max_first: the sink tile 0, the group's own tile, then own-1, own+1,
+    own-2, own+2, ... (tiles outside 0..n_vis-1 dropped, each tile once)."""
+    if order == "natural":
+        return list(range(n_vis))
+    if order != "max_first":
+        raise ValueError(f"order: {order!r}")
+    seq = [0, own]
+    for dist in range(1, n_vis + 1):
+        seq += [own - dist, own + dist]
+    out = []
+    for t in seq:
+        if 0 <= t < n_vis and t not in out:
+            out.append(t)
+    return out
+
+
+def skip_attention(q, k, v, lam, causal=False, order="natural", rows=64, tile=128, scale=None):
+    """Skip-Softmax attention in float64, written from SPEC §2 / §2a / §3 / §5 (not from the C++).
+
+    Vote groups are `rows` consecutive query rows of one (sequence, head). Each group visits its
+    visible key tiles (causal: tiles holding a key visible to one of its rows) in `order`; own tile
+    (max_first): the diagonal tile in causal prefill (the tile of the group's last visible key),
+    the tile holding key r0 * Lk / Lq in full attention. For a tile j, with the running maxima m_r
+    taken before it, delta = max over rows of (tile_max_rj - m_r) (a row with no key seen yet has
+    m_r = -inf, so the first tile is never skipped); skip iff delta < ln(lam); lam >= 1 is dense.
+    The output is the softmax over the kept tiles' visible keys (a skipped tile changes nothing).
+
+    Returns (out [B, Lq, Hq, dv], info) with info["visited"] / info["skipped"] per query head
+    (summed over the batch) and info["deltas"] (every visited pair's delta).
+    """
+    q = np.asarray(q, dtype=np.float64)
+    k = np.asarray(k, dtype=np.float64)
+    v = np.asarray(v, dtype=np.float64)
+    B, Lq, Hq, d = q.shape
+    Lk, Hk, dv = k.shape[1], k.shape[2], v.shape[3]
+    g = Hq // Hk
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    ln_lam = math.log(lam) if lam < 1.0 else -math.inf  # lam >= 1: nothing passes the test
+    i = np.arange(Lq)[:, None]
+    j = np.arange(Lk)[None, :]
+    visible = (j <= i + (Lk - Lq)) if causal else np.ones((Lq, Lk), dtype=bool)
+    n_tiles = -(-Lk // tile)
+    out = np.zeros((B, Lq, Hq, dv))
+    visited = [0] * Hq
+    skipped = [0] * Hq
+    deltas = []
+    for b in range(B):
+        for h in range(Hq):
+            s_all = q[b, :, h, :] @ k[b, :, h // g, :].T * scale
+            s_all = np.where(visible, s_all, -np.inf)
+            for r0 in range(0, Lq, rows):
+                r1 = min(r0 + rows, Lq)
+                vis = visible[r0:r1]
+                if not vis.any():
+                    continue
+                last_key = int(np.nonzero(vis.any(axis=0))[0].max())
+                n_vis = last_key // tile + 1 if causal else n_tiles
+                own = n_vis - 1 if causal else (r0 * Lk // Lq) // tile
+                m = np.full(r1 - r0, -np.inf)
+                keep = np.zeros(Lk, dtype=bool)
+                for t in visit_order(n_vis, own, order):
+                    s = s_all[r0:r1, t * tile:(t + 1) * tile]
+                    tile_max = s.max(axis=1)
+                    with np.errstate(invalid="ignore"):
+                        diff = tile_max - m  # -inf - -inf (row sees nothing yet) -> nan
+                    diff = np.where(np.isnan(diff), -np.inf, diff)
+                    delta = float(diff.max())
+                    deltas.append(delta)
+                    visited[h] += 1
+                    if delta < ln_lam:
+                        skipped[h] += 1
+                    else:
+                        keep[t * tile:(t + 1) * tile] = True
+                    m = np.maximum(m, tile_max)
+                s = np.where(keep[None, :], s_all[r0:r1], -np.inf)
+                mx = s.max(axis=1, keepdims=True)
+                ok = np.isfinite(mx)
+                p = np.where(np.isfinite(s), np.exp(s - np.where(ok, mx, 0.0)), 0.0)
+                lsum = p.sum(axis=1, keepdims=True)
+                o = (p @ v[b, :, h // g, :]) / np.where(lsum > 0, lsum, 1.0)
+                out[b, r0:r1, h, :] = np.where(ok, o, 0.0)
+    return out, {"visited": visited, "skipped": skipped, "deltas": np.array(deltas)}

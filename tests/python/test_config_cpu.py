@@ -108,16 +108,26 @@ def test_bad_phase(config_path):
 
 
 def test_config_drives_attention(rng, config_path):
-    """The loaded settings change the computation (skip active once the gate opens)."""
-    s = blasst.SkipSoftmax.from_config(config_path, layer="l", phase="prefill",
-                                       target_sparsity=0.9)
-    q = (rng.standard_normal((1, 256, 2, 32)) * 3).astype(np.float32)
-    k = (rng.standard_normal((1, 1024, 2, 32)) * 3).astype(np.float32)
+    """The loaded settings change the computation: with the SPEC §7 example's prefill fit and its
+    target 0.5, a 16384-key sequence gets lambda = 1443.49 * exp(4.3037 * 0.5) / 16384 = 0.758
+    (< 1, so skipping is on), gated by disabled_until_timestep = 0.86."""
+    from test_skip_cpu import dominant_first_tile
+    s = blasst.SkipSoftmax.from_config(config_path, layer="l", phase="prefill")
+    Lk = 16384
+    lam = 1443.49 * math.exp(4.3037 * 0.5) / Lk
+    assert 0.75 < lam < 0.76
+    q, k, v = dominant_first_tile(rng, n_tiles=Lk // 128)  # later tiles: delta = -8 < ln(0.758)
+    groups = 2  # one 64-row vote group per head, 2 heads
+    blasst.diffusion.record_denoise_step(900, 1000)  # t = 0.9 > 0.86: gated, dense
+    stats = {}
+    blasst.attention(q, k, v, skip=s, stats=stats)
+    assert stats["gated"] and stats["skipped"] == 0 and stats["visited"] == groups * 128
     blasst.diffusion.record_denoise_step(100, 1000)  # t = 0.1 <= 0.86: skipping allowed
     stats = {}
-    blasst.attention(q, k, k, skip=s, stats=stats)
-    assert stats["lambdas"] == [pytest.approx(s.lambda_for(1024))]
+    blasst.attention(q, k, v, skip=s, stats=stats)
     assert not stats["gated"]
+    assert stats["lambdas"] == [pytest.approx(lam, rel=1e-9)]
+    assert stats["skipped"] == groups * 127 and stats["visited"] == groups * 128
 
 
 def test_multi_component_model_dir(tmp_path):

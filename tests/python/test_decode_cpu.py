@@ -82,3 +82,18 @@ def test_decode_f16(rng):
     assert out.dtype == np.float16
     np.testing.assert_allclose(out.astype(np.float64), oracle.attention(q, kc, vc, causal=True)[0],
                                atol=2e-3, rtol=2e-3)
+
+
+def test_q_len_8_is_the_largest_decode(rng):
+    """docs/python.md: blasst.decode takes q_len <= 8. q_len = 8 runs (and matches the oracle);
+    q_len = 9 and q_len = 0 are errors naming q_len (blasst.attention serves longer queries)."""
+    kc, vc = rand(rng, (1, 100, 2, 16)), rand(rng, (1, 100, 2, 16))
+    q8 = rand(rng, (1, 8, 4, 16))
+    out = blasst.decode(q8, kc, vc)
+    np.testing.assert_allclose(out, oracle.attention(q8, kc, vc, causal=True)[0], rtol=1e-4,
+                               atol=2e-5)
+    for q_len in (9, 0):
+        q = rand(rng, (1, q_len, 4, 16))
+        with pytest.raises(ValueError, match=rf"^q_len: .* got q_len = {q_len}; use "
+                                             r"blasst\.attention"):
+            blasst.decode(q, kc, vc)

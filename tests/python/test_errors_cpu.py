@@ -32,8 +32,10 @@ def test_integer_dtype(qkv):
 
 def test_mixed_dtypes(qkv):
     q, k, v = qkv
-    with pytest.raises(ValueError, match=r"k|v|dtype"):
+    with pytest.raises(ValueError, match=r"^k: dtype f16 differs from q's f32"):
         blasst.attention(q, k.astype(np.float16), v)
+    with pytest.raises(ValueError, match=r"^v: dtype f64 differs from q's f32"):
+        blasst.attention(q, k, v.astype(np.float64))
 
 
 def test_wrong_rank(qkv):
@@ -49,9 +51,9 @@ def test_not_a_tensor(qkv):
 
 
 def test_bad_scale(qkv):
-    with pytest.raises(ValueError, match=r"scale"):
+    with pytest.raises(ValueError, match=r"^scale must be finite and > 0, got nan"):
         blasst.attention(*qkv, scale=float("nan"))
-    with pytest.raises(ValueError, match=r"scale"):
+    with pytest.raises(ValueError, match=r"^scale must be finite and > 0, got -1"):
         blasst.attention(*qkv, scale=-1.0)
 
 

@@ -138,7 +138,8 @@ def test_stats_inside_compile_is_an_error(gen):
         return blasst.attention(q, q, q, stats={})
 
     torch._dynamo.reset()
-    with pytest.raises(Exception, match="stats"):
+    # dynamo re-raises it as its own error; the message carries blasst's
+    with pytest.raises(Exception, match=r"stats: not available inside torch\.compile"):
         torch.compile(f, backend="aot_eager", fullgraph=True)(q)
 
 
@@ -301,12 +302,12 @@ def test_gpu_torch_compile_inductor(cuda, gen):
 @pytest.mark.gpu
 def test_gpu_errors_name_the_argument(cuda, gen):
     q = randn(gen, 1, 64, 2, 48, dtype=torch.bfloat16).to(cuda)  # d = 48: no kernel
-    with pytest.raises(ValueError, match=r"\bd\b|head dim"):
+    with pytest.raises(ValueError, match=r"^q: head dimension d = 48 is not supported"):
         blasst.attention(q, q, q)
     q = randn(gen, 1, 64, 2, 64).to(cuda)  # float32 on the GPU
-    with pytest.raises(ValueError, match=r"q"):
+    with pytest.raises(ValueError, match=r"^q: dtype f32 is not supported"):
         blasst.attention(q, q, q)
-    with pytest.raises(ValueError, match=r"same memory|device|cu_seqlens"):
+    with pytest.raises(ValueError, match=r"^cu_seqlens_q: must be in the same memory"):
         qq = randn(gen, 64, 2, 64, dtype=torch.bfloat16).to(cuda)
         blasst.attention(qq, qq, qq, cu_seqlens_q=torch.tensor([0, 64], dtype=torch.int32),
                          cu_seqlens_k=torch.tensor([0, 64], dtype=torch.int32))

@@ -4,6 +4,7 @@ CPU (float32, reference engine): logits of prefill and of cached decode steps ma
 GPU (bf16, kernels): logits match SDPA within bf16 tolerance; a skip configuration in
 config.sparse_attention_config reports per-layer sparsity and honours the ignore list.
 """
+import math
 import os
 
 import pytest
@@ -21,17 +22,52 @@ pytestmark = pytest.mark.transformers
 REQUIRE_GPU = os.environ.get("BLASST_REQUIRE_GPU") == "1"
 
 
-def tiny_llama(attn, dtype, device, sparse=None, layers=2):
+def tiny_llama(attn, dtype, device, sparse=None, layers=2, sink=False):
     from transformers import LlamaConfig, LlamaForCausalLM
     cfg = LlamaConfig(vocab_size=512, hidden_size=256, intermediate_size=512,
                       num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-                      head_dim=64, max_position_embeddings=4096)
+                      head_dim=64, max_position_embeddings=4096, attention_bias=sink)
     if sparse is not None:
         cfg.sparse_attention_config = sparse
     cfg._attn_implementation = attn
     torch.manual_seed(0)
-    model = LlamaForCausalLM(cfg).to(device=device, dtype=dtype).eval()
-    return model
+    model = LlamaForCausalLM(cfg)
+    if sink:
+        add_attention_sink(model)
+    return model.to(device=device, dtype=dtype).eval()
+
+
+SINK_TOKEN = 0
+
+
+def add_attention_sink(model, strength=3.0):
+    """Make token SINK_TOKEN an attention sink in every layer (a random-init model has nearly
+    uniform attention: a 64-row vote never skips it). Its embedding is one direction u with a
+    large norm (so it stays dominant in layer 1's input); every query gets a bias `strength` on
+    the lowest-frequency RoPE channel of its head (dim 31: it turns by < 0.3 rad over 2048
+    positions) and every key reads `strength` * u into that channel. The sink key at position 0
+    then scores ~2 * strength**2 = 18 for every query and the other keys far less (layer 0 at
+    2048 tokens: sink >= 12.0, others <= 5.2, the smallest gap over all rows 9.4), so every
+    tile after tile 0 has delta < -9 (skipped at lambda = 0.05, ln = -3, with a wide margin)."""
+    cfg = model.config
+    hd, dim = cfg.head_dim, cfg.head_dim // 2 - 1
+    with torch.no_grad():
+        u = torch.randn(cfg.hidden_size, generator=torch.Generator().manual_seed(123))
+        u /= u.norm()
+        model.model.embed_tokens.weight[SINK_TOKEN] = 16.0 * u
+        for layer in model.model.layers:
+            attn = layer.self_attn
+            for h in range(cfg.num_attention_heads):
+                attn.q_proj.bias[h * hd + dim] = strength
+            for h in range(cfg.num_key_value_heads):
+                attn.k_proj.weight[h * hd + dim] = strength * u
+
+
+def sink_prompt(length, seed):
+    """Token ids with the sink first and nowhere else."""
+    ids = torch.randint(1, 512, (1, length), generator=torch.Generator().manual_seed(seed))
+    ids[:, 0] = SINK_TOKEN
+    return ids
 
 
 def with_attn(model, attn):
@@ -81,21 +117,32 @@ def test_cpu_dense_logits_match_sdpa():
     assert rec.sparsity() == 0.0
 
 
-def test_cpu_per_layer_settings_and_ignore_list():
+LAYER = "model.layers.{}.self_attn:prefill"
+
+
+@pytest.mark.parametrize("ignore", [[], ["model.layers.1.*"], ["*cross_attn*", "model.layers.0.*"]])
+def test_cpu_per_layer_settings_and_ignore_list(ignore):
+    """A raw factor of 15 (lambda = 15 / 300 = 0.05) on a model with an attention sink: a
+    configured layer skips every tile after tile 0 of each vote group, a layer named by an ignore
+    pattern skips nothing (and the run without ignore patterns shows it would have)."""
     sparse = {"config_groups": {"group_0": {
-        "algorithm": "skip_softmax", "threshold_scale_factor": 50.0,
-        "ignore": ["model.layers.1.*"]}}}
-    model = tiny_llama("blasst", torch.float32, "cpu", sparse=sparse)
-    attn0 = model.model.layers[0].self_attn
-    attn1 = model.model.layers[1].self_attn
-    s0, s1 = bt.skip_for(attn0, "prefill"), bt.skip_for(attn1, "prefill")
-    assert s0 is not None and s0.lambda_for(1000) == pytest.approx(0.05)
-    assert s1 is None
-    ids = torch.randint(0, 512, (1, 300), generator=torch.Generator().manual_seed(2))
+        "algorithm": "skip_softmax", "threshold_scale_factor": 15.0, "ignore": ignore}}}
+    model = tiny_llama("blasst", torch.float32, "cpu", sparse=sparse, sink=True)
+    ignored = {i for i in range(2) if f"model.layers.{i}.*" in ignore}
+    for i in range(2):
+        s = bt.skip_for(model.model.layers[i].self_attn, "prefill")
+        if i in ignored:
+            assert s is None, i
+        else:
+            assert s is not None and s.lambda_for(300) == pytest.approx(0.05), i
     with torch.no_grad(), bt.record_stats() as rec:
-        model(input_ids=ids)
-    assert rec.layers["model.layers.1.self_attn:prefill"]["skipped"] == 0
-    assert rec.layers["model.layers.0.self_attn:prefill"]["visited"] > 0
+        model(input_ids=sink_prompt(300, seed=2))
+    # causal, 300 rows: 64-row vote groups see 1, 1, 2, 2, 3 key tiles; 4 query heads
+    visited, first_tiles = 4 * (1 + 1 + 2 + 2 + 3), 4 * 5
+    for i in range(2):
+        e = rec.layers[LAYER.format(i)]
+        assert e["calls"] == 1 and e["visited"] == visited, (i, e)
+        assert e["skipped"] == (0 if i in ignored else visited - first_tiles), (i, e)
 
 
 def _gpu_or_skip():
@@ -125,19 +172,28 @@ def test_gpu_dense_logits_match_sdpa_bf16():
 
 @pytest.mark.gpu
 def test_gpu_skip_mode_reports_sparsity():
+    """bf16 kernels on a model with an attention sink: lambda = 13.86 * exp(4 * 0.5) / 2048 = 0.05
+    in prefill; layer 0 skips every tile after tile 0 of each 64-row vote group (SPEC §2: every
+    later tile's delta is < -9 < ln(0.05) = -3, see add_attention_sink), layer 1 is ignored and
+    skips nothing. The CPU reference gives the same counts on this model in bf16 and float32."""
     _gpu_or_skip()
+    a = 0.05 * 2048 / math.exp(2.0)
     sparse = {"config_groups": {"group_0": {
         "algorithm": "skip_softmax",
         "threshold_scale_factor": {"formula": "a * exp(b * target_sparsity)",
-                                   "prefill": {"a": 20.0, "b": 4.0},
-                                   "decode": {"a": 0.5, "b": 4.0}},
-        "target_sparsity": {"prefill": 0.5, "decode": 0.5}}}}
-    model = tiny_llama("blasst", torch.bfloat16, "cuda", sparse=sparse)
-    ids = torch.randint(0, 512, (1, 2048), generator=torch.Generator().manual_seed(4)).cuda()
+                                   "prefill": {"a": a, "b": 4.0},
+                                   "decode": {"a": a, "b": 4.0}},
+        "target_sparsity": {"prefill": 0.5, "decode": 0.5},
+        "ignore": ["model.layers.1.*"]}}}
+    model = tiny_llama("blasst", torch.bfloat16, "cuda", sparse=sparse, sink=True)
     with torch.no_grad(), bt.record_stats() as rec:
-        prefill_and_decode(model, ids, steps=2)
-    v, s = rec.totals("prefill")
-    assert v > 0 and 0 <= s <= v
+        prefill_and_decode(model, sink_prompt(2048, seed=4).cuda(), steps=2)
+    # 32 vote groups of 64 rows per head; group g sees key tiles 0 .. g // 2
+    visited = 4 * sum(g // 2 + 1 for g in range(32))
+    l0, l1 = rec.layers[LAYER.format(0)], rec.layers[LAYER.format(1)]
+    assert l0["visited"] == visited and l1["visited"] == visited, rec.layers
+    assert l0["skipped"] == visited - 4 * 32, rec.layers
+    assert l1["skipped"] == 0 and rec.layers["model.layers.1.self_attn:decode"]["skipped"] == 0
     print(f"tiny Llama skip mode: prefill sparsity {rec.sparsity('prefill'):.3f}, "
           f"decode sparsity {rec.sparsity('decode'):.3f} ({rec})")
 
