@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include <unistd.h>
@@ -34,6 +35,16 @@ const char* kGood = R"J({"model_type": "x", "sparse_attention_config": {"config_
                              "prefill": {"a": 1443.49, "b": 4.3037}, "decode": {"a": 0.119, "b": 9.86}},
   "target_sparsity": {"prefill": 0.5, "decode": 0.5}, "disabled_until_timestep": 0.86,
   "ignore": ["*cross_attn*"]}}}})J";
+// The component names of a model-directory summary: the lines " component NAME:".
+std::set<std::string> components(const std::string& summary) {
+  std::set<std::string> names;
+  std::istringstream in(summary);
+  const std::string head = " component ";
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind(head, 0) == 0 && !line.empty() && line.back() == ':')
+      names.insert(line.substr(head.size(), line.size() - head.size() - 1));
+  return names;
+}
 }  // namespace
 
 TEST(Check, GoodFileSummary) {
@@ -60,7 +71,18 @@ TEST(Check, GoodFileSummary) {
   write(dir / "transformer_2" / "config.json", R"J({"a": 1})J");
   std::ostringstream o3, e3;
   EXPECT_EQ(calibration::check_config(dir.string(), o3, e3), 0) << e3.str();
-  EXPECT_NE(o3.str().find("transformer"), std::string::npos);
+  // Exactly the component that carries the block is listed (a substring search for
+  // "transformer" would also accept transformer_2).
+  EXPECT_EQ(components(o3.str()), std::set<std::string>{"transformer"}) << o3.str();
+  EXPECT_NE(o3.str().find(": 1 component(s) with sparse_attention_config"), std::string::npos) << o3.str();
+  // The other way round: only transformer_2 carries it.
+  const auto dir2 = scratch("model2");
+  write(dir2 / "transformer" / "config.json", R"J({"a": 1})J");
+  write(dir2 / "transformer_2" / "config.json", kGood);
+  std::ostringstream o4, e4;
+  EXPECT_EQ(calibration::check_config(dir2.string(), o4, e4), 0) << e4.str();
+  EXPECT_EQ(components(o4.str()), std::set<std::string>{"transformer_2"}) << o4.str();
+  fs::remove_all(dir2);
   fs::remove_all(p.parent_path());
   fs::remove_all(q.parent_path());
   fs::remove_all(dir);
