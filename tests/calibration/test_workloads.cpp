@@ -10,16 +10,23 @@
 
 #include "blasst/calibration.hpp"
 #include "blasst/workloads.hpp"
+#include "reference/spec_oracle.hpp"
 
 using namespace blasst;
 using namespace blasst::calibration;
 
-// Measured gaps (see below), with a margin of about 0.02. Scale-free workloads (2026-11-29, commit
-// 533b98f): llm prefill 0.067 (fixed lambda 0.195), dit prefill 0.081 (fixed 0.188), llm decode
-// 0.072 (fixed 0.232); R^2 0.96, 0.96, 0.97. Before (non-scale-free generators): 0.126, 0.184, 0.190.
-#define LLM_PREFILL_GAP 0.09
-#define DIT_PREFILL_GAP 0.10
-#define LLM_DECODE_GAP 0.09
+// SPEC §6 asks |achieved - target| <= 0.03. docs/calibration.md §6 documents that these
+// scaled-down CPU cases (1k-4k, 16-row x 32-key groups, all targets 0.1-0.9) do NOT meet it: the
+// measured gaps are llm prefill 0.067, dit prefill 0.081, llm decode 0.072 (scale-free workloads,
+// 2026-11-29, commit 533b98f; the fixed-lambda baselines 0.195, 0.188, 0.232). The causes named
+// there: the never-skipped first tile (finite size) and the convexity of ln factor in s, which one
+// exponential a * exp(b * s) cannot follow. The SPEC gap is therefore not asserted here; the
+// bounds are the documented measurements (rounded up in their last digit), so any regression
+// of the method or the workloads fails. Where the docs say 0.03 is met (kernel granularity,
+// 4k-32k / GPU 4k-64k, targets 0.5-0.7) the lengths are beyond a CPU unit test.
+#define LLM_PREFILL_GAP 0.0675
+#define DIT_PREFILL_GAP 0.0815
+#define LLM_DECODE_GAP 0.0725
 
 namespace {
 struct Case {
@@ -106,6 +113,48 @@ double prefill_case(const std::string& name, const Case& c, double* fixed_error)
     EXPECT_DOUBLE_EQ(st.sparsity(), samples[mid].curve.sparsity_at(f.lambda(t, L))) << name;
     std::printf("[%s] rerun at L=%lld target %.1f: reference sparsity %.4f\n", name.c_str(),
                 static_cast<long long>(L), t, st.sparsity());
+  }
+  // Independent check of the curves the fit and the validation use: at the shortest length, a
+  // float64 pass of the SPEC oracle (tests/reference/spec_oracle.hpp: own visit order, vote and
+  // delta, nothing from the library) counts #{delta < ln lambda} / #visited at each target's
+  // fitted lambda; it must equal the "achieved" of the validation table up to pairs whose oracle
+  // delta lies within 1e-4 of ln lambda (fp32 scores in the engine).
+  {
+    const std::int64_t L0 = c.lengths.front();
+    const Workload& w = kept.front();
+    oracle::Attention a;
+    a.q = w.q.data();
+    a.k = w.k.data();
+    a.v = w.v.data();
+    a.Lq = a.Lk = L0;
+    a.Hq = c.hq;
+    a.Hk = c.hk;
+    a.d = a.dv = c.d;
+    a.causal = c.mask == MaskKind::causal;
+    a.T = c.tile_keys;
+    a.rows = c.rows;
+    a.order = c.order == VisitOrder::max_first ? oracle::Order::max_first : oracle::Order::natural;
+    const oracle::AttentionResult o = oracle::run(a);  // lambda 1: dense, every delta recorded
+    std::vector<double> deltas;
+    for (const auto& gr : o.groups) deltas.insert(deltas.end(), gr.delta.begin(), gr.delta.end());
+    EXPECT_EQ(deltas.size(), samples.front().curve.visited()) << name;
+    int checked = 0;
+    for (const auto& row : v.rows) {
+      if (deltas.size() != samples.front().curve.visited()) break;
+      if (row.length != L0 || !(row.lambda < 1.0)) continue;
+      const double ln = std::log(row.lambda);
+      std::int64_t below = 0, near = 0;
+      for (double x : deltas) {
+        below += x < ln;
+        near += std::abs(x - ln) < 1e-4;
+      }
+      const double n = static_cast<double>(deltas.size());
+      EXPECT_LE(std::abs(row.achieved - below / n), near / n + 1e-12)
+          << name << " L=" << L0 << " s=" << row.target << " oracle " << below / n << " curve " << row.achieved;
+      EXPECT_LE(near, 2) << name << " s=" << row.target;
+      ++checked;
+    }
+    EXPECT_GE(checked, 5) << name;
   }
   *fixed_error = v.max_error_fixed;
   return v.max_error;
