@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <map>
 #include <set>
 #include <tuple>
 #include <sstream>
@@ -20,6 +21,8 @@
 #include "blasst/blasst.hpp"
 #include "blasst/half.hpp"
 #include "blasst/npy.hpp"
+#include "blasst/workloads.hpp"
+#include "reference/spec_oracle.hpp"
 
 #ifndef BLASST_CLI_PATH
 #error "BLASST_CLI_PATH must name the built blasst binary"
@@ -391,6 +394,44 @@ TEST_F(Cli, BadArgumentsExit2NamingTheArgument) {
 }
 
 // The main job: `blasst demo --json --quick` prints a JSON list with the documented keys.
+// The demo's rel_error (||O_skip - O_dense|| / ||O_dense|| over the whole output) recomputed in
+// float64 by the independent SPEC oracle (tests/reference/spec_oracle.hpp: its own visit order,
+// vote, skip decision and output over the kept tiles) on the demo's inputs: the CPU setup of
+// src/cli/cmd_demo.cpp (Hq = Hk = 4, d = 128, seed 20251129 + 2 L (+1 for dit); llm causal, dit
+// full; vote groups 64 rows x 1 head x 128 keys, natural order) regenerated with make_workload.
+std::vector<double> demo_oracle_errors(const std::string& workload, std::int64_t L, const std::vector<double>& lambdas) {
+  const bool llm = workload == "llm";
+  blasst::WorkloadSpec spec;
+  spec.kind = llm ? blasst::WorkloadKind::llm : blasst::WorkloadKind::dit;
+  spec.seq_len = L;
+  spec.heads_q = spec.heads_k = 4;
+  spec.head_dim = 128;
+  spec.seed = 20251129u + static_cast<std::uint64_t>(L) * 2 + (llm ? 0 : 1);
+  const blasst::Workload w = blasst::make_workload(spec);
+  blasst::oracle::Attention a;
+  a.q = w.q.data();
+  a.k = w.k.data();
+  a.v = w.v.data();
+  a.Lq = a.Lk = L;
+  a.Hq = a.Hk = 4;
+  a.d = a.dv = 128;
+  a.causal = llm;
+  a.lambda = 1.0;  // dense
+  const std::vector<double> dense = blasst::oracle::run(a).out;
+  std::vector<double> errs;
+  for (double lam : lambdas) {
+    a.lambda = lam;
+    const std::vector<double> skip = blasst::oracle::run(a).out;
+    double num = 0, den = 0;
+    for (std::size_t x = 0; x < dense.size(); ++x) {
+      num += (skip[x] - dense[x]) * (skip[x] - dense[x]);
+      den += dense[x] * dense[x];
+    }
+    errs.push_back(std::sqrt(num / den));
+  }
+  return errs;
+}
+
 TEST_F(Cli, DemoJsonQuick) {
   const Result r = blasst("demo --json --quick --device cpu");
   ASSERT_EQ(r.rc, 0) << r.err;
@@ -398,6 +439,7 @@ TEST_F(Cli, DemoJsonQuick) {
   ASSERT_TRUE(rows.is_array());
   ASSERT_EQ(rows.size(), 2u * 2u * 3u);  // 2 workloads x 2 lengths x 3 targets
   std::set<std::string> workloads;
+  std::map<std::pair<std::string, std::int64_t>, std::vector<json>> cases;
   for (const json& row : rows) {
     for (const char* key : {"workload", "seq_len", "target_sparsity", "sparsity", "rel_error", "ms_dense", "ms_skip",
                             "device", "lambda", "speedup"})
@@ -415,6 +457,22 @@ TEST_F(Cli, DemoJsonQuick) {
     // and the run reproduces the curve's prediction exactly.
     EXPECT_DOUBLE_EQ(s, row["curve_sparsity"].get<double>());
     if (row["target_reachable"].get<bool>()) EXPECT_NEAR(s, t, 2e-3) << row.dump();
+    // rel_error is checked against a float64 oracle recomputation below (per case).
+    cases[{row["workload"].get<std::string>(), row["seq_len"].get<std::int64_t>()}].push_back(row);
+    if (s > 0.05) EXPECT_GT(err, 0.0) << row.dump();  // skipping happened and changed the output
+  }
+  ASSERT_EQ(cases.size(), 4u);
+  for (const auto& [key, rs] : cases) {
+    std::vector<double> lams;
+    for (const json& row : rs) lams.push_back(row["lambda"].get<double>());
+    const std::vector<double> expect = demo_oracle_errors(key.first, key.second, lams);
+    for (std::size_t x = 0; x < rs.size(); ++x) {
+      const double got = rs[x]["rel_error"].get<double>();
+      // fp32 engine vs float64 oracle: 1e-4 relative (plus 1e-6 absolute for near-dense rows).
+      EXPECT_NEAR(got, expect[x], 1e-4 * expect[x] + 1e-6) << rs[x].dump();
+      std::printf("demo %s L=%lld lambda %.4g: rel_error %.6g, float64 oracle %.6g\n", key.first.c_str(),
+                  static_cast<long long>(key.second), lams[x], got, expect[x]);
+    }
   }
   EXPECT_EQ(workloads, (std::set<std::string>{"llm", "dit"}));
 }
