@@ -7,6 +7,7 @@
 #include <string>
 
 #include "blasst/blasst.hpp"
+#include "core/hist_bin.hpp"
 
 namespace blasst {
 
@@ -209,13 +210,7 @@ double resolve_lambda(const SkipConfig& cfg, std::int64_t Lk) {
 
 // ---- DeltaHistogram (SPEC §5) ------------------------------------------------------------------
 
-int DeltaHistogram::bin_of(double delta) {
-  if (std::isnan(delta) || delta >= 0.0) return kBins + 1;
-  if (delta < kLo) return 0;
-  // kLo and kWidth are powers of two: (delta - kLo) / kWidth is exact for float deltas.
-  const int i = static_cast<int>(std::floor((delta - kLo) / kWidth));
-  return 1 + std::min(std::max(i, 0), kBins - 1);
-}
+int DeltaHistogram::bin_of(double delta) { return detail::hist_bin(delta); }
 
 void DeltaHistogram::merge(const DeltaHistogram& o) {
   if (counts.size() != static_cast<std::size_t>(kBins + 2)) counts.assign(kBins + 2, 0);
