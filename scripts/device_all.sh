@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Everything on the GPU machine in one call: build the whole project with the sm_90a kernels and
-# the Python extension, run every GoogleTest suite (GPU suites included), the Python GPU tests and
-# examples. Logs under $OUT; a short table last. Benchmarks: scripts/device_{prefill,decode}.sh.
+# the Python extension, run every GoogleTest suite (GPU suites included), the decode suite with the
+# cp.async load path, the Python GPU tests and examples, compute-sanitizer (memcheck, racecheck) on
+# the small sanitizer suites, and, when a baseline tree sits in .baseline/, the before/after
+# benchmark. Logs under $OUT; a short table last. Full benchmarks: scripts/device_{prefill,decode}.sh.
 # Carry .deps/cutlass, .deps/include and .deps/googletest (scripts/bootstrap.sh makes them).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -34,6 +36,35 @@ rc=$?
 SUMMARY+=("pytest (GPU required): rc=$rc ($(( $(date +%s) - t0 )) s): $(tail -1 "$OUT/pytest.log")")
 timeout 60 python3 python/examples/denoise_loop.py --cuda --steps 8 > "$OUT/examples.log" 2>&1
 SUMMARY+=("example denoise_loop: rc=$?")
+
+# The decode suite again with the cp.async load path (the fallback for layouts a tensor map cannot
+# describe; the test routes its calls through it: tests/gpu_decode).
+t0=$(date +%s)
+BLASST_TEST_DECODE_LOADS=cpasync timeout ${CPASYNC_TIMEOUT:-120} "$BUILD/tests/gpu_decode/test_gpu_decode" \
+  --gtest_brief=1 > "$OUT/decode_cpasync.log" 2>&1
+SUMMARY+=("decode tests, cp.async loads: rc=$? ($(( $(date +%s) - t0 )) s): $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/decode_cpasync.log" | tr '\n' ' ')")
+
+# compute-sanitizer on the small sanitizer suites of both kernels (SANITIZE=0 skips them).
+if [ "${SANITIZE:-1}" = 1 ]; then
+  for tool in memcheck racecheck; do
+    for suite in "gpu_decode/test_gpu_decode GpuDecodeSanitizer.*" "gpu_prefill/test_gpu_prefill GpuPrefillSanitizer.*"; do
+      set -- $suite
+      t0=$(date +%s)
+      timeout ${SAN_TIMEOUT_S:-90} compute-sanitizer --tool $tool --error-exitcode 9 "$BUILD/tests/$1" \
+        --gtest_filter="$2" > "$OUT/sanitizer_${tool}_$(basename "$1").log" 2>&1
+      SUMMARY+=("compute-sanitizer $tool $2: rc=$? ($(( $(date +%s) - t0 )) s) $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_${tool}_$(basename "$1").log" | head -1)")
+    done
+  done
+fi
+
+# Before/after speed against a baseline tree in .baseline/ (carried; e.g. `git archive <rev> | tar
+# -x -C .baseline`): both builds' bench libraries timed in one process (scripts/device_ab.sh).
+if [ -d .baseline ] && [ "${AB:-1}" = 1 ]; then
+  t0=$(date +%s)
+  OUT="$OUT" NEW_BUILD="$BUILD" AB_TIMEOUT_S=${AB_TIMEOUT_S:-240} scripts/device_ab.sh .baseline \
+    --rounds ${AB_ROUNDS:-6} > "$OUT/ab.log" 2>&1
+  SUMMARY+=("before/after benchmark: rc=$? ($(( $(date +%s) - t0 )) s), table in ab_compare.md")
+fi
 
 echo "==== failures (if any)"
 grep -E "FAILED|Failure|Error" "$OUT/ctest.log" "$OUT/pytest.log" | head -30

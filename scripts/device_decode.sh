@@ -3,7 +3,8 @@
 #   configure + build (test_gpu_decode, blasst_decode_bench), GPU tests, compute-sanitizer
 #   (memcheck, racecheck) on a small case, the benchmark; logs under $OUT, a short table last.
 # Usage: [BLASST_COMMIT=abc123] scripts/device_decode.sh [all|test|bench|quick|profile|trace]
-#   trace: per-CTA timeline of the seed prologue (bench/decode/trace_decode.py, BLASST_DECODE_TRACE).
+#   trace: per-CTA timeline of the seed prologue (bench/decode/trace_decode.py; builds with the CMake
+#   option BLASST_DECODE_TRACE=ON into its own folder).
 #   profile (~1-2 min after the build): ncu (--clock-control none) on one dense call at B = 8, 32k,
 #   32/8 and one at B = 1 (speed of light, memory workload, warp states, scheduler, occupancy);
 #   reports as text under $OUT.
@@ -42,8 +43,12 @@ echo "build: $(( $(date +%s) - t0 )) s"
 
 rc=0
 if [ "$MODE" = trace ]; then
-  # Per-CTA timeline of natural vs seeded splits and the prologue probes (bench/decode/trace_decode.py).
-  timeout 240 python3 bench/decode/trace_decode.py "$BUILD/bench/decode/libblasst_decode_bench.so" "$OUT" > "$OUT/trace.log" 2>&1
+  # Per-CTA timeline of natural vs seeded splits (bench/decode/trace_decode.py): a trace build.
+  TB="$BUILD-trace"
+  cmake -S . -B "$TB" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBLASST_BUILD_CLI=OFF -DBLASST_BUILD_PYTHON=OFF \
+    -DBLASST_BUILD_TESTS=OFF -DBLASST_DECODE_TRACE=ON >> "$OUT/build.log" 2>&1 &&
+    cmake --build "$TB" --target blasst_decode_bench -j "$JOBS" >> "$OUT/build.log" 2>&1 || { echo "trace build failed"; exit 1; }
+  timeout 240 python3 bench/decode/trace_decode.py "$TB/bench/decode/libblasst_decode_bench.so" "$OUT" > "$OUT/trace.log" 2>&1
   echo "trace: rc=$?"; cat "$OUT/decode_trace.md" 2>/dev/null || tail -20 "$OUT/trace.log"
   exit 0
 fi
@@ -84,10 +89,10 @@ if [ "$MODE" != bench ]; then
   fi
   for loads in $VARIANTS; do
     t0=$(date +%s)
-    BLASST_DECODE_LOADS=$loads timeout ${TEST_TIMEOUT_S:-100} \
+    BLASST_TEST_DECODE_LOADS=$loads timeout ${TEST_TIMEOUT_S:-100} \
       "$BUILD/tests/gpu_decode/test_gpu_decode" --gtest_brief=1 $FILTER >> "$OUT/tests.log" 2>&1
     trc=$?
-    echo "gpu tests (BLASST_DECODE_LOADS=$loads): rc=$trc ($(( $(date +%s) - t0 )) s)"
+    echo "gpu tests (BLASST_TEST_DECODE_LOADS=$loads): rc=$trc ($(( $(date +%s) - t0 )) s)"
     [ $trc -ne 0 ] && rc=1
   done
   grep -E "^\[  FAILED  \] [A-Za-z]" "$OUT/tests.log" | sort -u | head -20

@@ -6,8 +6,8 @@
 #   profile: ncu on dense, the skip kernel at 0 % and the histogram kernel (random bf16, d128, 16k
 #          causal; bench/prefill/profile_prefill.py): throughput, instructions, warp stalls.
 #   quick: build, GPU tests (no sanitizers), the reduced benchmark (bench_prefill.py --quick:
-#          d128 16k/32k + d64 16k causal, skip kernel at 0 % and at 50/70/90 % against the
-#          two-copy bench variant, interleaved timing after a warm-up), ~120 s on an H200.
+#          d128 16k/32k + d64 16k causal, skip kernel at 0 % and at 50/70/90 %, interleaved
+#          timing after a warm-up), ~120 s on an H200.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 MODE=${1:-all}
@@ -22,10 +22,8 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem --
 SUMMARY=()
 
 t0=$(date +%s)
-# Bench-only kernel variants on (A/B of loop structures in one run; see prefill_launch.hpp).
-cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBLASST_BUILD_CLI=OFF \
-  -DBLASST_PREFILL_BENCH_VARIANTS=ON > "$OUT/build.log" 2>&1
-if ! cmake --build "$BUILD" -j16 --target test_gpu_prefill test_gpu_prefill_ref test_gpu_prefill_knobs blasst_prefill_bench >> "$OUT/build.log" 2>&1; then
+cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBLASST_BUILD_CLI=OFF > "$OUT/build.log" 2>&1
+if ! cmake --build "$BUILD" -j16 --target test_gpu_prefill test_gpu_prefill_ref test_gpu_prefill_instances blasst_prefill_bench >> "$OUT/build.log" 2>&1; then
   grep -E "error|FAILED" "$OUT/build.log" | head -40
   echo "BUILD FAILED"; exit 1
 fi
@@ -48,9 +46,9 @@ if [ "$MODE" = all ] || [ "$MODE" = test ] || [ "$MODE" = quick ]; then
   T1=150; T2=60; [ "$MODE" = quick ] && { T1=60; T2=30; }
   timeout $T1 "$BUILD/tests/gpu_prefill/test_gpu_prefill" --gtest_filter=-GpuPrefillSanitizer.* > "$OUT/tests.log" 2>&1; rc1=$?
   timeout $T2 "$BUILD/tests/gpu_prefill/test_gpu_prefill_ref" > "$OUT/tests_ref.log" 2>&1; rc2=$?
-  timeout $T2 "$BUILD/tests/gpu_prefill/test_gpu_prefill_knobs" > "$OUT/tests_knobs.log" 2>&1; rc3=$?
-  SUMMARY+=("tests: rc=$rc1 ref rc=$rc2 knobs rc=$rc3 ($(( $(date +%s) - t0 )) s)")
-  grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|error:|Expected|Which is|Value of|\[skip\]|\[ref\]|\[knobs\]|OK \]" "$OUT/tests.log" "$OUT/tests_ref.log" "$OUT/tests_knobs.log" | head -80
+  timeout $T2 "$BUILD/tests/gpu_prefill/test_gpu_prefill_instances" > "$OUT/tests_instances.log" 2>&1; rc3=$?
+  SUMMARY+=("tests: rc=$rc1 ref rc=$rc2 instances rc=$rc3 ($(( $(date +%s) - t0 )) s)")
+  grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|error:|Expected|Which is|Value of|\[skip\]|\[ref\]|\[instances\]|OK \]" "$OUT/tests.log" "$OUT/tests_ref.log" "$OUT/tests_instances.log" | head -80
 fi
 # SANITIZE=1 adds the sanitizers to quick mode (after a change in synchronisation).
 if [ "$MODE" = all ] || [ "$MODE" = test ] || { [ "$MODE" = quick ] && [ "${SANITIZE:-0}" = 1 ]; }; then

@@ -5,9 +5,13 @@
 #include <string>
 
 #include "blasst/blasst.hpp"
+#include "cuda/sm90/decode/decode_api.hpp"
 
 namespace {
 thread_local std::string g_err;
+// bdb_set_load_path: the K/V load path of the following bdb_decode calls (a benchmark probe of the
+// cp.async fallback; the library chooses tensor maps).
+blasst::sm90::decode::LoadPath g_loads = blasst::sm90::decode::LoadPath::automatic;
 
 // head_major: the caches are [B, Hk, L, d] in memory (each head's keys contiguous), viewed as
 // [B, L, Hk, d] through strides (a layout probe for the benchmark).
@@ -32,6 +36,11 @@ extern "C" {
 
 const char* bdb_last_error() { return g_err.c_str(); }
 
+// 0: the library's choice (tensor maps), 1: cp.async for every load.
+void bdb_set_load_path(int cp_async) {
+  g_loads = cp_async ? blasst::sm90::decode::LoadPath::cp_async : blasst::sm90::decode::LoadPath::automatic;
+}
+
 // lambda <= 0: dense. stats (optional, 3 values): skipped, visited, split_tiles (synchronises).
 // order: 0 natural, 1 max-first (seeded splits).
 int bdb_decode(void* q, void* k, void* v, void* out, int B, int L, int hq, int hk, int d, int dtype, double lambda,
@@ -45,7 +54,7 @@ int bdb_decode(void* q, void* k, void* v, void* out, int B, int L, int hq, int h
     opt.stream = stream;
     opt.collect_stats = stats != nullptr;
     blasst::SkipStats st;
-    blasst::decode(p, skip, opt, stats ? &st : nullptr);
+    blasst::sm90::decode::run(p, skip, opt, stats ? &st : nullptr, g_loads);
     if (stats) {
       stats[0] = st.total_skipped();
       stats[1] = st.total_visited();

@@ -34,6 +34,7 @@ LIB = ctypes.CDLL(sys.argv[1])
 OUT = sys.argv[2]
 QUICK = "--quick" in sys.argv
 LIB.bdb_last_error.restype = ctypes.c_char_p
+LIB.bdb_set_load_path.argtypes = [ctypes.c_int]
 vp = ctypes.c_void_p
 
 
@@ -199,22 +200,17 @@ def write_report(rows, dev, copy_bw):
                          f"{sx(r.get('skip90'))} | {sx(r.get('mf90'))} |")
     probes = [r for r in rows if "dense_cpasync_tbs" in r]
     if probes:
-        lines += ["", "Probes (dense TB/s): default (tensor-map boxes, heads fastest in the grid), per-thread "
-                  "16-byte cp.async, splits fastest in the grid, and a head-major [B, Hk, L, d] cache "
-                  "(tensor-map boxes, each tile one contiguous 32 KB block)", "",
-                  "| B | L | Hq/Hk | tma (default) | cp.async | splits fastest | head-major | max diff | "
-                  "skip kernel, nothing skipped: us / vs dense | + seed prologue: us / vs natural | "
-                  "probe: seeds loaded only | probe: own tile scored twice | natural again |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        lines += ["", "Probes (dense TB/s): default (tensor-map boxes), per-thread 16-byte cp.async, and a "
+                  "head-major [B, Hk, L, d] cache (tensor-map boxes, each tile one contiguous 32 KB block)", "",
+                  "| B | L | Hq/Hk | tma (default) | cp.async | head-major | max diff | "
+                  "skip kernel, nothing skipped: us / vs dense | + seed prologue: us / vs natural |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         for r in probes:
             lines.append(f"| {r['B']} | {r['L'] // 1024}k | {r['hq']}/{r['hk']} | {r['dense_tbs']:.2f} | "
-                         f"{r['dense_cpasync_tbs']:.2f} | {r['dense_splitsfirst_tbs']:.2f} | "
+                         f"{r['dense_cpasync_tbs']:.2f} | "
                          f"{r['dense_headmajor_tbs']:.2f} | {r['headmajor_max_diff']:.1e} | "
                          f"{r['skipkernel_noskip_us']:.1f} / {r['skipkernel_noskip_us'] / r['dense_us']:.3f} | "
-                         f"{r['seeded_noskip_us']:.1f} / {r['seeded_noskip_us'] / r['skipkernel_noskip_us']:.3f} | "
-                         + " | ".join(f"{r[k]:.1f} / {r[k] / r['skipkernel_noskip_us']:.3f}" if k in r else "-"
-                                      for k in ("seed_probe_load_us", "seed_probe_score_us", "skipkernel_noskip2_us"))
-                         + " |")
+                         f"{r['seeded_noskip_us']:.1f} / {r['seeded_noskip_us'] / r['skipkernel_noskip_us']:.3f} |")
     table = "\n".join(lines) + "\n"
     with open(os.path.join(OUT, "decode_bench.md"), "w") as f:
         f.write(table)
@@ -300,29 +296,18 @@ def main():
                 row["timing"] = mode
                 if ((hq, hk, L, B) in first[:3] and not QUICK) or QUICK:
                     # Probes: the per-thread cp.async load path, and a head-major cache layout.
-                    for env, val, key in (("BLASST_DECODE_LOADS", "cpasync", "dense_cpasync_tbs"),
-                                          ("BLASST_DECODE_GRID", "splits", "dense_splitsfirst_tbs")):
-                        os.environ[env] = val
-                        try:
-                            t_c, _ = time_graph(lambda i: ours(*bufs[i], 0.0), nbuf)
-                        finally:
-                            del os.environ[env]
-                        row[key] = kv_bytes / t_c / 1e12
+                    LIB.bdb_set_load_path(1)
+                    try:
+                        t_c, _ = time_graph(lambda i: ours(*bufs[i], 0.0), nbuf)
+                    finally:
+                        LIB.bdb_set_load_path(0)
+                    row["dense_cpasync_tbs"] = kv_bytes / t_c / 1e12
                     # Cost of the seed prologue (max-first = seeded splits) with nothing skipped:
                     # the skip kernel at lambda 1e-30, seeded vs natural.
                     t_nat, _ = time_graph(lambda i: ours(*bufs[i], 1e-30), nbuf)
                     t_seed, _ = time_graph(lambda i: ours(*bufs[i], 1e-30, order=1), nbuf)
                     row["skipkernel_noskip_us"] = t_nat * 1e6
                     row["seeded_noskip_us"] = t_seed * 1e6
-                    # Where the prologue's time goes (probes, wrong maxima, timing only): the seed
-                    # tiles loaded but not scored; the split's own first tile scored in their place.
-                    for val in ("load", "score"):
-                        os.environ["BLASST_DECODE_SEED_PROBE"] = val
-                        try:
-                            t_p, _ = time_graph(lambda i: ours(*bufs[i], 1e-30, order=1), nbuf)
-                        finally:
-                            del os.environ["BLASST_DECODE_SEED_PROBE"]
-                        row[f"seed_probe_{val}_us"] = t_p * 1e6
                     # Natural again after them: a drift over the sequence shows as a gap between the two.
                     t_nat2, _ = time_graph(lambda i: ours(*bufs[i], 1e-30), nbuf)
                     row["skipkernel_noskip2_us"] = t_nat2 * 1e6

@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
-"""Per-CTA timeline of the decode kernel (BLASST_DECODE_TRACE): where the seed prologue's time goes.
+"""Per-CTA timeline of the decode kernel: where the seed prologue's time goes.
 
-Usage: trace_decode.py LIB.so OUTDIR
+Usage: trace_decode.py LIB.so OUTDIR   (LIB.so from a build with the CMake option BLASST_DECODE_TRACE=ON,
+which compiles the probes in; the trace file is named by the BLASST_DECODE_TRACE environment variable)
 
 For B = 1 and 8 (L = 32k, 32/8, bf16, random inputs) and each variant - the skip kernel with
-nothing skipped (lambda 1e-30) in natural order, seeded (max-first), and the two prologue probes
-(BLASST_DECODE_SEED_PROBE=load / score) - a few single calls are traced after warm-up calls. Each
+nothing skipped (lambda 1e-30) in natural order and seeded (max-first) - a few single calls are
+traced after warm-up calls. (The seed-prologue probes of session 4 were retired with issue 13.) Each
 CTA's thread 0 stamps the global timer at: 0 start, 1 Q requested and the first K tiles issued,
 2 Q staged, 3 prologue done, 4 first vote, 5 loop done, 6 partials written. The table gives, in
 microseconds, means over CTAs and calls (and the latest CTA for the end), measured from the
@@ -37,7 +38,7 @@ def call(q, k, v, o, lam, order):
 def main():
     if os.path.exists(TRACE):
         os.remove(TRACE)
-    variants = [("natural", 0, None), ("seeded", 1, None), ("probe-load", 1, "load"), ("probe-score", 1, "score")]
+    variants = [("natural", 0), ("seeded", 1)]
     calls = 6
     for B in (1, 8):
         L, hq, hk, d = 32768, 32, 8, 128
@@ -46,16 +47,13 @@ def main():
         v = torch.randn(B, L, hk, d, device="cuda", dtype=torch.bfloat16)
         o = torch.empty(B, 1, hq, d, device="cuda", dtype=torch.bfloat16)
         for rnd in range(calls):  # variants interleaved call by call
-            for name, order, probe in variants:
-                if probe:
-                    os.environ["BLASST_DECODE_SEED_PROBE"] = probe
+            for name, order in variants:
                 for _ in range(3):  # warm-up (clocks, L2 state of a running workload)
                     call(q, k, v, o, 1e-30, order)
                 os.environ["BLASST_DECODE_TRACE"] = TRACE
                 os.environ["BLASST_DECODE_TRACE_TAG"] = f"{name}:{B}:{rnd}"
                 call(q, k, v, o, 1e-30, order)
                 del os.environ["BLASST_DECODE_TRACE"], os.environ["BLASST_DECODE_TRACE_TAG"]
-                os.environ.pop("BLASST_DECODE_SEED_PROBE", None)
         torch.cuda.synchronize()
 
     rows = {}

@@ -39,8 +39,6 @@ def load_lib(path):
     lib.blasst_prefill.restype = ci
     lib.blasst_prefill.argtypes = [vp, vp, vp, vp, vp, ll, ll, ll, ll, ll, ll, ci, ci, cd, ci, vp, vp, vp, vp, ci]
     lib.blasst_prefill_last_error.restype = ctypes.c_char_p
-    lib.blasst_prefill_bench_variants.restype = ci
-    lib.blasst_prefill_bench_variants.argtypes = []
     return lib
 
 
@@ -206,12 +204,11 @@ def main():
         del ref
         rel = lambda: ((ours.o.float() - o_dense).norm() / o_dense.norm()).item()
         if kind == "random":
-            # A/B: previous grid order (heads fastest), as a bound no V loads at all; the skip
-            # kernel at 0 % sparsity (lambda off): plain, with statistics + histogram, max-first.
+            # The skip kernel at 0 % sparsity (lambda off): plain, with statistics + histogram,
+            # max-first.
             cnt = ours.counters(True)
-            names += ["legacy_grid", "dense_noV", "skip0", "skip0_stats", "skip0_maxfirst"]
-            fns += [lambda: ours(knobs=2), lambda: ours(knobs=1), lambda: ours(0.0, 1),
-                    lambda: ours(0.0, 1, cnt), lambda: ours(0.0, 1, None, MAX_FIRST)]
+            names += ["skip0", "skip0_stats", "skip0_maxfirst"]
+            fns += [lambda: ours(0.0, 1), lambda: ours(0.0, 1, cnt), lambda: ours(0.0, 1, None, MAX_FIRST)]
         else:
             # One-pass curves (SPEC §5) of both visit orders: each order at its own lambda.
             curves = {}
@@ -237,9 +234,6 @@ def main():
                     e["err" + sfx] = rel()
                     names.append(f"skip{sfx}_{s}")
                     fns.append(lambda lam=lam, kn=kn: ours(lam, 0, None, kn))
-                    if order == "natural":
-                        names.append(f"noV_{s}")  # upper bound of V-load skipping, wrong output
-                        fns.append(lambda lam=lam: ours(lam, 0, None, K_NOV))
                 r["skip"].append(e)
         res = dict(zip(names, interleaved_ms(fns, args.iters, args.warmup)))
         ms = res["dense"][0]
@@ -250,8 +244,6 @@ def main():
         if "cudnn_ms" in r:
             r["ratio_vs_cudnn"] = r["cudnn_ms"] / ms
         if kind == "random":
-            r["legacy_grid_tflops"] = tf(res["legacy_grid"][0])
-            r["dense_noV_speedup"] = ms / res["dense_noV"][0]
             r["skip0_ms"], r["skip0_overhead"] = res["skip0"][0], res["skip0"][0] / ms - 1
             r["stats_ms"], r["stats_overhead_vs_skip0"] = res["skip0_stats"][0], res["skip0_stats"][0] / res["skip0"][0] - 1
             r["skip0_maxfirst_overhead_vs_natural"] = res["skip0_maxfirst"][0] / res["skip0"][0] - 1
@@ -261,7 +253,6 @@ def main():
                 if f"skip_{s}" in res:
                     e["ms"], e["dense_equiv_tflops"] = res[f"skip_{s}"][0], tf(res[f"skip_{s}"][0])
                     e["speedup_vs_dense"] = ms / e["ms"]
-                    e["noV_speedup_vs_dense"] = ms / res[f"noV_{s}"][0]
                 if f"skip_maxfirst_{s}" in res:
                     e["speedup_vs_dense_maxfirst"] = ms / res[f"skip_maxfirst_{s}"][0]
         rows.append(r)
@@ -273,18 +264,18 @@ def main():
                 torch=torch.__version__, iters=args.iters, warmup=args.warmup,
                 timing="interleaved rounds per row after a 2 s warm-up")
     lines = [f"# prefill benchmark  {meta['date']}  commit {commit}  {dev}  torch {torch.__version__}",
-             "", "| workload | d | L | mask | ours TF/s | cuDNN TF/s | flash TF/s | ours/cuDNN | old grid TF/s | skip0 ovh | stats ovh | "
-             "skip s=0.5 (achieved, speedup [no-V bound], dense-eq TF/s) | s=0.7 | s=0.9 |", "|" + "---|" * 14]
+             "", "| workload | d | L | mask | ours TF/s | cuDNN TF/s | flash TF/s | ours/cuDNN | skip0 ovh | stats ovh | "
+             "skip s=0.5 (achieved, speedup, dense-eq TF/s) | s=0.7 | s=0.9 |", "|" + "---|" * 13]
     f = lambda x, p=0: "-" if x is None else f"{x:.{p}f}"
     for r in rows:
         sk = []
         for e in r.get("skip", []):
             sk.append("n/a" if "ms" not in e else
-                      f"{e['achieved']:.2f}, {e['speedup_vs_dense']:.2f}x [{e['noV_speedup_vs_dense']:.2f}x], {e['dense_equiv_tflops']:.0f}")
+                      f"{e['achieved']:.2f}, {e['speedup_vs_dense']:.2f}x, {e['dense_equiv_tflops']:.0f}")
         while len(sk) < 3:
             sk.append("-")
         lines.append(f"| {r['workload']} | {r['d']} | {r['L']} | {r['mask']} | {f(r.get('ours_dense_tflops'))} | "
-                     f"{f(r.get('cudnn_tflops'))} | {f(r.get('flash_tflops'))} | {f(r.get('ratio_vs_cudnn'), 3)} | {f(r.get('legacy_grid_tflops'))} | "
+                     f"{f(r.get('cudnn_tflops'))} | {f(r.get('flash_tflops'))} | {f(r.get('ratio_vs_cudnn'), 3)} | "
                      f"{f(100 * r['skip0_overhead'], 1) + '%' if 'skip0_overhead' in r else '-'} | "
                      f"{f(100 * r['stats_overhead_vs_skip0'], 1) + '%' if 'stats_overhead_vs_skip0' in r else '-'} | "
                      + " | ".join(sk) + " |")
@@ -306,10 +297,9 @@ def main():
     write_results(args.out, "bench_prefill.json", meta, rows, lines)
 
 
-# bench knobs of the library (prefill_launch.hpp): bit 1 = no V loads; id << 8 = bench-only
-# instantiation kBenchVariants[id] (prefill_params.hpp)
-K_NOV = 1
-SKIP_VARIANTS = {1: "run3 structure", 2: "two copies+earlyV+noHist", 3: "library without K-ahead"}
+# Bench-only kernel variants (A/B of loop structures) were retired with the kernel table
+# (issue 13); these stay empty so that the quick suite's tables keep their layout.
+SKIP_VARIANTS = {}
 DENSE_VARIANTS = {}
 
 
@@ -376,7 +366,7 @@ def quick_main(args, lib):
     outputs compared with the library's: same decisions)."""
     dev = torch.cuda.get_device_name()
     commit = os.environ.get("BLASST_COMMIT", "unknown")
-    built = lib.blasst_prefill_bench_variants() != 0
+    built = False
     sv = SKIP_VARIANTS if built else {}
     dv = DENSE_VARIANTS if built else {}
     rows = []

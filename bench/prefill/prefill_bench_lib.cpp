@@ -3,9 +3,10 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <string>
 
 #include "blasst/blasst.hpp"
-#include "cuda/sm90/prefill/prefill_launch.hpp"
+#include "cuda/sm90/prefill/prefill_api.hpp"
 
 namespace {
 thread_local char g_err[1024];
@@ -15,14 +16,12 @@ extern "C" {
 
 const char* blasst_prefill_last_error() { return g_err; }
 
-// 1 when the library holds the bench-only kernel variants (knob 64), else 0.
-int blasst_prefill_bench_variants() { return blasst::sm90::prefill::bench_variants_built() ? 1 : 0; }
-
 // dtype: 0 bf16, 1 f16. lambda <= 0: skipping off. force_skip: run the skip variant anyway
 // (with lambda <= 0 it skips nothing: the cost of the variant at 0 % sparsity). Counters:
 // device pointers or null (visited/skipped [Hq], hist [Hq, 1026]); zeroed by the caller.
-// knobs: measurement switches (prefill_launch.hpp: 1 = no V loads, 2 = legacy grid order,
-// id << 8 = a bench-only variant), plus kOrderMaxFirst (this file only): visit order max_first.
+// knobs: kOrderMaxFirst = visit order max_first; any other bit is an error (the measurement
+// switches and bench-only variants were retired with the kernel table; the ABI is kept so that
+// bench/ab_compare.py loads builds from before and after).
 // Returns 0 on success, 1 on error (message in blasst_prefill_last_error()).
 int blasst_prefill(const void* q, const void* k, const void* v, void* o, float* lse, long long B,
                    long long Lq, long long Lk, long long hq, long long hk, long long d, int dtype,
@@ -41,11 +40,11 @@ int blasst_prefill(const void* q, const void* k, const void* v, void* o, float* 
     if (lse) p.lse = dev(Tensor::contiguous(lse, DType::f32, {B, hq, Lq}));
     p.mask = causal ? MaskKind::causal : MaskKind::full;
     constexpr int kOrderMaxFirst = 1 << 30;
+    if ((knobs & ~kOrderMaxFirst) != 0) throw Error("blasst_prefill: retired knob bits " + std::to_string(knobs));
     SkipConfig sk;
     if (lambda > 0) sk = SkipConfig::from_threshold(lambda);
     if (knobs & kOrderMaxFirst) sk.vote.order = VisitOrder::max_first;
-    sm90::prefill::launch_attention(p, sk, stream, force_skip != 0, visited, skipped, hist,
-                                    knobs & ~kOrderMaxFirst);
+    sm90::prefill::launch_attention(p, sk, stream, force_skip != 0, visited, skipped, hist);
     g_err[0] = 0;
     return 0;
   } catch (const std::exception& e) {

@@ -182,6 +182,11 @@ struct RunOptions {
   // CUDA path with host tensors: stage them through device memory (CLI, demo). Device tensors
   // never need this.
   DeviceKind device = DeviceKind::cpu;
+  // CUDA path: scratch memory owned by the caller (device memory, 256-byte aligned, at least
+  // attention_workspace_bytes / decode_workspace_bytes of the same call), used in stream order on
+  // opt.stream. nullptr: the library takes it from a memory pool of its own.
+  void* workspace = nullptr;
+  std::size_t workspace_bytes = 0;
 };
 
 // One entry point per phase. Dispatch: tensors on the GPU (or options.device == cuda with host
@@ -190,6 +195,13 @@ void attention(const AttentionProblem& p, const SkipConfig& skip = {}, const Run
                SkipStats* stats = nullptr);
 void decode(const DecodeProblem& p, const SkipConfig& skip = {}, const RunOptions& opt = {},
             SkipStats* stats = nullptr);
+
+// Scratch bytes the same call would take on the CUDA path (split-KV partials, statistics
+// counters), for RunOptions::workspace; 0 for the CPU reference. Validates like the call.
+std::size_t attention_workspace_bytes(const AttentionProblem& p, const SkipConfig& skip = {},
+                                      const RunOptions& opt = {});
+std::size_t decode_workspace_bytes(const DecodeProblem& p, const SkipConfig& skip = {},
+                                   const RunOptions& opt = {});
 
 // True when the library was built with the CUDA kernels and a Hopper GPU is visible.
 bool cuda_available();

@@ -6,6 +6,7 @@
 
 #include "blasst/calibration.hpp"
 #include "blasst/half.hpp"
+#include "core/kernel_geometry.hpp"
 
 namespace blasst::calibration {
 
@@ -19,28 +20,16 @@ SkipConfig probe_config(const VoteGranularity& vote) {
   return c;
 }
 
-VoteGranularity default_prefill_granularity(VisitOrder order) {
-  VoteGranularity g;
-  g.tile_keys = 128;
-  g.rows = 64;
-  g.heads = 1;
-  g.split_tiles = 0;
-  g.order = order;
-  return g;
-}
+// The kernels' own vote geometry (src/core/kernel_geometry.hpp), so that a curve is counted at
+// the granularity the kernels skip at.
+VoteGranularity default_prefill_granularity(VisitOrder order) { return detail::prefill_vote_granularity(order); }
 
 VoteGranularity default_decode_granularity(std::int64_t group, std::int64_t split_tiles,
                                            VisitOrder order, int q_len) {
   if (group < 1) throw Error("calibration: decode granularity: group (Hq / Hk) must be >= 1");
   if (q_len < 1) throw Error("calibration: decode granularity: q_len must be >= 1");
   if (split_tiles < 0) throw Error("calibration: decode granularity: split_tiles must be >= 0");
-  VoteGranularity g;
-  g.tile_keys = 128;
-  g.rows = q_len;  // every query token of a step votes together
-  g.heads = static_cast<int>(group);
-  g.split_tiles = split_tiles;
-  g.order = order;
-  return g;
+  return detail::decode_vote_granularity(group, q_len, split_tiles, order);
 }
 
 StatsCurves measure_with(const StatsRunner& run, const VoteGranularity& vote,

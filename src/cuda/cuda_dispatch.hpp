@@ -18,5 +18,10 @@ void cuda_attention(const AttentionProblem& p, const SkipConfig& skip, const Run
                     SkipStats* stats);
 void cuda_decode(const DecodeProblem& p, const SkipConfig& skip, const RunOptions& opt,
                  SkipStats* stats);
+// RunOptions::workspace bytes of the same calls (statistics as asked by opt and stats != nullptr).
+std::size_t cuda_attention_workspace_bytes(const AttentionProblem& p, const SkipConfig& skip,
+                                           const RunOptions& opt, bool stats);
+std::size_t cuda_decode_workspace_bytes(const DecodeProblem& p, const SkipConfig& skip,
+                                        const RunOptions& opt, bool stats);
 
 }  // namespace blasst::detail

@@ -3,15 +3,23 @@
 
 namespace blasst::detail {
 
+namespace {
+[[noreturn]] void no_cuda() {
+  throw Error("blasst was built without CUDA: device tensors and --device cuda are unavailable");
+}
+}  // namespace
+
 bool cuda_built() { return false; }
 bool cuda_device_present() { return false; }
 std::string cuda_device_name_impl() { return {}; }
 
-void cuda_attention(const AttentionProblem&, const SkipConfig&, const RunOptions&, SkipStats*) {
-  throw Error("blasst was built without CUDA: device tensors and --device cuda are unavailable");
+void cuda_attention(const AttentionProblem&, const SkipConfig&, const RunOptions&, SkipStats*) { no_cuda(); }
+void cuda_decode(const DecodeProblem&, const SkipConfig&, const RunOptions&, SkipStats*) { no_cuda(); }
+std::size_t cuda_attention_workspace_bytes(const AttentionProblem&, const SkipConfig&, const RunOptions&, bool) {
+  no_cuda();
 }
-void cuda_decode(const DecodeProblem&, const SkipConfig&, const RunOptions&, SkipStats*) {
-  throw Error("blasst was built without CUDA: device tensors and --device cuda are unavailable");
+std::size_t cuda_decode_workspace_bytes(const DecodeProblem&, const SkipConfig&, const RunOptions&, bool) {
+  no_cuda();
 }
 
 }  // namespace blasst::detail

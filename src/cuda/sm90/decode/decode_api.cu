@@ -1,4 +1,8 @@
-// Host side of the sm_90a decode kernels: validation, split choice, workspace, launches, stats.
+// Host side of the sm_90a decode kernels: detail::cuda_decode (src/cuda/cuda_dispatch.hpp) and
+// sm90::decode::run (decode_api.hpp). can_implement states the kernels' limits; plan() chooses the
+// instance (kernel_table.inc) and the split layout (src/core/decode_layout.cpp) once, for the
+// call and for its workspace size; scratch memory, staging and statistics come from the shared
+// host layer (src/cuda/host_launch.hpp).
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -6,201 +10,128 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <mutex>
 #include <string>
 #include <vector>
 
+#include "core/decode_layout.hpp"
+#include "core/kernel_geometry.hpp"
 #include "core/problem.hpp"
 #include "cuda/cuda_check.hpp"
 #include "cuda/cuda_dispatch.hpp"
-#include "core/decode_layout.hpp"
+#include "cuda/host_launch.hpp"
+#include "cuda/sm90/decode/decode_api.hpp"
 #include "cuda/sm90/decode/decode_params.hpp"
+#include "cuda/sm90/decode/decode_trace.cuh"
+#include "cuda/sm90/kernel_table.hpp"
 
-namespace blasst::detail {
+namespace blasst::sm90::decode {
 
 namespace {
 
-using decode::Params;
+using detail::ResolvedDecode;
+constexpr const char* kKernel = "the CUDA decode kernel";
 
-// Stream-ordered workspace from a pool of our own that keeps its memory between calls (a
-// cudaMalloc per call would synchronise the device).
-cudaMemPool_t workspace_pool(int dev) {
+int sm_count(int dev) {
   static std::mutex mu;
-  static std::vector<cudaMemPool_t> pools;
+  static std::vector<int> cache;
   std::lock_guard<std::mutex> lock(mu);
-  if (pools.size() <= static_cast<std::size_t>(dev)) pools.resize(dev + 1, nullptr);
-  if (!pools[dev]) {
-    cudaMemPoolProps props{};
-    props.allocType = cudaMemAllocationTypePinned;
-    props.handleTypes = cudaMemHandleTypeNone;
-    props.location.type = cudaMemLocationTypeDevice;
-    props.location.id = dev;
-    cudaMemPool_t pool;
-    BLASST_CUDA_CHECK(cudaMemPoolCreate(&pool, &props));
-    std::uint64_t keep = ~0ull;
-    BLASST_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
-    pools[dev] = pool;
-  }
-  return pools[dev];
-}
-
-class StreamBuffer {
- public:
-  // During stream capture (CUDA graphs) the allocation becomes a graph memory node instead.
-  StreamBuffer(std::size_t bytes, cudaStream_t s, cudaMemPool_t pool, bool capturing) : s_(s) {
-    if (bytes && capturing) BLASST_CUDA_CHECK(cudaMallocAsync(&ptr_, bytes, s));
-    else if (bytes) BLASST_CUDA_CHECK(cudaMallocFromPoolAsync(&ptr_, bytes, pool, s));
-  }
-  ~StreamBuffer() { if (ptr_) cudaFreeAsync(ptr_, s_); }
-  StreamBuffer(const StreamBuffer&) = delete;
-  StreamBuffer& operator=(const StreamBuffer&) = delete;
-  template <class T> T* as() const { return static_cast<T*>(ptr_); }
-
- private:
-  void* ptr_ = nullptr;
-  cudaStream_t s_;
-};
-
-// BLASST_DECODE_TRACE: the kernel's per-CTA timer stamps (device, [CTAs][kTracePoints]) appended
-// to `file` as CSV lines "tag,cta,b,h,split,t0,...", tag from BLASST_DECODE_TRACE_TAG. Synchronises.
-void append_trace(const char* file, const unsigned long long* dev, std::size_t n_ctas, dim3 grid,
-                  bool splits_fastest, cudaStream_t stream) {
-  std::vector<unsigned long long> tr(n_ctas * decode::kTracePoints);
-  BLASST_CUDA_CHECK(cudaMemcpyAsync(tr.data(), dev, tr.size() * sizeof(unsigned long long), cudaMemcpyDeviceToHost,
-                                    stream));
-  BLASST_CUDA_CHECK(cudaStreamSynchronize(stream));
-  std::FILE* f = std::fopen(file, "a");
-  if (f == nullptr) throw Error(std::string("BLASST_DECODE_TRACE: cannot open ") + file);
-  const char* tag = std::getenv("BLASST_DECODE_TRACE_TAG");
-  for (std::size_t c = 0; c < n_ctas; ++c) {
-    // CTA index = (z * gridDim.y + y) * gridDim.x + x
-    const std::size_t x = c % grid.x, y = (c / grid.x) % grid.y, z = c / (std::size_t{grid.x} * grid.y);
-    std::fprintf(f, "%s,%zu,%zu,%zu,%zu", tag ? tag : "", c, z, splits_fastest ? y : x, splits_fastest ? x : y);
-    for (int k = 0; k < decode::kTracePoints; ++k) std::fprintf(f, ",%llu", tr[c * decode::kTracePoints + k]);
-    std::fprintf(f, "\n");
-  }
-  std::fclose(f);
-}
-
-struct DeviceInfo {
-  int sms = 0;
-};
-DeviceInfo device_info(int dev) {
-  static std::mutex mu;
-  static std::vector<DeviceInfo> cache;
-  std::lock_guard<std::mutex> lock(mu);
-  if (cache.size() <= static_cast<std::size_t>(dev)) cache.resize(dev + 1);
-  if (cache[dev].sms == 0)
-    BLASST_CUDA_CHECK(cudaDeviceGetAttribute(&cache[dev].sms, cudaDevAttrMultiProcessorCount, dev));
+  if (cache.size() <= static_cast<std::size_t>(dev)) cache.resize(dev + 1, 0);
+  if (cache[dev] == 0) BLASST_CUDA_CHECK(cudaDeviceGetAttribute(&cache[dev], cudaDevAttrMultiProcessorCount, dev));
   return cache[dev];
 }
 
-bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
-
-void check_aligned(const Tensor& t, const char* name) {
-  if (!aligned16(t.data))
-    throw Error(std::string(name) + ": the CUDA decode kernel needs a 16-byte aligned base pointer");
-}
-
-void check_strides(const Tensor& t, const char* name) {
-  for (int i = 0; i < t.rank - 1; ++i)
-    if (t.shape[i] > 1 && t.stride[i] % 8 != 0)
-      throw Error(std::string(name) + ": the CUDA decode kernel needs strides that are multiples of 8 "
-                  "elements (16 bytes); dimension " + std::to_string(i) + " has stride " +
-                  std::to_string(t.stride[i]));
-}
-
-// BLASST_DECODE_LOADS: "" or "tma" (default) or "cpasync"; anything else is an error.
-std::string load_path() {
-  const char* env = std::getenv("BLASST_DECODE_LOADS");
-  const std::string v = env ? env : "";
-  if (!v.empty() && v != "tma" && v != "cpasync")
-    throw Error("BLASST_DECODE_LOADS: expected tma or cpasync, got '" + v + "'");
-  return v;
-}
-
-// What the kernels support; anything else is a clear error before any CUDA call (also for the
-// staged host path), never a silent fallback.
-void check_supported(const DecodeProblem& p, const ResolvedDecode& r, const SkipConfig& skip) {
-  if (r.dtype != DType::bf16 && r.dtype != DType::f16)
-    throw Error(std::string("q: the CUDA decode kernel supports bf16 and f16, got ") + to_string(r.dtype));
-  if (r.d != 64 && r.d != 128) throw Error("q: the CUDA decode kernel supports head dim d = 64 or 128, got " + std::to_string(r.d));
-  if (r.dv != r.d) throw Error("v_cache: the CUDA decode kernel needs dv == d, got dv = " + std::to_string(r.dv));
-  const std::int64_t rows = r.group * r.q_len;
-  if (rows > decode::kMaxRows)
-    throw Error("q: the CUDA decode kernel handles g * q_len <= 64 query rows per KV head, got g = " +
-                std::to_string(r.group) + ", q_len = " + std::to_string(r.q_len));
-  if (r.paged && (r.page_size & (r.page_size - 1)) != 0)
-    throw Error("k_cache: the CUDA decode kernel needs a power-of-two page_size, got " + std::to_string(r.page_size));
-  (void)load_path();
-  check_strides(p.q, "q");
-  check_strides(p.k_cache, "k_cache");
-  check_strides(p.v_cache, "v_cache");
-  if (p.out.dtype != DType::f32 && p.out.dtype != DType::f64 && p.out.dtype != r.dtype)
-    throw Error("out: unsupported dtype for the CUDA decode kernel");
-
-  if (skip.enabled) {
-    validate(skip);
-    if (skip.vote.tile_keys != decode::kTileKeys)
-      throw Error("skip.vote.tile_keys: the CUDA decode kernel uses 128-key tiles, got " + std::to_string(skip.vote.tile_keys));
-  }
-  if (skip.vote.split_tiles < 0) throw Error("skip.vote.split_tiles must be >= 0, got " + std::to_string(skip.vote.split_tiles));
-}
-
-int ctas_per_sm_uncached(DType dt, int d, bool skip, int mt, std::size_t smem);
-
-// Cached per device and configuration: the occupancy query is not free on the host.
-int ctas_per_sm(DType dt, int d, bool skip, int mt, std::size_t smem) {
+// CTAs per SM of an instance, cached per device (the occupancy query is not free on the host).
+int ctas_per_sm(const DecodeKernel& k, int dev) {
   static std::mutex mu;
-  static std::vector<std::pair<std::uint64_t, int>> cache;
-  int dev = 0;
-  BLASST_CUDA_CHECK(cudaGetDevice(&dev));
-  const std::uint64_t key = (static_cast<std::uint64_t>(dev) << 48) ^ (static_cast<std::uint64_t>(dt) << 40) ^
-                            (static_cast<std::uint64_t>(d) << 32) ^ (static_cast<std::uint64_t>(skip) << 31) ^
-                            (static_cast<std::uint64_t>(mt) << 24) ^ smem;
+  static std::vector<std::pair<std::pair<int (*)(), int>, int>> cache;
   {
     std::lock_guard<std::mutex> lock(mu);
     for (auto& e : cache)
-      if (e.first == key) return e.second;
+      if (e.first.first == k.occupancy && e.first.second == dev) return e.second;
   }
-  const int n = ctas_per_sm_uncached(dt, d, skip, mt, smem);
+  const int n = std::max(k.occupancy(), 1);
   std::lock_guard<std::mutex> lock(mu);
-  cache.emplace_back(key, n);
+  cache.push_back({{k.occupancy, dev}, n});
   return n;
 }
 
-template <int MT>
-int occupancy_mt(DType dt, int d, bool skip, std::size_t smem) {
-  using decode::occupancy_decode;
-  if (dt == DType::bf16) {
-    if (d == 128) return skip ? occupancy_decode<__nv_bfloat16, 128, true, MT>(smem) : occupancy_decode<__nv_bfloat16, 128, false, MT>(smem);
-    return skip ? occupancy_decode<__nv_bfloat16, 64, true, MT>(smem) : occupancy_decode<__nv_bfloat16, 64, false, MT>(smem);
+// The kernels' limits (CUTLASS can_implement), each an Error naming the argument, before any
+// CUDA call (also for the staged host path), never a silent fallback.
+void can_implement(const DecodeProblem& p, const ResolvedDecode& r, const SkipConfig& skip) {
+  if (r.dtype != DType::bf16 && r.dtype != DType::f16)
+    throw Error(std::string("q: ") + kKernel + " supports " + decode_dtypes() + ", got " + to_string(r.dtype));
+  if (!decode_has(r.dtype, static_cast<int>(r.d)))
+    throw Error(std::string("q: ") + kKernel + " supports head dim d = " + decode_head_dims() + ", got " +
+                std::to_string(r.d));
+  if (r.dv != r.d) throw Error(std::string("v_cache: ") + kKernel + " needs dv == d, got dv = " + std::to_string(r.dv));
+  const std::int64_t rows = r.group * r.q_len;
+  if (rows > detail::kDecodeMaxRows)
+    throw Error(std::string("q: ") + kKernel + " handles g * q_len <= " + std::to_string(detail::kDecodeMaxRows) +
+                " query rows per KV head, got g = " + std::to_string(r.group) + ", q_len = " + std::to_string(r.q_len));
+  if (r.paged && (r.page_size & (r.page_size - 1)) != 0)
+    throw Error(std::string("k_cache: ") + kKernel + " needs a power-of-two page_size, got " +
+                std::to_string(r.page_size));
+  for (auto [t, name] : {std::pair{&p.q, "q"}, {&p.k_cache, "k_cache"}, {&p.v_cache, "v_cache"}})
+    detail::check_strides_multiple(*t, name, 8, kKernel, "16-byte rows");
+  if (p.out.dtype != DType::f32 && p.out.dtype != DType::f64 && p.out.dtype != r.dtype)
+    throw Error(std::string("out: dtype ") + to_string(p.out.dtype) + " is not supported by " + kKernel +
+                " (q's dtype, f32 or f64)");
+  if (skip.enabled) {
+    validate(skip);
+    if (skip.vote.tile_keys != kTileKeys)
+      throw Error(std::string("skip.vote.tile_keys: ") + kKernel + " uses " + std::to_string(kTileKeys) +
+                  "-key tiles, got " + std::to_string(skip.vote.tile_keys));
   }
-  if (d == 128) return skip ? occupancy_decode<__half, 128, true, MT>(smem) : occupancy_decode<__half, 128, false, MT>(smem);
-  return skip ? occupancy_decode<__half, 64, true, MT>(smem) : occupancy_decode<__half, 64, false, MT>(smem);
+  if (skip.vote.split_tiles < 0)
+    throw Error("skip.vote.split_tiles must be >= 0, got " + std::to_string(skip.vote.split_tiles));
+  if (r.batch > 65535 || r.hk > 65535)
+    throw Error(std::string("q: batch and KV heads must be <= 65535 for ") + kKernel);
 }
 
-int ctas_per_sm_uncached(DType dt, int d, bool skip, int mt, std::size_t smem) {
-  const int n = mt == 1 ? occupancy_mt<1>(dt, d, skip, smem) : occupancy_mt<4>(dt, d, skip, smem);
-  return std::max(n, 1);
+// What one call runs: the instance, the threshold rule and the split layout.
+struct Plan {
+  DecodeKernel kernel;
+  SkipThreshold threshold;
+  bool seeded = false;
+  int mtiles = 1;
+  std::int64_t rows = 0, split_tiles = 1, num_splits = 1;
+};
+
+Plan plan(const ResolvedDecode& r, const SkipConfig& skip) {
+  Plan pl;
+  pl.rows = r.group * r.q_len;
+  pl.threshold = make_skip_threshold(skip);
+  // max-first order in split-KV decode = seeded splits (SPEC §2a): the skip instance runs even when
+  // no sequence can skip (lambda >= 1), so its statistics count deltas against the seeds.
+  pl.seeded = skip.enabled && skip.vote.order == VisitOrder::max_first;
+  const bool use_skip = pl.threshold.can_skip(r.max_k_len) || pl.seeded;
+  pl.mtiles = pl.rows <= 16 ? 1 : 4;
+  const KernelVariant v = use_skip ? KernelVariant::skip : KernelVariant::dense;
+  pl.kernel = find_decode_kernel(r.dtype, static_cast<int>(r.d), v, pl.mtiles);
+  if (pl.kernel.launch == nullptr)
+    throw Error(std::string("no CUDA decode kernel instance for ") + to_string(r.dtype) + ", d = " +
+                std::to_string(r.d) + ", " + to_string(v) + ", " + std::to_string(pl.mtiles) +
+                " m-tiles (src/cuda/sm90/kernel_table.inc)");
+  int dev = 0;
+  BLASST_CUDA_CHECK(cudaGetDevice(&dev));
+  const std::int64_t max_tiles = (r.max_k_len + kTileKeys - 1) / kTileKeys;
+  pl.split_tiles = skip.vote.split_tiles;
+  if (pl.split_tiles == 0)
+    pl.split_tiles = detail::decode_split_tiles(r.batch, r.hk, max_tiles, sm_count(dev), ctas_per_sm(pl.kernel, dev));
+  pl.split_tiles = std::max<std::int64_t>(pl.split_tiles, 1);
+  pl.num_splits = std::max<std::int64_t>((max_tiles + pl.split_tiles - 1) / pl.split_tiles, 1);
+  if (pl.num_splits > 65535)
+    throw Error("skip.vote.split_tiles: too many splits (" + std::to_string(pl.num_splits) + ")");
+  return pl;
 }
 
-template <int MT>
-void launch_mt(DType dt, int d, bool skip, const Params& p, dim3 grid, std::size_t smem, cudaStream_t s) {
-  using decode::launch_decode;
-  if (dt == DType::bf16) {
-    if (d == 128) skip ? launch_decode<__nv_bfloat16, 128, true, MT>(p, grid, smem, s) : launch_decode<__nv_bfloat16, 128, false, MT>(p, grid, smem, s);
-    else skip ? launch_decode<__nv_bfloat16, 64, true, MT>(p, grid, smem, s) : launch_decode<__nv_bfloat16, 64, false, MT>(p, grid, smem, s);
-  } else {
-    if (d == 128) skip ? launch_decode<__half, 128, true, MT>(p, grid, smem, s) : launch_decode<__half, 128, false, MT>(p, grid, smem, s);
-    else skip ? launch_decode<__half, 64, true, MT>(p, grid, smem, s) : launch_decode<__half, 64, false, MT>(p, grid, smem, s);
-  }
+bool wants_stats(const SkipStats* stats, const RunOptions& opt) {
+  return stats != nullptr && (opt.collect_stats || opt.collect_histogram || opt.record_deltas);
 }
 
-void launch(DType dt, int d, bool skip, int mt, const Params& p, dim3 grid, std::size_t smem, cudaStream_t s) {
-  if (mt == 1) launch_mt<1>(dt, d, skip, p, grid, smem, s);
-  else launch_mt<4>(dt, d, skip, p, grid, smem, s);
+std::size_t partial_rows(const ResolvedDecode& r, const Plan& pl) {
+  return static_cast<std::size_t>(r.batch * r.hk * pl.num_splits * pl.rows);
 }
 
 // cuTensorMapEncodeTiled through the runtime's driver entry point (no link against libcuda).
@@ -221,6 +152,14 @@ EncodeTiled encode_tiled() {
   return fn;
 }
 
+CUtensorMapDataType tensor_map_type(DType t) {
+  switch (t) {
+    case DType::bf16: return CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+    case DType::f16: return CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+    default: throw Error(std::string("k_cache: no tensor-map type for dtype ") + to_string(t));
+  }
+}
+
 // K or V cache [S0, S1, Hk, d] (S0 = sequences or pages, S1 = keys or page slots, any 16-byte
 // multiple strides, e.g. [B, L, Hk, d] or a head-major [B, Hk, L, d] view) as a 4-D tensor map
 // {d, S1, Hk, S0} with {64, box_rows, 1, 1} boxes and the 128B swizzle. Rows past S1 read as zeros.
@@ -230,137 +169,90 @@ bool make_kv_map(CUtensorMap* map, const Tensor& t, int box_rows) {
   if (t.shape[3] % 64 != 0) return false;
   for (int i = 0; i < 3; ++i)
     if (t.stride[i] <= 0 || t.shape[i] >= (std::int64_t{1} << 31)) return false;
+  const std::int64_t esz = static_cast<std::int64_t>(dtype_size(t.dtype));
   const cuuint64_t dims[4] = {static_cast<cuuint64_t>(t.shape[3]), static_cast<cuuint64_t>(t.shape[1]),
                               static_cast<cuuint64_t>(t.shape[2]), static_cast<cuuint64_t>(t.shape[0])};
-  const cuuint64_t strides[3] = {static_cast<cuuint64_t>(t.stride[1]) * 2, static_cast<cuuint64_t>(t.stride[2]) * 2,
-                                 static_cast<cuuint64_t>(t.stride[0]) * 2};
+  const cuuint64_t strides[3] = {static_cast<cuuint64_t>(t.stride[1] * esz), static_cast<cuuint64_t>(t.stride[2] * esz),
+                                 static_cast<cuuint64_t>(t.stride[0] * esz)};
   const cuuint32_t box[4] = {64, static_cast<cuuint32_t>(box_rows), 1, 1};
   const cuuint32_t estr[4] = {1, 1, 1, 1};
-  const CUtensorMapDataType dt = t.dtype == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-  return enc(map, dt, 4, t.data, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  return enc(map, tensor_map_type(t.dtype), 4, t.data, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
+             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-std::size_t span_bytes(const Tensor& t) {
-  if (t.numel() == 0) return 0;
-  std::int64_t off = 0;
-  for (int i = 0; i < t.rank; ++i) off += (t.shape[i] - 1) * t.stride[i];
-  return static_cast<std::size_t>(off + 1) * dtype_size(t.dtype);
-}
-
-// Host tensors with opt.device == cuda: copy every input's span to the device (strides kept),
-// run, copy out/lse back, synchronise.
-void staged_decode(const DecodeProblem& p, const SkipConfig& skip, const RunOptions& opt, SkipStats* stats) {
-  const ResolvedDecode r = validate_decode(p, DeviceKind::cpu);  // checks the host problem itself
-  check_supported(p, r, skip);
-  auto up = [&](const Tensor& t, DeviceBuffer& buf, bool copy) {
-    Tensor d = t;
-    buf = DeviceBuffer(std::max<std::size_t>(span_bytes(t), 16));
-    if (copy && span_bytes(t)) BLASST_CUDA_CHECK(cudaMemcpy(buf.get(), t.data, span_bytes(t), cudaMemcpyHostToDevice));
-    d.data = buf.get();
-    d.device = DeviceKind::cuda;
-    return d;
-  };
-  DeviceBuffer bq, bk, bv, bo, bl, bpt, bsl;
-  DecodeProblem d = p;
-  d.q = up(p.q, bq, true);
-  d.k_cache = up(p.k_cache, bk, true);
-  d.v_cache = up(p.v_cache, bv, true);
-  d.out = up(p.out, bo, false);
-  if (p.lse.defined()) d.lse = up(p.lse, bl, false);
-  if (p.page_table) {
-    const std::size_t n = static_cast<std::size_t>(r.batch * p.page_table_stride) * sizeof(std::int32_t);
-    bpt = DeviceBuffer(n);
-    BLASST_CUDA_CHECK(cudaMemcpy(bpt.get(), p.page_table, n, cudaMemcpyHostToDevice));
-    d.page_table = bpt.as<std::int32_t>();
+#ifdef BLASST_DECODE_TRACE
+// Trace builds only: the kernel's per-CTA timer stamps appended to the file named by
+// BLASST_DECODE_TRACE as CSV lines "tag,cta,b,h,split,t0,..." (tag from BLASST_DECODE_TRACE_TAG).
+// Synchronises.
+void append_trace(const char* file, const unsigned long long* dev, std::size_t n_ctas, dim3 grid,
+                  cudaStream_t stream) {
+  std::vector<unsigned long long> tr(n_ctas * kTracePoints);
+  BLASST_CUDA_CHECK(cudaMemcpyAsync(tr.data(), dev, tr.size() * sizeof(unsigned long long), cudaMemcpyDeviceToHost,
+                                    stream));
+  BLASST_CUDA_CHECK(cudaStreamSynchronize(stream));
+  std::FILE* f = std::fopen(file, "a");
+  if (f == nullptr) throw Error(std::string("BLASST_DECODE_TRACE: cannot open ") + file);
+  const char* tag = std::getenv("BLASST_DECODE_TRACE_TAG");
+  for (std::size_t c = 0; c < n_ctas; ++c) {
+    // CTA index = (z * gridDim.y + y) * gridDim.x + x; grid (Hk, splits, B)
+    const std::size_t x = c % grid.x, y = (c / grid.x) % grid.y, z = c / (std::size_t{grid.x} * grid.y);
+    std::fprintf(f, "%s,%zu,%zu,%zu,%zu", tag ? tag : "", c, z, x, y);
+    for (int k = 0; k < kTracePoints; ++k) std::fprintf(f, ",%llu", tr[c * kTracePoints + k]);
+    std::fprintf(f, "\n");
   }
+  std::fclose(f);
+}
+#endif
+
+// Host tensors with opt.device == cuda: every input's span copied to the device (strides kept),
+// run, out/lse copied back, synchronised.
+void run_staged(const DecodeProblem& p, const SkipConfig& skip, const RunOptions& opt, SkipStats* stats,
+                LoadPath loads) {
+  const ResolvedDecode r = detail::validate_decode(p, DeviceKind::cpu);  // checks the host problem itself
+  can_implement(p, r, skip);
+  detail::DeviceStaging staging(static_cast<cudaStream_t>(opt.stream));
+  DecodeProblem d = p;
+  d.q = staging.upload(p.q);
+  d.k_cache = staging.upload(p.k_cache);
+  d.v_cache = staging.upload(p.v_cache);
+  d.out = staging.upload(p.out);
+  d.lse = staging.upload(p.lse);
+  if (p.page_table) d.page_table = staging.upload(p.page_table, static_cast<std::size_t>(r.batch * p.page_table_stride));
   if (p.seqlens_k) {
-    const std::size_t n = static_cast<std::size_t>(r.batch) * sizeof(std::int32_t);
-    bsl = DeviceBuffer(n);
-    BLASST_CUDA_CHECK(cudaMemcpy(bsl.get(), p.seqlens_k, n, cudaMemcpyHostToDevice));
-    d.seqlens_k = bsl.as<std::int32_t>();
+    d.seqlens_k = staging.upload(p.seqlens_k, static_cast<std::size_t>(r.batch));
     d.max_seqlen_k = r.max_k_len;
   }
   RunOptions o = opt;
   o.device = DeviceKind::cuda;
-  cuda_decode(d, skip, o, stats);
-  auto stream = static_cast<cudaStream_t>(opt.stream);
-  BLASST_CUDA_CHECK(cudaStreamSynchronize(stream));
-  if (span_bytes(p.out)) BLASST_CUDA_CHECK(cudaMemcpy(p.out.data, bo.get(), span_bytes(p.out), cudaMemcpyDeviceToHost));
-  if (p.lse.defined() && span_bytes(p.lse))
-    BLASST_CUDA_CHECK(cudaMemcpy(p.lse.data, bl.get(), span_bytes(p.lse), cudaMemcpyDeviceToHost));
+  run(d, skip, o, stats, loads);
+  staging.download(p.out, d.out);
+  staging.download(p.lse, d.lse);
+  staging.synchronize();
 }
 
 }  // namespace
 
-void cuda_decode(const DecodeProblem& p, const SkipConfig& skip, const RunOptions& opt, SkipStats* stats) {
-  if (p.q.device == DeviceKind::cpu && opt.device == DeviceKind::cuda) return staged_decode(p, skip, opt, stats);
-  const ResolvedDecode r = validate_decode(p, DeviceKind::cuda);
+void run(const DecodeProblem& p, const SkipConfig& skip, const RunOptions& opt, SkipStats* stats, LoadPath loads) {
+  if (p.q.device == DeviceKind::cpu && opt.device == DeviceKind::cuda) return run_staged(p, skip, opt, stats, loads);
+  const ResolvedDecode r = detail::validate_decode(p, DeviceKind::cuda);
   auto stream = static_cast<cudaStream_t>(opt.stream);
+  can_implement(p, r, skip);
+  detail::check_aligned16(p.q, "q", kKernel);
+  detail::check_aligned16(p.k_cache, "k_cache", kKernel);
+  detail::check_aligned16(p.v_cache, "v_cache", kKernel);
+  const Plan pl = plan(r, skip);
 
-  check_supported(p, r, skip);
-  check_aligned(p.q, "q");
-  check_aligned(p.k_cache, "k_cache");
-  check_aligned(p.v_cache, "v_cache");
-  const std::int64_t rows = r.group * r.q_len;
-
-  // Threshold (SPEC §3) and vote layout.
-  int lam_mode = 0;
-  double lam_value = 0.0;
-  if (skip.enabled) {
-    validate(skip);
-    (void)resolve_lambda(skip, std::max<std::int64_t>(r.max_k_len, 1));  // surfaces config errors
-    if (skip.threshold) {
-      lam_mode = *skip.threshold < 1.0 ? 1 : 0;
-      lam_value = *skip.threshold;
-    } else {
-      lam_value = skip.factor ? *skip.factor
-                              : skip.calibration->a * std::exp(skip.calibration->b * skip.target_sparsity);
-      // lambda = factor / Lk < 1 only for sequences longer than factor.
-      lam_mode = lam_value < static_cast<double>(r.max_k_len) ? 2 : 0;
-    }
-  }
-  // max-first order in split-KV decode = seeded splits (SPEC §2a): the skip instantiation runs even
-  // when no sequence can skip (lambda >= 1), so its statistics count deltas against the seeds.
-  const bool seeded = skip.enabled && skip.vote.order == VisitOrder::max_first;
-  const bool use_skip = lam_mode != 0 || seeded;
-
-  const int mtiles = decode::mtiles_for(static_cast<int>(rows));
-  const std::size_t smem = decode::smem_bytes(static_cast<int>(r.d), mtiles);
-  int dev = 0;
-  BLASST_CUDA_CHECK(cudaGetDevice(&dev));
-  const std::int64_t max_tiles = (r.max_k_len + decode::kTileKeys - 1) / decode::kTileKeys;
-  std::int64_t split_tiles = skip.vote.split_tiles;
-  if (split_tiles == 0)
-    split_tiles = decode_split_tiles(r.batch, r.hk, max_tiles, device_info(dev).sms,
-                                     ctas_per_sm(r.dtype, static_cast<int>(r.d), use_skip, mtiles, smem));
-  split_tiles = std::max<std::int64_t>(split_tiles, 1);
-  const std::int64_t num_splits = std::max<std::int64_t>((max_tiles + split_tiles - 1) / split_tiles, 1);
-  if (num_splits > 65535) throw Error("skip.vote.split_tiles: too many splits (" + std::to_string(num_splits) + ")");
-
-  const bool want_stats = stats != nullptr && (opt.collect_stats || opt.collect_histogram || opt.record_deltas);
+  const bool want_stats = wants_stats(stats, opt);
   const bool want_hist = stats != nullptr && opt.collect_histogram;
-
-  cudaMemPool_t pool = workspace_pool(dev);
-  cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
-  BLASST_CUDA_CHECK(cudaStreamIsCapturing(stream, &cap));
-  const bool capturing = cap != cudaStreamCaptureStatusNone;
-  if (capturing && stats) throw Error("decode: statistics need a synchronisation and cannot be collected during stream capture");
-  const std::size_t part_rows = static_cast<std::size_t>(r.batch * r.hk * num_splits * rows);
-  StreamBuffer o_part(part_rows * r.d * sizeof(float), stream, pool, capturing);
-  StreamBuffer lse_part(part_rows * sizeof(float), stream, pool, capturing);
-  const std::size_t n_counts = static_cast<std::size_t>(r.hk) * 2 + (want_hist ? static_cast<std::size_t>(r.hk) * decode::kHistBins : 0);
-  StreamBuffer counts(want_stats ? n_counts * sizeof(unsigned long long) : 0, stream, pool, capturing);
-  if (want_stats) BLASST_CUDA_CHECK(cudaMemsetAsync(counts.as<unsigned long long>(), 0, n_counts * sizeof(unsigned long long), stream));
-  // Diagnostic timeline (BLASST_DECODE_TRACE=<file>, bench/decode/trace_decode.py): each CTA's
-  // timer stamps appended to <file> as CSV; synchronises, so never during stream capture.
-  const char* trace_file = std::getenv("BLASST_DECODE_TRACE");
-  if (trace_file != nullptr && *trace_file == '\0') trace_file = nullptr;
-  if (trace_file != nullptr && capturing) throw Error("BLASST_DECODE_TRACE: cannot trace during stream capture");
-  const std::size_t n_ctas = static_cast<std::size_t>(r.batch * r.hk * num_splits);
-  const std::size_t n_trace = trace_file ? n_ctas * decode::kTracePoints : 0;
-  StreamBuffer trace(n_trace * sizeof(unsigned long long), stream, pool, capturing);
-  if (trace_file) BLASST_CUDA_CHECK(cudaMemsetAsync(trace.as<unsigned long long>(), 0, n_trace * sizeof(unsigned long long), stream));
+  detail::Workspace ws(opt, stream, "decode");
+  if (stats != nullptr && ws.capturing())
+    throw Error("decode: statistics need a synchronisation and cannot be collected during stream capture");
+  const std::size_t part_rows = partial_rows(r, pl);
+  float* o_part = ws.take<float>(part_rows * static_cast<std::size_t>(r.d));
+  float* lse_part = ws.take<float>(part_rows);
+  detail::StatCounters cnt;
+  if (want_stats) cnt = detail::StatCounters::take(ws, r.hk, want_hist, stream);
 
   Params kp{};
   kp.q = p.q.data;
@@ -375,107 +267,97 @@ void cuda_decode(const DecodeProblem& p, const SkipConfig& skip, const RunOption
   kp.seqlens = p.seqlens_k;
   kp.lmax = r.paged ? r.max_k_len : p.k_cache.shape[1];
   kp.batch = static_cast<int>(r.batch); kp.hk = static_cast<int>(r.hk); kp.group = static_cast<int>(r.group);
-  kp.q_len = static_cast<int>(r.q_len); kp.rows = static_cast<int>(rows);
+  kp.q_len = static_cast<int>(r.q_len); kp.rows = static_cast<int>(pl.rows);
   kp.causal = r.mask == MaskKind::causal ? 1 : 0;
   kp.scale_log2 = static_cast<float>(r.scale * 1.4426950408889634);
-  kp.lam_mode = lam_mode; kp.lam_value = lam_value;
-  kp.split_tiles = static_cast<int>(split_tiles); kp.num_splits = static_cast<int>(num_splits);
-  kp.seeded = seeded ? 1 : 0;
-  // Benchmark probe of the seed prologue's cost (bench/decode/bench_decode.py): "load" = the seed
-  // tiles are loaded and waited for but not scored, "score" = the split's first tile is scored in
-  // their place (no extra loads). Both leave the running maxima wrong for skipping: timing only.
-  if (const char* probe = std::getenv("BLASST_DECODE_SEED_PROBE"); probe != nullptr && *probe != '\0' && seeded) {
-    const std::string v = probe;
-    if (v != "load" && v != "score") throw Error("BLASST_DECODE_SEED_PROBE: expected load or score, got '" + v + "'");
-    kp.seeded = v == "load" ? 2 : 3;
-  }
-  kp.o_part = o_part.as<float>(); kp.lse_part = lse_part.as<float>();
-  kp.trace = trace_file ? trace.as<unsigned long long>() : nullptr;
-  if (want_stats) {
-    kp.visited = counts.as<unsigned long long>();
-    kp.skipped = kp.visited + r.hk;
-    kp.hist = want_hist ? kp.skipped + r.hk : nullptr;
-  }
-  if (r.batch > 65535 || r.hk > 65535) throw Error("q: batch and KV heads must be <= 65535 for the CUDA decode kernel");
-  // Loads: tensor-map boxes through the copy engine (default), or 16-byte cp.async per thread: the
-  // fallback for layouts a tensor map cannot describe, and BLASST_DECODE_LOADS=cpasync (tests and
-  // the benchmark exercise it). Both write the same swizzled tile image.
-  const std::string loads = load_path();
+  kp.threshold = pl.threshold;
+  kp.split_tiles = static_cast<int>(pl.split_tiles); kp.num_splits = static_cast<int>(pl.num_splits);
+  kp.seeded = pl.seeded ? 1 : 0;
+  kp.o_part = o_part; kp.lse_part = lse_part;
+  kp.visited = cnt.visited;
+  kp.skipped = cnt.skipped;
+  kp.hist = cnt.hist;
+  // Loads: tensor-map boxes through the copy engine where a map describes the cache, else (or
+  // when asked) 16-byte cp.async per thread.
   kp.tma = 0;
-  if (loads.empty() || loads == "tma") {
-    const int box_rows = static_cast<int>(r.paged ? std::min<std::int64_t>(r.page_size, decode::kTileKeys) : decode::kTileKeys);
+  if (loads == LoadPath::automatic) {
+    const int box_rows = static_cast<int>(r.paged ? std::min<std::int64_t>(r.page_size, kTileKeys) : kTileKeys);
     if (box_rows >= 8 && make_kv_map(&kp.tmk, p.k_cache, box_rows) && make_kv_map(&kp.tmv, p.v_cache, box_rows)) {
       kp.tma = 1;
       kp.tma_box_rows = box_rows;
     }
   }
-  // Grid order: heads fastest (default) or BLASST_DECODE_GRID=splits (the splits of one head next
-  // to each other), a benchmark probe: at B = 8, 32k on the H200 one run measured splits-first
-  // 6 % faster (f05b4c2), the next 4 % slower (6ff5dca): noise. Anything else is an error.
-  const char* grid_env = std::getenv("BLASST_DECODE_GRID");
-  const std::string grid_order = grid_env ? grid_env : "";
-  if (!grid_order.empty() && grid_order != "heads" && grid_order != "splits")
-    throw Error("BLASST_DECODE_GRID: expected heads or splits, got '" + grid_order + "'");
-  kp.splits_fastest = grid_order == "splits" ? 1 : 0;
-  const dim3 grid = kp.splits_fastest
-                        ? dim3(static_cast<unsigned>(num_splits), static_cast<unsigned>(r.hk), static_cast<unsigned>(r.batch))
-                        : dim3(static_cast<unsigned>(r.hk), static_cast<unsigned>(num_splits), static_cast<unsigned>(r.batch));
-  launch(r.dtype, static_cast<int>(r.d), use_skip, mtiles, kp, grid, smem, stream);
+  const dim3 grid(static_cast<unsigned>(r.hk), static_cast<unsigned>(pl.num_splits), static_cast<unsigned>(r.batch));
+#ifdef BLASST_DECODE_TRACE
+  // Diagnostic timeline (trace builds, BLASST_DECODE_TRACE=<file>, bench/decode/trace_decode.py).
+  const char* trace_file = std::getenv("BLASST_DECODE_TRACE");
+  if (trace_file != nullptr && *trace_file == '\0') trace_file = nullptr;
+  if (trace_file != nullptr && ws.capturing()) throw Error("BLASST_DECODE_TRACE: cannot trace during stream capture");
+  const std::size_t n_ctas = static_cast<std::size_t>(grid.x) * grid.y * grid.z;
+  kp.trace = trace_file ? ws.take<unsigned long long>(n_ctas * kTracePoints) : nullptr;
+  if (kp.trace) BLASST_CUDA_CHECK(cudaMemsetAsync(kp.trace, 0, n_ctas * kTracePoints * sizeof(unsigned long long), stream));
+#endif
+  pl.kernel.launch(kp, grid, stream);
 
-  decode::MergeParams mp{};
+  MergeParams mp{};
   mp.o_part = kp.o_part; mp.lse_part = kp.lse_part;
-  mp.batch = kp.batch; mp.hk = kp.hk; mp.group = kp.group; mp.q_len = kp.q_len; mp.rows = kp.rows;
+  mp.batch = kp.batch; mp.hk = kp.hk; mp.group = kp.group; mp.rows = kp.rows;
   mp.num_splits = kp.num_splits; mp.dv = static_cast<int>(r.dv);
   mp.out = p.out.data;
-  mp.out_dtype = p.out.dtype == DType::f32 ? 0 : p.out.dtype == DType::bf16 ? 1 : p.out.dtype == DType::f16 ? 2 : 3;
+  mp.out_dtype = p.out.dtype;
   mp.o_sb = p.out.stride[0]; mp.o_st = p.out.stride[1]; mp.o_sh = p.out.stride[2];
   if (p.lse.defined()) {
     mp.lse = p.lse.data;
-    mp.lse_f64 = p.lse.dtype == DType::f64 ? 1 : 0;
+    mp.lse_dtype = p.lse.dtype;
     mp.l_sb = p.lse.stride[0]; mp.l_sh = p.lse.stride[1]; mp.l_st = p.lse.stride[2];
   }
-  decode::launch_merge(mp, stream);
-  if (trace_file) append_trace(trace_file, trace.as<unsigned long long>(), n_ctas, grid, kp.splits_fastest != 0, stream);
+  launch_merge(mp, stream);
+#ifdef BLASST_DECODE_TRACE
+  if (trace_file) append_trace(trace_file, kp.trace, n_ctas, grid, stream);
+#endif
 
   if (stats) {
     SkipStats& st = *stats;
     st = SkipStats{};
-    st.granularity.tile_keys = decode::kTileKeys;
-    st.granularity.rows = static_cast<int>(r.q_len);
-    st.granularity.heads = static_cast<int>(r.group);
+    const VisitOrder order = pl.seeded ? VisitOrder::max_first : VisitOrder::natural;
     // A seeded layout is reported even with one split: the reference then seeds that split too.
-    st.granularity.split_tiles = (num_splits > 1 || seeded) ? split_tiles : 0;
-    st.granularity.order = seeded ? VisitOrder::max_first : VisitOrder::natural;
-    st.counted_at = std::to_string(r.q_len) + " rows x " + std::to_string(r.group) +
-                    " heads (every query row of a KV group) x 128 keys, split_tiles " + std::to_string(split_tiles) +
-                    (seeded ? ", seeded splits (max-first)" : ", natural order");
+    st.granularity = detail::decode_vote_granularity(r.group, r.q_len,
+                                                     (pl.num_splits > 1 || pl.seeded) ? pl.split_tiles : 0, order);
+    st.counted_at = detail::decode_counted_at(r.group, r.q_len, pl.split_tiles, order);
     // Per-sequence lambda (host lengths; read them when the capture-safe path skipped that).
-    std::vector<std::int64_t> k_len = r.k_len;
-    if (k_len.empty()) {
-      std::vector<std::int32_t> sl(static_cast<std::size_t>(r.batch));
-      BLASST_CUDA_CHECK(cudaMemcpyAsync(sl.data(), p.seqlens_k, sl.size() * sizeof(std::int32_t), cudaMemcpyDeviceToHost, stream));
-      BLASST_CUDA_CHECK(cudaStreamSynchronize(stream));
-      k_len.assign(sl.begin(), sl.end());
-    }
+    const std::vector<std::int64_t> k_len =
+        r.k_len.empty() ? detail::read_lengths(p.seqlens_k, r.batch, false, stream) : r.k_len;
     for (auto L : k_len)  // as the reference: no keys -> infinite lambda, skipping off -> 1
       st.lambda.push_back(!skip.enabled ? 1.0 : L >= 1 ? resolve_lambda(skip, L) : HUGE_VAL);
-    if (want_stats) {
-      std::vector<unsigned long long> h(n_counts);
-      BLASST_CUDA_CHECK(cudaMemcpyAsync(h.data(), counts.as<unsigned long long>(), n_counts * sizeof(unsigned long long),
-                                        cudaMemcpyDeviceToHost, stream));
-      BLASST_CUDA_CHECK(cudaStreamSynchronize(stream));
-      for (std::int64_t k = 0; k < r.hk; ++k) {
-        st.visited.push_back(static_cast<std::int64_t>(h[k]));
-        st.skipped.push_back(static_cast<std::int64_t>(h[r.hk + k]));
-      }
-      if (want_hist) {
-        st.hist.resize(static_cast<std::size_t>(r.hk));
-        for (std::int64_t k = 0; k < r.hk; ++k)
-          for (int i = 0; i < decode::kHistBins; ++i)
-            st.hist[k].counts[i] = h[2 * r.hk + k * decode::kHistBins + i];
-      }
-    }
+    if (want_stats) cnt.read_into(st, stream);
   }
+}
+
+std::size_t workspace_bytes(const DecodeProblem& p, const SkipConfig& skip, const RunOptions& opt, bool stats) {
+  const bool host = p.q.device == DeviceKind::cpu;
+  if (host && opt.device != DeviceKind::cuda)
+    throw Error("q: host tensor on the CUDA path; set RunOptions::device = cuda to stage it");
+  const ResolvedDecode r = detail::validate_decode(p, host ? DeviceKind::cpu : DeviceKind::cuda);
+  can_implement(p, r, skip);
+  const Plan pl = plan(r, skip);
+  const std::size_t part_rows = partial_rows(r, pl);
+  // As run() takes it: partial O, partial LSE, then the statistics counters.
+  return detail::Workspace::bytes_for({part_rows * static_cast<std::size_t>(r.d) * sizeof(float),
+                                       part_rows * sizeof(float),
+                                       stats ? detail::StatCounters::bytes(r.hk, opt.collect_histogram) : 0});
+}
+
+}  // namespace blasst::sm90::decode
+
+namespace blasst::detail {
+
+void cuda_decode(const DecodeProblem& p, const SkipConfig& skip, const RunOptions& opt, SkipStats* stats) {
+  sm90::decode::run(p, skip, opt, stats, sm90::decode::LoadPath::automatic);
+}
+
+std::size_t cuda_decode_workspace_bytes(const DecodeProblem& p, const SkipConfig& skip, const RunOptions& opt,
+                                        bool stats) {
+  return sm90::decode::workspace_bytes(p, skip, opt, stats);
 }
 
 }  // namespace blasst::detail

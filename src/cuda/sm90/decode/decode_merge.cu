@@ -5,16 +5,17 @@
 #include <cuda_fp16.h>
 
 #include "cuda/cuda_check.hpp"
+#include "cuda/sm90/common/ptx.hpp"
 #include "cuda/sm90/decode/decode_params.hpp"
 
-namespace blasst::detail::decode {
+namespace blasst::sm90::decode {
 
 namespace {
 
 __global__ void __launch_bounds__(128) merge_kernel(const __grid_constant__ MergeParams p) {
   // Launched with programmatic stream serialisation: wait until the split kernel's writes are
   // visible before reading them.
-  asm volatile("griddepcontrol.wait;" ::: "memory");
+  grid_dependency_wait();
   const int lane = threadIdx.x & 31;
   const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * 4 + (threadIdx.x >> 5);
   const std::int64_t total = static_cast<std::int64_t>(p.batch) * p.hk * p.rows;
@@ -77,15 +78,17 @@ __global__ void __launch_bounds__(128) merge_kernel(const __grid_constant__ Merg
   for (int e = 0; e < 4; ++e) {
     if (e >= per_lane) break;
     const float v = acc[e] * inv;
-    if (p.out_dtype == 0) static_cast<float*>(p.out)[o_off + e] = v;
-    else if (p.out_dtype == 3) static_cast<double*>(p.out)[o_off + e] = v;
-    else if (p.out_dtype == 1) static_cast<__nv_bfloat16*>(p.out)[o_off + e] = __float2bfloat16_rn(v);
-    else static_cast<__half*>(p.out)[o_off + e] = __float2half_rn(v);
+    switch (p.out_dtype) {  // the host admits these four (decode_api.cu, can_implement)
+      case DType::f32: static_cast<float*>(p.out)[o_off + e] = v; break;
+      case DType::f64: static_cast<double*>(p.out)[o_off + e] = v; break;
+      case DType::bf16: static_cast<__nv_bfloat16*>(p.out)[o_off + e] = __float2bfloat16_rn(v); break;
+      case DType::f16: static_cast<__half*>(p.out)[o_off + e] = __float2half_rn(v); break;
+    }
   }
   if (p.lse != nullptr && lane == 0) {
     const float lse = wsum > 0.f ? mx + logf(wsum) : -INFINITY;
     const std::int64_t l_off = b * p.l_sb + hq * p.l_sh + qi * p.l_st;
-    if (p.lse_f64) static_cast<double*>(p.lse)[l_off] = lse;
+    if (p.lse_dtype == DType::f64) static_cast<double*>(p.lse)[l_off] = lse;
     else static_cast<float*>(p.lse)[l_off] = lse;
   }
 }
@@ -107,4 +110,4 @@ void launch_merge(const MergeParams& p, cudaStream_t stream) {
   BLASST_CUDA_CHECK(cudaLaunchKernelEx(&cfg, merge_kernel, p));
 }
 
-}  // namespace blasst::detail::decode
+}  // namespace blasst::sm90::decode

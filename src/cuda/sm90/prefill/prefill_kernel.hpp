@@ -1,6 +1,6 @@
 // Internal: the warp-specialized sm_90a prefill kernel and its host launcher. Warpgroup 0
 // produces (TMA), warpgroups 1..2 consume (wgmma + softmax), each owning 64 query rows.
-// Included only by the inst_*.cu files (one explicit instantiation each).
+// Included only by the generated instance files (src/cuda/sm90/kernel_table.inc).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -10,7 +10,8 @@
 #include "blasst/blasst.hpp"
 #include "cuda/cuda_check.hpp"
 #include "cuda/sm90/prefill/prefill_epilogue.hpp"
-#include "cuda/sm90/prefill/prefill_launch.hpp"
+#include "cuda/sm90/common/element.hpp"
+#include "cuda/sm90/kernel_table.hpp"
 
 namespace blasst::sm90::prefill {
 
@@ -108,28 +109,11 @@ void launch_prefill(const PrefillParams& p, cudaStream_t stream) {
   BLASST_CUDA_CHECK(cudaGetLastError());
 }
 
-template <Elem E> struct ElemType;
-template <> struct ElemType<Elem::bf16> { using type = cutlass::bfloat16_t; };
-template <> struct ElemType<Elem::f16> { using type = cutlass::half_t; };
-
-template <Elem E, int kHeadDim, int kKind>
-void run_prefill(const PrefillParams& p, cudaStream_t stream) {
-  constexpr int kFlags = kKind == kKindDense  ? kLibraryVariant
-                         : kKind == kKindSkip ? kLibrarySkipFlags
-                                              : kLibraryHistFlags;
-  launch_prefill<PrefillTraits<typename ElemType<E>::type, kHeadDim, kKind != kKindDense, kFlags>>(p, stream);
-}
-
-// Bench-only instantiation kBenchVariants[kId] (bf16, d = 128).
-template <int kId>
-void run_prefill_bench(const PrefillParams& p, cudaStream_t stream) {
-  constexpr BenchVariant v = kBenchVariants[kId];
-  launch_prefill<PrefillTraits<cutlass::bfloat16_t, 128, v.skip, v.flags>>(p, stream);
+// One instance of kernel_table.inc (declared in kernel_table.hpp).
+template <DType E, int kHeadDim, KernelVariant V>
+void launch(const PrefillParams& p, cudaStream_t stream) {
+  launch_prefill<PrefillTraits<typename Element<E>::cute, kHeadDim, V>>(p, stream);
 }
 
 }  // namespace blasst::sm90::prefill
 
-#define BLASST_PREFILL_INSTANTIATE(E, D, K)                                                  \
-  namespace blasst::sm90::prefill {                                                          \
-  template void run_prefill<E, D, K>(const PrefillParams&, cudaStream_t);                    \
-  }

@@ -93,11 +93,9 @@ __device__ __forceinline__ void producer_run(KernelParams<Traits> const& kp, Pre
     load_k();
     for (int n = 0; n < w.n_max; ++n) {
       if (n + 1 < w.n_max) load_k();
-      if (!kp.p.bench_no_v_loads) {
-        pipe_v.producer_acquire(st_v);
-        copy(kp.tma_v.with(*pipe_v.producer_get_barrier(st_v)), tVgV(_, walk_v.tile()),
-             tVsV(_, st_v.index()));
-      }
+      pipe_v.producer_acquire(st_v);
+      copy(kp.tma_v.with(*pipe_v.producer_get_barrier(st_v)), tVgV(_, walk_v.tile()),
+           tVsV(_, st_v.index()));
       walk_v.advance();
       ++st_v;
     }
@@ -107,20 +105,13 @@ __device__ __forceinline__ void producer_run(KernelParams<Traits> const& kp, Pre
       const int t = walk.tile();  // key tile of step n
       pipe_k.producer_acquire(st);
       copy(kp.tma_k.with(*pipe_k.producer_get_barrier(st)), tKgK(_, t), tKsK(_, st.index()));
-      if (!kp.p.bench_no_v_loads) {
-        pipe_v.producer_acquire(st);
-        copy(kp.tma_v.with(*pipe_v.producer_get_barrier(st)), tVgV(_, t), tVsV(_, st.index()));
-      }
+      pipe_v.producer_acquire(st);
+      copy(kp.tma_v.with(*pipe_v.producer_get_barrier(st)), tVgV(_, t), tVsV(_, st.index()));
       walk.advance();
       ++st;
     }
   }
 }
-
-// Per consumer-thread statistics of the skip variant.
-struct SkipCounters {
-  unsigned long long visited = 0, skipped = 0;
-};
 
 template <class Traits, class TensorO, class Softmax>
 __device__ __forceinline__ void consumer_mainloop(KernelParams<Traits> const& kp,
@@ -162,24 +153,17 @@ __device__ __forceinline__ void consumer_mainloop(KernelParams<Traits> const& kp
   CUTLASS_PRAGMA_UNROLL
   for (int mi = 0; mi < kRows; ++mi) row[mi] = row0 + int(get<0>(tScS_rc(mi, 0)));
 
-  float ln_lambda = -INFINITY;
+  float ln_lambda = -INFINITY;  // -inf: this sequence skips nothing (SPEC §3)
   int n_vis = 0;
   if constexpr (Traits::kSkip) {
-    if (p.lambda_mode == 0) {
-      ln_lambda = p.ln_lambda[w.b];
-    } else if (p.lambda_mode == 1) {
-      ln_lambda = p.ln_lambda_const;
-    } else {
-      ln_lambda = p.ln_factor - logf(float(w.k_len));
-      if (!(ln_lambda < 0.f)) ln_lambda = -INFINITY;  // lambda >= 1: dense (SPEC §3)
-    }
+    ln_lambda = p.threshold.template log_lambda<false>(w.k_len);
     n_vis = visible_tiles(row0 + cwg * 64, 64, w.q_len, w.k_len, p.causal, kBlockN);
   }
   // ln(lambda) = -inf never skips; the vote still runs (statistics, and no shortcut that would
   // make the 0 %-sparsity cost look smaller than with a real lambda).
   const bool can_skip = ln_lambda > -INFINITY;
-  // Non-null: histogram on (skip kernel only; null in dense, so all its code folds away).
-  unsigned long long* const hist = (Traits::kSkip && !Traits::kNoHist) ? p.hist : nullptr;
+  // Non-null: histogram on (skip_hist instance only; null elsewhere, so all its code folds away).
+  unsigned long long* const hist = Traits::kHist ? p.hist : nullptr;
   int n_visited = 0, n_skipped = 0;
 
   // Histogram (statistics), kept off the softmax's critical path and free of divergent branches:
@@ -222,7 +206,6 @@ __device__ __forceinline__ void consumer_mainloop(KernelParams<Traits> const& kp
   // The P V product of tile n-1 is still to issue (tile n-1 kept). Dense: always, after tile 0.
   bool pv_pending = false;
   const int other = (cwg + 1) % Traits::kNumMmaWG;
-  const bool no_v = p.bench_no_v_loads;  // measurement knob (see PrefillParams)
 
   // One tile. kFirst: nothing pending yet (peeled). kPV: 1 = the P V of tile n-1 is issued here
   // (dense; compile-time, straight-line), 0 = it is not (tile n-1 skipped), 2 = decided at run
@@ -238,13 +221,13 @@ __device__ __forceinline__ void consumer_mainloop(KernelParams<Traits> const& kp
     if constexpr (Traits::kPingPong) named_sync(kBarSched0 + cwg, Traits::kNumMmaThreads);
     wg_gemm<true, -1, false>(mma0, tSrQ, tSrK(_, _, _, st.index()), tSrS);
     if constexpr (kPV == 1) {
-      if (!no_v) pipe_v.consumer_wait(stp);
+      pipe_v.consumer_wait(stp);
       wg_gemm<false, -1, true>(mma1, tOrP, tOrV(_, _, _, stp.index()), tOrO);
     } else if constexpr (kPV == 2) {
       // pv_pending is the same in every thread of the warpgroup (it comes from the BAR.RED);
       // the warp vote says so to ptxas (a warp-uniform branch, no wgmma serialization).
       if (__any_sync(0xffffffffu, pv_pending)) {
-        if (!no_v) pipe_v.consumer_wait(stp);
+        pipe_v.consumer_wait(stp);
         wg_gemm<false, -1, true>(mma1, tOrP, tOrV(_, _, _, stp.index()), tOrO);
       } else {
         warpgroup_commit_batch();  // empty group
@@ -288,28 +271,24 @@ __device__ __forceinline__ void consumer_mainloop(KernelParams<Traits> const& kp
       if constexpr (kPV == 1) {
         warpgroup_wait<0>();
         warpgroup_fence_operand(tOrO);
-        if (!no_v) pipe_v.consumer_release(stp);
+        pipe_v.consumer_release(stp);
       } else if constexpr (kPV == 2) {
         warpgroup_wait<0>();
         warpgroup_fence_operand(tOrO);
-        if (!no_v) {
-          if constexpr (Traits::kEarlyV) {
-            if (pv_pending) pipe_v.consumer_release(stp);
-          } else {
-            if (!pv_pending) pipe_v.consumer_wait(stp);  // skipped tile n-1: released unread
-            pipe_v.consumer_release(stp);
-          }
-        }
-      } else if constexpr (!kFirst && !Traits::kEarlyV) {
-        if (!no_v) {
-          pipe_v.consumer_wait(stp);
+        if constexpr (Traits::kEarlyV) {
+          if (pv_pending) pipe_v.consumer_release(stp);
+        } else {
+          if (!pv_pending) pipe_v.consumer_wait(stp);  // skipped tile n-1: released unread
           pipe_v.consumer_release(stp);
         }
+      } else if constexpr (!kFirst && !Traits::kEarlyV) {
+        pipe_v.consumer_wait(stp);
+        pipe_v.consumer_release(stp);
       }
     };
     if constexpr (Traits::kEarlyV) {
       finish_v_prev();
-      if (skip && !no_v) {
+      if (skip) {
         pipe_v.consumer_wait(st);
         pipe_v.consumer_release(st);
       }
@@ -342,19 +321,15 @@ __device__ __forceinline__ void consumer_mainloop(KernelParams<Traits> const& kp
   for (int n = 1; n < w.n_max; ++n) {
     if constexpr (!Traits::kSkip) {
       step(n, cute::false_type{}, PV1{});
-    } else if constexpr (Traits::kTwoCopySkip) {
-      // bench only: run 3's structure (one loop-body copy with and one without the P V issue)
-      if (pv_pending) step(n, cute::false_type{}, PV1{});
-      else step(n, cute::false_type{}, PV0{});
     } else {
       step(n, cute::false_type{}, PV2{});
     }
   }
   if (!Traits::kSkip || pv_pending) {
-    if (!no_v) pipe_v.consumer_wait(stp);
+    pipe_v.consumer_wait(stp);
     wg_gemm<false, 0, true>(mma1, tOrP, tOrV(_, _, _, stp.index()), tOrO);
-    if (!no_v) pipe_v.consumer_release(stp);
-  } else if (!Traits::kEarlyV && !no_v) {
+    pipe_v.consumer_release(stp);
+  } else if (!Traits::kEarlyV) {
     pipe_v.consumer_wait(stp);  // last tile skipped: its V stage is released unread
     pipe_v.consumer_release(stp);
   }

@@ -33,10 +33,8 @@ struct HeavyFirstScheduler {
   // Returns false when the block lies past its sequence's end (ragged batches).
   template <int kBlockM, int kBlockN>
   __device__ static bool get(const PrefillParams& p, PrefillWork& w) {
-    const int nbh = p.hq * p.batch;
-    const int bh = p.bench_legacy_grid ? int(blockIdx.x) % nbh : int(blockIdx.x) / p.num_m_blocks;
-    w.m_block = p.num_m_blocks - 1 -
-                (p.bench_legacy_grid ? int(blockIdx.x) / nbh : int(blockIdx.x) - bh * p.num_m_blocks);
+    const int bh = int(blockIdx.x) / p.num_m_blocks;
+    w.m_block = p.num_m_blocks - 1 - (int(blockIdx.x) - bh * p.num_m_blocks);
     w.h = bh % p.hq;
     w.b = bh / p.hq;
     if (p.cu_q) {

@@ -1,6 +1,5 @@
-// Internal: compile-time shape of the prefill kernel (tiles, shared-memory layouts, MMA atoms,
-// TMA types). One Traits per instantiation; kSkip selects the Skip-Softmax variant of the same
-// kernel (SPEC §2), everything else is shared.
+// Internal: compile-time shape of the prefill kernel (tiles, stages, shared-memory layouts, MMA
+// atoms, TMA types) as one function of (element type, head dim, variant).
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -13,6 +12,7 @@
 #include <cutlass/arch/barrier.h>
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
+#include "cuda/sm90/kernel_table.hpp"
 #include "cuda/sm90/prefill/prefill_params.hpp"
 
 namespace blasst::sm90::prefill {
@@ -20,33 +20,29 @@ namespace blasst::sm90::prefill {
 using namespace cute;
 using cute::Tensor;  // not blasst::Tensor
 
-// Structure flags (kVariant_): the library's instantiations use kLibraryVariant; the others
-// exist as bench-only instantiations (BLASST_PREFILL_BENCH_VARIANTS) for A/B runs.
-//   kVarTwoCopy:   skip loop as two body copies (with / without the P V issue) picked per tile
-//                  (run 3) instead of one body with a warp-uniform branch around P V.
-//   kVarSerialMax: serial row maximum (31 dependent FMNMX per row) instead of a pairwise tree.
-//   kVarEarlyV:    skip variant waits for P V of tile n-1 and releases its V stage right after
-//                  the vote (before the exponentials; the schedule ptxas gives dense), and a
-//                  skipped tile's V stage is released in its own step instead of the next.
-//   kVarKAhead:    the producer issues K_{n+1} before V_n (V is needed one step after K).
-//   kVarNoHist:    no histogram code in the loop (the statistics' delta histogram is rejected).
-// (The flag values live in prefill_params.hpp.)
-template <class Element_, int kHeadDim_, bool kSkip_, int kVariant_ = kLibraryVariant>
+// One instance per (element type, head dim, variant): KernelVariant::skip and skip_hist are the
+// Skip-Softmax variants of the same kernel (SPEC §2), everything else is shared. What the skip
+// variants do differently (measured on the H200, bench/results/prefill_log.md runs 3-5):
+//   - tree row maximum (the vote waits for every row maximum; dense interleaves the serial one);
+//   - early V release: wait for P V of tile n-1 and release its V stage right after the vote
+//     (before the exponentials), a skipped tile's V stage in its own step;
+//   - K ahead: the producer issues K_{n+1} before V_n (V is first read one step after K);
+//   - skip_hist only: the SPEC §5 delta histogram (its code costs the plain skip kernel 4-9 %).
+template <class Element_, int kHeadDim_, KernelVariant kVariant_>
 struct PrefillTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr bool kSkip = kSkip_;
-  static constexpr int kVariant = kVariant_;
-  static constexpr bool kTwoCopySkip = kSkip_ && (kVariant_ & kVarTwoCopy) != 0;
-  // Tree row maximum only where the vote waits for every row maximum (skip); dense interleaves.
-  static constexpr bool kTreeMax = kSkip_ && (kVariant_ & kVarSerialMax) == 0;
-  static constexpr bool kEarlyV = kSkip_ && (kVariant_ & kVarEarlyV) != 0;
-  static constexpr bool kKAhead = (kVariant_ & kVarKAhead) != 0;
-  static constexpr bool kNoHist = (kVariant_ & kVarNoHist) != 0;
+  static constexpr KernelVariant kVariant = kVariant_;
+  static constexpr bool kSkip = kVariant_ != KernelVariant::dense;
+  static constexpr bool kHist = kVariant_ == KernelVariant::skip_hist;
+  static constexpr bool kTreeMax = kSkip;
+  static constexpr bool kEarlyV = kSkip;
+  static constexpr bool kKAhead = kSkip;
   // 128 query rows per CTA = two consumer warpgroups of 64 rows (the skip vote group);
   // 128 keys per tile = the SPEC tile.
   static constexpr int kBlockM = 128;
-  static constexpr int kBlockN = 128;
+  static constexpr int kBlockN = kTileKeys;
+  static_assert(kBlockM / 2 == ::blasst::detail::kPrefillVoteRows, "a consumer warpgroup is the vote group");
   static constexpr int kNumMmaWG = kBlockM / 64;
   static constexpr int kNumMmaThreads = kNumMmaWG * 128;
   static constexpr int kNumThreads = kNumMmaThreads + 128;  // + one producer warpgroup
@@ -111,6 +107,7 @@ struct PrefillTraits {
     // maximum delta of a tile (the mainloop's hist_gap).
     alignas(16) float hist_delta[kNumMmaWG][2][4];
   };
+  static_assert(sizeof(SharedStorage) <= 227 * 1024, "prefill shared memory exceeds the sm_90 limit: fewer stages");
 };
 
 }  // namespace blasst::sm90::prefill

@@ -4,33 +4,17 @@
 
 #include <cutlass/numeric_conversion.h>
 
+#include "cuda/sm90/common/ptx.hpp"
 #include "cuda/sm90/prefill/prefill_traits.hpp"
 
 namespace blasst::sm90::prefill {
 
 using namespace cute;
 
-// Named barrier ids (0 is __syncthreads): one skip-vote barrier per consumer warpgroup, and the
-// ping-pong issue barriers.
+// Named barrier ids (0 is __syncthreads; the barriers themselves are in common/ptx.hpp): one
+// skip-vote barrier per consumer warpgroup, and the ping-pong issue barriers.
 inline constexpr int kBarVote0 = 1;
 inline constexpr int kBarSched0 = 3;
-
-__device__ __forceinline__ void named_sync(int id, int nthreads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(nthreads) : "memory");
-}
-// Barrier + OR over the participating threads' predicates (one BAR.RED: no shuffles, no smem).
-// Orders shared memory among the participants like bar.sync (what __syncthreads_or relies on).
-__device__ __forceinline__ bool named_sync_or(int id, int nthreads, bool pred) {
-  unsigned r;
-  asm volatile(
-      "{\n .reg .pred p, q;\n setp.ne.u32 p, %1, 0;\n bar.red.or.pred q, %2, %3, p;\n"
-      " selp.u32 %0, 1, 0, q;\n}\n"
-      : "=r"(r) : "r"(unsigned(pred)), "r"(id), "r"(nthreads) : "memory");
-  return r != 0u;
-}
-__device__ __forceinline__ void named_arrive(int id, int nthreads) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(nthreads) : "memory");
-}
 
 // Issues one warpgroup GEMM (all k-blocks) as one wgmma batch; kWait >= 0 waits until at most
 // kWait batches are in flight. kRS: A lives in registers.

@@ -1,5 +1,6 @@
-// GPU prefill: the bench knobs of prefill_launch.hpp that must not change results. Built only
-// with the CUDA kernels (it calls the internal launch_attention on device memory).
+// GPU prefill: the kernel instances that must compute the same thing (kernel_table.inc: skip and
+// skip_hist). Built only with the CUDA kernels (it calls the internal launch_attention on device
+// memory, as the benchmark does).
 #include <gtest/gtest.h>
 #include <cuda_runtime.h>
 
@@ -9,7 +10,8 @@
 #include "blasst/blasst.hpp"
 #include "blasst/workloads.hpp"
 #include "cuda/cuda_dispatch.hpp"
-#include "cuda/sm90/prefill/prefill_launch.hpp"
+#include "cuda/sm90/common/skip_policy.hpp"
+#include "cuda/sm90/prefill/prefill_api.hpp"
 #include "gpu_common.hpp"
 #include "gpu_prefill/prefill_oracle.hpp"
 
@@ -18,14 +20,10 @@ namespace {
 
 #define REQUIRE_GPU() BLASST_GPU_OR_SKIP("the sm_90a prefill kernel needs a Hopper device")
 
-// Paths that must not change results, on device tensors through launch_attention (the bench's
-// path): the skip kernel with the delta histogram on (its own instantiation, the warps' maxima
-// folded in shared memory between vote barriers) against the plain skip kernel (same decisions:
-// equal counters, outputs within rounding; the histogram counts every visited pair once); and, in builds with the bench-only
-// variants (other loop structures / producer orders, prefill_params.hpp), each of them against
-// the library's kernel of its kind (another binary: equal counters, outputs within rounding).
-// Retired knob bits are an Error.
-TEST(GpuPrefill, BenchKnobsKeepResults) {
+// The skip kernel with the delta histogram on (its own instance, the warps' maxima folded in
+// shared memory between vote barriers) against the plain skip kernel: same decisions (equal
+// counters), outputs within rounding; the histogram counts every visited pair once.
+TEST(GpuPrefill, HistogramInstanceKeepsResults) {
   REQUIRE_GPU();
   namespace pf = blasst::sm90::prefill;
   Case c;
@@ -63,10 +61,10 @@ TEST(GpuPrefill, BenchKnobsKeepResults) {
     std::vector<unsigned long long> cnt;
     std::vector<unsigned long long> hist;
   };
-  const std::size_t hslots = std::size_t(c.hq) * pf::kHistSlots;
+  const std::size_t hslots = std::size_t(c.hq) * blasst::sm90::kHistSlots;
   unsigned long long* hist = nullptr;
   ASSERT_EQ(cudaMalloc(&hist, hslots * sizeof(unsigned long long)), cudaSuccess);
-  auto run = [&](const SkipConfig& sk, int knobs, bool with_hist) {
+  auto run = [&](const SkipConfig& sk, bool with_hist) {
     Res r;
     r.o.resize(on);
     r.cnt.resize(std::size_t(2 * c.hq));
@@ -75,7 +73,7 @@ TEST(GpuPrefill, BenchKnobsKeepResults) {
     EXPECT_EQ(cudaMemset(hist, 0, hslots * sizeof(unsigned long long)), cudaSuccess);
     const bool stats = sk.enabled || with_hist;  // counters select the skip kernel
     pf::launch_attention(p, sk, nullptr, false, stats ? cnt : nullptr, stats ? cnt + c.hq : nullptr,
-                         with_hist ? hist : nullptr, knobs);
+                         with_hist ? hist : nullptr);
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     EXPECT_EQ(cudaMemcpy(r.o.data(), od, on * 2, cudaMemcpyDeviceToHost), cudaSuccess);
     EXPECT_EQ(cudaMemcpy(r.cnt.data(), cnt, r.cnt.size() * sizeof(unsigned long long),
@@ -100,42 +98,22 @@ TEST(GpuPrefill, BenchKnobsKeepResults) {
   for (double lambda : {1e-2, 0.3}) {
     SCOPED_TRACE("lambda " + std::to_string(lambda));
     const SkipConfig sk = SkipConfig::from_threshold(lambda);
-    const Res a = run(sk, 0, false), b = run(sk, 0, true);
+    const Res a = run(sk, false), b = run(sk, true);
     EXPECT_EQ(max_rel(a, a), 0.0) << "NaN in the output (poison left or computed)";
     // The histogram runs its own instantiation (same math, another binary): equal decisions,
     // outputs within rounding (bitwise in practice: printed).
     EXPECT_LE(max_rel(a, b), 2.0 / 128) << "histogram on changes the output beyond rounding";
     EXPECT_EQ(a.cnt, b.cnt) << "histogram on changes the skip decisions";
-    std::printf("[knobs] lambda %g: histogram kernel vs skip kernel bitwise equal: %s\n", lambda,
+    std::printf("[instances] lambda %g: histogram kernel vs skip kernel bitwise equal: %s\n", lambda,
                 a.o == b.o ? "yes" : "no");
     for (int h = 0; h < c.hq; ++h) {
       unsigned long long total = 0;
-      for (int i = 0; i < pf::kHistSlots; ++i) total += b.hist[std::size_t(h) * pf::kHistSlots + i];
+      for (int i = 0; i < blasst::sm90::kHistSlots; ++i) total += b.hist[std::size_t(h) * blasst::sm90::kHistSlots + i];
       EXPECT_EQ(total, b.cnt[std::size_t(h)]) << "histogram of head " << h << " != visited";
       skipped_any += a.cnt[std::size_t(c.hq + h)];
     }
-    for (int id = 1; pf::bench_variants_built() && id < pf::kNumBenchVariants; ++id) {
-      if (!pf::kBenchVariants[id].skip) continue;
-      const Res t = run(sk, id << pf::kKnobVariantShift, false);
-      EXPECT_EQ(a.cnt, t.cnt) << "bench variant " << id << " decides differently";
-      EXPECT_LE(max_rel(a, t), 2.0 / 128) << "bench variant " << id << " differs beyond rounding";
-      std::printf("[knobs] lambda %g: bench variant %d vs library skip bitwise equal: %s\n", lambda,
-                  id, a.o == t.o ? "yes" : "no");
-    }
-  }
-  for (int id = 1; pf::bench_variants_built() && id < pf::kNumBenchVariants; ++id) {
-    if (pf::kBenchVariants[id].skip) continue;
-    const Res a = run(SkipConfig{}, 0, false), t = run(SkipConfig{}, id << pf::kKnobVariantShift, false);
-    EXPECT_LE(max_rel(a, t), 2.0 / 128) << "dense bench variant " << id << " differs beyond rounding";
-    std::printf("[knobs] dense bench variant %d vs library dense bitwise equal: %s\n", id,
-                a.o == t.o ? "yes" : "no");
   }
   EXPECT_GT(skipped_any, 0u) << "nothing skipped: the comparisons above tested no skip";
-  for (int bit : {4, 8, 16, 32, 64}) {
-    EXPECT_THROW(pf::launch_attention(p, SkipConfig::from_threshold(0.3), nullptr, false, nullptr,
-                                      nullptr, nullptr, bit),
-                 Error) << "retired knob bit " << bit;
-  }
   for (void* x : {qd, kd, vd, od, static_cast<void*>(cnt), static_cast<void*>(hist)}) cudaFree(x);
 }
 

@@ -1,0 +1,65 @@
+// Internal: the kernel instances of kernel_table.inc as declarations and a run-time lookup. The
+// host layers (prefill_api.cu, decode_api.cu) find their kernel here; nothing else names an
+// instance.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <string>
+
+#include "blasst/blasst.hpp"
+
+namespace blasst::sm90 {
+
+// What a kernel instance computes beyond dense attention (prefill: the statistics histogram is its
+// own instance, because its code costs the plain skip kernel 4-9 % even when off; decode: one skip
+// instance, histogram by pointer).
+enum class KernelVariant : int { dense, skip, skip_hist };
+const char* to_string(KernelVariant v);
+
+namespace prefill {
+struct PrefillParams;
+template <DType E, int kHeadDim, KernelVariant V>
+void launch(const PrefillParams& p, cudaStream_t stream);
+}  // namespace prefill
+
+namespace decode {
+struct Params;
+// The instance sets its own dynamic shared memory (DecodeTraits::kSmemBytes).
+template <DType E, int kHeadDim, KernelVariant V, int kMTiles>
+void launch(const Params& p, dim3 grid, cudaStream_t stream);
+// CTAs per SM of the instance (0 on error).
+template <DType E, int kHeadDim, KernelVariant V, int kMTiles>
+int occupancy();
+}  // namespace decode
+
+#define BLASST_PREFILL_KERNEL(E, D, V) \
+  extern template void prefill::launch<DType::E, D, KernelVariant::V>(const prefill::PrefillParams&, cudaStream_t);
+#define BLASST_DECODE_KERNEL(E, D, V, MT)                                                                   \
+  extern template void decode::launch<DType::E, D, KernelVariant::V, MT>(const decode::Params&, dim3,        \
+                                                                          cudaStream_t);                    \
+  extern template int decode::occupancy<DType::E, D, KernelVariant::V, MT>();
+#include "cuda/sm90/kernel_table.inc"
+#undef BLASST_PREFILL_KERNEL
+#undef BLASST_DECODE_KERNEL
+
+using PrefillLaunchFn = void (*)(const prefill::PrefillParams&, cudaStream_t);
+struct DecodeKernel {
+  void (*launch)(const decode::Params&, dim3, cudaStream_t) = nullptr;
+  int (*occupancy)() = nullptr;
+};
+
+// nullptr / empty when the table has no such instance.
+PrefillLaunchFn find_prefill_kernel(DType dtype, int head_dim, KernelVariant v);
+DecodeKernel find_decode_kernel(DType dtype, int head_dim, KernelVariant v, int m_tiles);
+
+// What the table holds, for the messages of unsupported calls: "64 or 128", "bf16 or f16".
+std::string prefill_head_dims();
+std::string prefill_dtypes();
+std::string decode_head_dims();
+std::string decode_dtypes();
+bool prefill_has(DType dtype, int head_dim);
+bool decode_has(DType dtype, int head_dim);
+
+}  // namespace blasst::sm90

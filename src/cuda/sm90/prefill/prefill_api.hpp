@@ -1,0 +1,21 @@
+// Internal: the host entry of the prefill kernels on device tensors, for the library's CUDA path
+// (prefill_api.cu: detail::cuda_attention) and for the benchmark's and tests' direct calls.
+#pragma once
+
+#include <vector>
+
+#include "blasst/blasst.hpp"
+
+namespace blasst::sm90::prefill {
+
+// Device tensors only: checks what the kernels cover (an Error naming the argument otherwise),
+// resolves lambda, picks the instance (kernel_table.inc) and launches on `stream` without
+// synchronising. Non-null counters (device memory, zeroed by the caller: visited/skipped [hq],
+// hist [hq, kHistSlots]) turn the statistics on. force_skip_kernel runs the skip instance even
+// when skipping is off (the benchmark's measure of its cost with nothing skipped). Returns lambda
+// per sequence when the lengths are known on the host.
+std::vector<double> launch_attention(const AttentionProblem& p, const SkipConfig& skip, void* stream,
+                                     bool force_skip_kernel, unsigned long long* visited,
+                                     unsigned long long* skipped, unsigned long long* hist);
+
+}  // namespace blasst::sm90::prefill
