@@ -217,6 +217,12 @@ class SkipSoftmax:
                 f"vote_heads={c.vote_heads}, order={c.order!r}{extra})")
 
 
+def check_skip(skip) -> None:
+    """The type check of every skip= argument: a SkipSoftmax or None."""
+    if skip is not None and not isinstance(skip, SkipSoftmax):
+        raise TypeError(f"skip: expected a blasst.SkipSoftmax (or None), got {type(skip).__name__}")
+
+
 class SkipStats:
     """Statistics of one call (SPEC §5), filled in place when passed as ``stats=``.
 

@@ -18,11 +18,11 @@ import contextlib
 import threading
 from typing import Dict, Optional
 
-from . import _api
+from . import _api, _calls
 from ._skip import SkipSoftmax, load_config
 
 NAME = "blasst"
-DECODE_MAX_Q = _api.DECODE_MAX_Q_LEN  # longer queries (chunked prefill) run blasst.attention
+DECODE_MAX_Q = _calls.DECODE_MAX_Q_LEN  # longer queries (chunked prefill) run blasst.attention
 LAYER_NAME = "model.layers.{}.self_attn"
 
 _state = {"default_skip": None, "layer_name": LAYER_NAME}
