@@ -248,7 +248,6 @@ NB_MODULE(_core, m) {
             return blasst::SkipConfig::from_calibration(blasst::Calibration{a, b}, target);
           },
           "a"_a, "b"_a, "target_sparsity"_a)
-      .def("copy", [](const blasst::SkipConfig& c) { return blasst::SkipConfig(c); })
       .def("validate", [](const blasst::SkipConfig& c) { blasst::validate(c); })
       .def("resolve_lambda",
            [](const blasst::SkipConfig& c, std::int64_t seq_len_k) {
@@ -298,13 +297,6 @@ NB_MODULE(_core, m) {
         "scale"_a.none(), "skip"_a.none(), "stream"_a, "stats"_a.none(), "histogram"_a = false,
         "record_deltas"_a = false, "num_threads"_a = 0);
 
-  // How a tensor arrives in C++ (debugging aid; used by the tests of the strided paths).
-  m.def("_describe", [](const InArray& a) {
-    const Tensor t = to_tensor(a, "tensor");
-    std::vector<std::int64_t> shape(t.shape, t.shape + t.rank), stride(t.stride, t.stride + t.rank);
-    return nb::make_tuple(shape, stride, std::string(blasst::to_string(t.dtype)),
-                          t.device == DeviceKind::cuda ? "cuda" : "cpu");
-  });
   m.def("cuda_available", &blasst::cuda_available);
   m.def("cuda_device_name", &blasst::cuda_device_name);
 
