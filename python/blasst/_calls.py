@@ -85,7 +85,7 @@ def _effective_skip(skip):
     check_skip(skip)
     if skip is None or not skip.enabled:
         return None, False
-    if skip.disabled_until_timestep is not None and not _diffusion.active(skip.disabled_until_timestep):
+    if not _diffusion.active(skip.disabled_until_timestep):
         return None, True
     return skip._cfg, False
 

@@ -2,22 +2,12 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 from typing import Any, Mapping, Optional, Tuple, Union
 
 from . import _core
 
 _ORDERS = ("natural", "max_first")
-
-
-def _check_unit_interval(name: str, value: Optional[float]) -> Optional[float]:
-    if value is None:
-        return None
-    v = float(value)
-    if not math.isfinite(v) or v < 0.0 or v > 1.0:
-        raise ValueError(f"{name}: must be a number in [0, 1], got {value!r}")
-    return v
 
 
 class SkipSoftmax:
@@ -84,8 +74,9 @@ class SkipSoftmax:
         if cfg.enabled:
             cfg.validate()  # C++ checks: NaN/inf/<= 0 thresholds, target range, tile sizes
         self._cfg = cfg
-        self._disabled_until = _check_unit_interval(
-            "SkipSoftmax: disabled_until_timestep", disabled_until)
+        # SPEC §4: D lies in [0, 1]; the C++ gate's constructor is the check.
+        self._disabled_until = (None if disabled_until is None else
+                                _core.TimestepGate(float(disabled_until)).disabled_until)
         self._key = None
         # Plain-Python description, computed once: torch.compile traces attribute reads of it
         # but cannot trace into the C++ object.

@@ -113,7 +113,7 @@ def skip_for(module, phase: str) -> Optional[SkipSoftmax]:
         skip = parsed.skip_softmax(layer=_layer_name(module), phase=phase)
     else:
         skip = _state["default_skip"]
-    if skip is not None and not skip.enabled and skip.disabled_until_timestep is None:
+    if skip is not None and not skip.enabled:  # dense, gated or not: the same as no settings
         skip = None
     cache[phase] = skip
     return skip

@@ -17,6 +17,7 @@
 
 #include "blasst/blasst.hpp"
 #include "blasst/config.hpp"
+#include "blasst/gating.hpp"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -296,6 +297,18 @@ NB_MODULE(_core, m) {
         "page_table"_a.none(), "seqlens"_a.none(), "max_seqlen_k"_a, "causal"_a,
         "scale"_a.none(), "skip"_a.none(), "stream"_a, "stats"_a.none(), "histogram"_a = false,
         "record_deltas"_a = false, "num_threads"_a = 0);
+
+  // SPEC §4 timestep gating: the one rule, for blasst.diffusion (which keeps a gate holding the
+  // published t and asks a gate with each call's D whether skipping may run).
+  nb::class_<blasst::TimestepGate>(m, "TimestepGate")
+      .def(nb::init<std::optional<double>>(), "disabled_until"_a.none() = nb::none())
+      .def("record_timestep", &blasst::TimestepGate::record_timestep, "timestep"_a,
+           "num_train_timesteps"_a)
+      .def("record_sigma", &blasst::TimestepGate::record_sigma, "sigma"_a)
+      .def("reset", &blasst::TimestepGate::reset)
+      .def("active", &blasst::TimestepGate::active)
+      .def_prop_ro("current", &blasst::TimestepGate::current)
+      .def_prop_ro("disabled_until", &blasst::TimestepGate::disabled_until);
 
   m.def("cuda_available", &blasst::cuda_available);
   m.def("cuda_device_name", &blasst::cuda_device_name);
