@@ -105,15 +105,26 @@ const std::int32_t* index_array(const InArray& a, const std::string& name, Devic
   return static_cast<const std::int32_t*>(a.data());
 }
 
-blasst::RunOptions run_options(std::uintptr_t stream, blasst::SkipStats* stats, bool histogram,
-                               bool record_deltas, int num_threads) {
+// What py_attention and py_decode end with: mask, scale, skip settings and run options, then the
+// call with the GIL released (the reference engine's threads and the kernel launches never touch
+// Python objects).
+template <class Problem>
+void run_released(void (*entry)(const Problem&, const blasst::SkipConfig&,
+                                const blasst::RunOptions&, blasst::SkipStats*),
+                  Problem& p, bool causal, std::optional<double> scale,
+                  const blasst::SkipConfig* skip, std::uintptr_t stream, blasst::SkipStats* stats,
+                  bool histogram, bool record_deltas, int num_threads) {
+  p.mask = causal ? blasst::MaskKind::causal : blasst::MaskKind::full;
+  p.scale = scale;
+  const blasst::SkipConfig cfg = skip ? *skip : blasst::SkipConfig{};
   blasst::RunOptions opt;
   opt.collect_stats = stats != nullptr;
   opt.collect_histogram = stats != nullptr && histogram;
   opt.record_deltas = stats != nullptr && record_deltas;
   opt.stream = reinterpret_cast<void*>(stream);
   opt.num_threads = num_threads;
-  return opt;
+  nb::gil_scoped_release release;
+  entry(p, cfg, opt, stats);
 }
 
 void py_attention(const InArray& q, const InArray& k, const InArray& v, const OutArray& out,
@@ -143,12 +154,8 @@ void py_attention(const InArray& q, const InArray& k, const InArray& v, const Ou
   }
   p.max_seqlen_q = max_seqlen_q;
   p.max_seqlen_k = max_seqlen_k;
-  p.mask = causal ? blasst::MaskKind::causal : blasst::MaskKind::full;
-  p.scale = scale;
-  const blasst::SkipConfig cfg = skip ? *skip : blasst::SkipConfig{};
-  const blasst::RunOptions opt = run_options(stream, stats, histogram, record_deltas, num_threads);
-  nb::gil_scoped_release release;
-  blasst::attention(p, cfg, opt, stats);
+  run_released(&blasst::attention, p, causal, scale, skip, stream, stats, histogram, record_deltas,
+               num_threads);
 }
 
 void py_decode(const InArray& q, const InArray& k_cache, const InArray& v_cache,
@@ -167,12 +174,8 @@ void py_decode(const InArray& q, const InArray& k_cache, const InArray& v_cache,
     p.page_table = index_array(*page_table, "page_table", p.q.device, 2, &p.page_table_stride);
   if (seqlens) p.seqlens_k = index_array(*seqlens, "seqlens", p.q.device, 1);
   p.max_seqlen_k = max_seqlen_k;
-  p.mask = causal ? blasst::MaskKind::causal : blasst::MaskKind::full;
-  p.scale = scale;
-  const blasst::SkipConfig cfg = skip ? *skip : blasst::SkipConfig{};
-  const blasst::RunOptions opt = run_options(stream, stats, histogram, record_deltas, num_threads);
-  nb::gil_scoped_release release;
-  blasst::decode(p, cfg, opt, stats);
+  run_released(&blasst::decode, p, causal, scale, skip, stream, stats, histogram, record_deltas,
+               num_threads);
 }
 
 nb::dict granularity_dict(const blasst::VoteGranularity& g) {
