@@ -98,7 +98,8 @@ def _stats_target(stats):
         return stats._raw, stats.histogram, stats.record_deltas
     if hasattr(stats, "__setitem__") and hasattr(stats, "keys"):
         return _core.SkipStats(), False, False
-    raise TypeError(f"stats: expected a dict-like object or blasst.SkipStats, got {type(stats).__name__}")
+    raise TypeError("stats: expected a dict-like object or blasst.SkipStats, got "
+                    f"{type(stats).__name__}")
 
 
 class _Call:
@@ -119,7 +120,8 @@ class _Call:
     def outputs(self):
         """The out and lse arguments of _core.attention / _core.decode."""
         frame = self.frame
-        return frame.export(self.out, "out"), None if self.lse is None else frame.export(self.lse, "lse")
+        out = frame.export(self.out, "out")
+        return out, None if self.lse is None else frame.export(self.lse, "lse")
 
     def options(self, causal, scale):
         """The arguments _core.attention and _core.decode end with (causal ... num_threads)."""
@@ -156,8 +158,8 @@ def attention(q, k, v, causal, scale, skip, cu_seqlens_q, cu_seqlens_k, max_seql
         _core.attention(frame.export(q, "q"), frame.export(k, "k"), frame.export(v, "v"),
                         *call.outputs(), frame.index(cu_seqlens_q, "cu_seqlens_q"),
                         frame.index(cu_seqlens_k, "cu_seqlens_k"),
-                        _opt_int("max_seqlen_q", max_seqlen_q), _opt_int("max_seqlen_k", max_seqlen_k),
-                        *call.options(causal, scale))
+                        _opt_int("max_seqlen_q", max_seqlen_q),
+                        _opt_int("max_seqlen_k", max_seqlen_k), *call.options(causal, scale))
     return call.result()
 
 

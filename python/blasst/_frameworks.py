@@ -1,4 +1,4 @@
-"""Framework adapters: what blasst needs from the tensors of each framework, one entry per framework.
+"""Framework adapters: what blasst needs from the tensors of each framework, one entry each.
 
 An adapter tells its tensors apart (by the module of their type), says whether one lives in CUDA
 memory and which stream its framework has current there, hands tensors to blasst._core as DLPack
