@@ -12,8 +12,8 @@ import sys as _sys
 
 from . import _core
 from . import diffusion
-from ._api import (attention, built_with_cuda, cuda_available, cuda_device_name, decode,
-                   set_num_threads)
+from ._api import attention, decode
+from ._calls import built_with_cuda, cuda_available, cuda_device_name, set_num_threads
 from ._skip import SkipSoftmax, SkipStats, SparseAttentionConfig, load_config, load_model_configs
 
 __version__ = _core.__version__

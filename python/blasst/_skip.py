@@ -2,22 +2,12 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 from typing import Any, Mapping, Optional, Tuple, Union
 
 from . import _core
 
 _ORDERS = ("natural", "max_first")
-
-
-def _check_unit_interval(name: str, value: Optional[float]) -> Optional[float]:
-    if value is None:
-        return None
-    v = float(value)
-    if not math.isfinite(v) or v < 0.0 or v > 1.0:
-        raise ValueError(f"{name}: must be a number in [0, 1], got {value!r}")
-    return v
 
 
 class SkipSoftmax:
@@ -84,8 +74,9 @@ class SkipSoftmax:
         if cfg.enabled:
             cfg.validate()  # C++ checks: NaN/inf/<= 0 thresholds, target range, tile sizes
         self._cfg = cfg
-        self._disabled_until = _check_unit_interval(
-            "SkipSoftmax: disabled_until_timestep", disabled_until)
+        # SPEC §4: D lies in [0, 1]; the C++ gate's constructor is the check.
+        self._disabled_until = (None if disabled_until is None else
+                                _core.TimestepGate(float(disabled_until)).disabled_until)
         self._key = None
         # Plain-Python description, computed once: torch.compile traces attribute reads of it
         # but cannot trace into the C++ object.
@@ -215,6 +206,12 @@ class SkipSoftmax:
         extra = f", disabled_until_timestep={self._disabled_until!r}" if self._disabled_until is not None else ""
         return (f"SkipSoftmax({src}, tile_keys={c.tile_keys}, vote_rows={c.vote_rows}, "
                 f"vote_heads={c.vote_heads}, order={c.order!r}{extra})")
+
+
+def check_skip(skip) -> None:
+    """The type check of every skip= argument: a SkipSoftmax or None."""
+    if skip is not None and not isinstance(skip, SkipSoftmax):
+        raise TypeError(f"skip: expected a blasst.SkipSoftmax (or None), got {type(skip).__name__}")
 
 
 class SkipStats:

@@ -7,25 +7,20 @@ num_train_timesteps)`` (t = timestep / num_train_timesteps) or, for rectified-fl
 dense and warns once. The gate is module-level: one pipeline per process (call ``reset()`` between
 generations). It is read on the host at call time, so it is not captured into CUDA graphs; under
 torch.compile it is read inside the custom op, at run time.
+
+The rule is the C++ one (blasst::TimestepGate in include/blasst/gating.hpp, bound as
+_core.TimestepGate): it checks what is published and decides whether a call may skip. This module
+keeps the published t in one gate and gives the one warning through Python's warnings module.
 """
 from __future__ import annotations
 
-import math
-import threading
 import warnings
 from typing import Optional
 
-_lock = threading.Lock()
-_t: Optional[float] = None
+from . import _core
+
+_published = _core.TimestepGate()  # no D of its own: it holds the published t
 _warned = False
-
-
-def _publish(t: float, what: str) -> None:
-    global _t
-    if not math.isfinite(t) or t < 0.0 or t > 1.0:
-        raise ValueError(f"{what}: must land in [0, 1], got {t!r}")
-    with _lock:
-        _t = float(t)
 
 
 def record_denoise_step(timestep: float, num_train_timesteps: float) -> float:
@@ -34,44 +29,35 @@ def record_denoise_step(timestep: float, num_train_timesteps: float) -> float:
     Pass the scheduler's timestep (e.g. 999 ... 0) and its num_train_timesteps (e.g. 1000): the
     steps are spaced unevenly, so the step index would be wrong.
     """
-    ts = float(_scalar(timestep))
-    n = float(num_train_timesteps)
-    if not math.isfinite(n) or n <= 0.0:
-        raise ValueError(f"num_train_timesteps: must be a positive number, got {num_train_timesteps!r}")
-    if not math.isfinite(ts):
-        raise ValueError(f"timestep: must be finite, got {timestep!r}")
-    t = ts / n
-    _publish(t, f"timestep / num_train_timesteps ({ts!r} / {n!r})")
-    return t
+    _published.record_timestep(float(_scalar(timestep)), float(num_train_timesteps))
+    return _published.current
 
 
 def record_sigma(sigma: float) -> float:
     """Rectified-flow schedulers: publish sigma in [0, 1] directly."""
-    s = float(_scalar(sigma))
-    _publish(s, "sigma")
-    return s
+    _published.record_sigma(float(_scalar(sigma)))
+    return _published.current
 
 
 def reset() -> None:
     """Forget the published step (a new generation); re-arms the one-time warning."""
-    global _t, _warned
-    with _lock:
-        _t = None
-        _warned = False
+    global _warned
+    _published.reset()
+    _warned = False
 
 
 def current() -> Optional[float]:
     """The published t, or None."""
-    return _t
+    return _published.current
 
 
 def active(disabled_until: Optional[float]) -> bool:
     """May a call gated at D = disabled_until skip now? (SPEC §4)"""
     global _warned
-    if disabled_until is None:
-        return True
-    t = _t
-    if t is None:
+    t = _published.current
+    if t is None and disabled_until is not None:
+        # The case the C++ gate answers with a line on stderr: here it is one RuntimeWarning per
+        # generation instead, so the C++ gate is not asked.
         if not _warned:
             _warned = True
             warnings.warn(
@@ -79,7 +65,10 @@ def active(disabled_until: Optional[float]) -> bool:
                 "published (blasst.diffusion.record_denoise_step / record_sigma); running dense",
                 RuntimeWarning, stacklevel=3)
         return False
-    return t <= disabled_until
+    gate = _core.TimestepGate(disabled_until)
+    if t is not None:
+        gate.record_sigma(t)  # the published t, already checked: the gate takes it as it is
+    return gate.active()
 
 
 def _scalar(x):

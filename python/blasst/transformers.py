@@ -18,11 +18,11 @@ import contextlib
 import threading
 from typing import Dict, Optional
 
-from . import _api
+from . import _api, _calls
 from ._skip import SkipSoftmax, load_config
 
 NAME = "blasst"
-DECODE_MAX_Q = _api.DECODE_MAX_Q_LEN  # longer queries (chunked prefill) run blasst.attention
+DECODE_MAX_Q = _calls.DECODE_MAX_Q_LEN  # longer queries (chunked prefill) run blasst.attention
 LAYER_NAME = "model.layers.{}.self_attn"
 
 _state = {"default_skip": None, "layer_name": LAYER_NAME}
@@ -113,7 +113,7 @@ def skip_for(module, phase: str) -> Optional[SkipSoftmax]:
         skip = parsed.skip_softmax(layer=_layer_name(module), phase=phase)
     else:
         skip = _state["default_skip"]
-    if skip is not None and not skip.enabled and skip.disabled_until_timestep is None:
+    if skip is not None and not skip.enabled:  # dense, gated or not: the same as no settings
         skip = None
     cache[phase] = skip
     return skip

@@ -17,6 +17,7 @@
 
 #include "blasst/blasst.hpp"
 #include "blasst/config.hpp"
+#include "blasst/gating.hpp"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -104,15 +105,26 @@ const std::int32_t* index_array(const InArray& a, const std::string& name, Devic
   return static_cast<const std::int32_t*>(a.data());
 }
 
-blasst::RunOptions run_options(std::uintptr_t stream, blasst::SkipStats* stats, bool histogram,
-                               bool record_deltas, int num_threads) {
+// What py_attention and py_decode end with: mask, scale, skip settings and run options, then the
+// call with the GIL released (the reference engine's threads and the kernel launches never touch
+// Python objects).
+template <class Problem>
+void run_released(void (*entry)(const Problem&, const blasst::SkipConfig&,
+                                const blasst::RunOptions&, blasst::SkipStats*),
+                  Problem& p, bool causal, std::optional<double> scale,
+                  const blasst::SkipConfig* skip, std::uintptr_t stream, blasst::SkipStats* stats,
+                  bool histogram, bool record_deltas, int num_threads) {
+  p.mask = causal ? blasst::MaskKind::causal : blasst::MaskKind::full;
+  p.scale = scale;
+  const blasst::SkipConfig cfg = skip ? *skip : blasst::SkipConfig{};
   blasst::RunOptions opt;
   opt.collect_stats = stats != nullptr;
   opt.collect_histogram = stats != nullptr && histogram;
   opt.record_deltas = stats != nullptr && record_deltas;
   opt.stream = reinterpret_cast<void*>(stream);
   opt.num_threads = num_threads;
-  return opt;
+  nb::gil_scoped_release release;
+  entry(p, cfg, opt, stats);
 }
 
 void py_attention(const InArray& q, const InArray& k, const InArray& v, const OutArray& out,
@@ -142,12 +154,8 @@ void py_attention(const InArray& q, const InArray& k, const InArray& v, const Ou
   }
   p.max_seqlen_q = max_seqlen_q;
   p.max_seqlen_k = max_seqlen_k;
-  p.mask = causal ? blasst::MaskKind::causal : blasst::MaskKind::full;
-  p.scale = scale;
-  const blasst::SkipConfig cfg = skip ? *skip : blasst::SkipConfig{};
-  const blasst::RunOptions opt = run_options(stream, stats, histogram, record_deltas, num_threads);
-  nb::gil_scoped_release release;
-  blasst::attention(p, cfg, opt, stats);
+  run_released(&blasst::attention, p, causal, scale, skip, stream, stats, histogram, record_deltas,
+               num_threads);
 }
 
 void py_decode(const InArray& q, const InArray& k_cache, const InArray& v_cache,
@@ -166,12 +174,8 @@ void py_decode(const InArray& q, const InArray& k_cache, const InArray& v_cache,
     p.page_table = index_array(*page_table, "page_table", p.q.device, 2, &p.page_table_stride);
   if (seqlens) p.seqlens_k = index_array(*seqlens, "seqlens", p.q.device, 1);
   p.max_seqlen_k = max_seqlen_k;
-  p.mask = causal ? blasst::MaskKind::causal : blasst::MaskKind::full;
-  p.scale = scale;
-  const blasst::SkipConfig cfg = skip ? *skip : blasst::SkipConfig{};
-  const blasst::RunOptions opt = run_options(stream, stats, histogram, record_deltas, num_threads);
-  nb::gil_scoped_release release;
-  blasst::decode(p, cfg, opt, stats);
+  run_released(&blasst::decode, p, causal, scale, skip, stream, stats, histogram, record_deltas,
+               num_threads);
 }
 
 nb::dict granularity_dict(const blasst::VoteGranularity& g) {
@@ -248,7 +252,6 @@ NB_MODULE(_core, m) {
             return blasst::SkipConfig::from_calibration(blasst::Calibration{a, b}, target);
           },
           "a"_a, "b"_a, "target_sparsity"_a)
-      .def("copy", [](const blasst::SkipConfig& c) { return blasst::SkipConfig(c); })
       .def("validate", [](const blasst::SkipConfig& c) { blasst::validate(c); })
       .def("resolve_lambda",
            [](const blasst::SkipConfig& c, std::int64_t seq_len_k) {
@@ -298,13 +301,18 @@ NB_MODULE(_core, m) {
         "scale"_a.none(), "skip"_a.none(), "stream"_a, "stats"_a.none(), "histogram"_a = false,
         "record_deltas"_a = false, "num_threads"_a = 0);
 
-  // How a tensor arrives in C++ (debugging aid; used by the tests of the strided paths).
-  m.def("_describe", [](const InArray& a) {
-    const Tensor t = to_tensor(a, "tensor");
-    std::vector<std::int64_t> shape(t.shape, t.shape + t.rank), stride(t.stride, t.stride + t.rank);
-    return nb::make_tuple(shape, stride, std::string(blasst::to_string(t.dtype)),
-                          t.device == DeviceKind::cuda ? "cuda" : "cpu");
-  });
+  // SPEC §4 timestep gating: the one rule, for blasst.diffusion (which keeps a gate holding the
+  // published t and asks a gate with each call's D whether skipping may run).
+  nb::class_<blasst::TimestepGate>(m, "TimestepGate")
+      .def(nb::init<std::optional<double>>(), "disabled_until"_a.none() = nb::none())
+      .def("record_timestep", &blasst::TimestepGate::record_timestep, "timestep"_a,
+           "num_train_timesteps"_a)
+      .def("record_sigma", &blasst::TimestepGate::record_sigma, "sigma"_a)
+      .def("reset", &blasst::TimestepGate::reset)
+      .def("active", &blasst::TimestepGate::active)
+      .def_prop_ro("current", &blasst::TimestepGate::current)
+      .def_prop_ro("disabled_until", &blasst::TimestepGate::disabled_until);
+
   m.def("cuda_available", &blasst::cuda_available);
   m.def("cuda_device_name", &blasst::cuda_device_name);
 
