@@ -38,7 +38,7 @@ __device__ __forceinline__ bool vote_keep(float const (&tmax)[kRows], float cons
                                           float ln_lambda) {
   bool keep = false;
   CUTLASS_PRAGMA_UNROLL
-  for (int i = 0; i < kRows; ++i) keep = keep || (row[i] < q_len && row_keeps(tmax[i], m[i], scale, ln_lambda));
+  for (int i = 0; i < kRows; ++i) keep |= (row[i] < q_len) & row_keeps(tmax[i], m[i], scale, ln_lambda);
   return keep;
 }
 
