@@ -334,25 +334,40 @@ TEST(Skip, GqaVoteHeads) {
 }
 
 TEST(Skip, FactorIsPerSequenceAndLambdaAtLeastOneRunsDense) {
-  // Ragged batch with two sequences of different Lk: lambda = factor / Lk each.
-  const std::vector<std::int32_t> cu = {0, 100, 1100};
+  // Ragged batch with two multi-tile sequences (300 keys = 3 tiles, 800 keys = 7 tiles), causal:
+  // lambda = factor / Lk each, 400 / 300 >= 1 (that sequence runs dense: its rows equal a dense
+  // run's bit for bit) and 400 / 800 = 0.5 (that one skips). With lambda >= 1 taken as a real
+  // threshold, ln(lambda) > 0 would skip nearly every tile of the first sequence.
+  const std::vector<std::int32_t> cu = {0, 300, 1100};
   Dense D(1, 1100, 1100, 2, 2, 32, 32, 30);
-  AttentionProblem p = D.problem(MaskKind::causal);
-  p.q = Tensor::contiguous(D.q.data(), DType::f32, {1100, 2, 32});
-  p.k = Tensor::contiguous(D.k.data(), DType::f32, {1100, 2, 32});
-  p.v = Tensor::contiguous(D.v.data(), DType::f32, {1100, 2, 32});
-  p.out = Tensor::contiguous(D.out.data(), DType::f32, {1100, 2, 32});
-  p.lse = Tensor::contiguous(D.lse.data(), DType::f32, {2, 1100});
-  p.cu_seqlens_q = cu.data();
-  p.cu_seqlens_k = cu.data();
-  p.batch = 2;
+  auto run = [&](const SkipConfig& skip, SkipStats* st) {
+    AttentionProblem p = D.problem(MaskKind::causal);
+    p.q = Tensor::contiguous(D.q.data(), DType::f32, {1100, 2, 32});
+    p.k = Tensor::contiguous(D.k.data(), DType::f32, {1100, 2, 32});
+    p.v = Tensor::contiguous(D.v.data(), DType::f32, {1100, 2, 32});
+    p.out = Tensor::contiguous(D.out.data(), DType::f32, {1100, 2, 32});
+    p.lse = Tensor::contiguous(D.lse.data(), DType::f32, {2, 1100});
+    p.cu_seqlens_q = cu.data();
+    p.cu_seqlens_k = cu.data();
+    p.batch = 2;
+    RunOptions opt;
+    opt.collect_stats = st != nullptr;
+    reference::attention(p, skip, opt, st);
+    return D.out;
+  };
+  const std::vector<float> dense = run(SkipConfig{}, nullptr);
   SkipStats st;
-  RunOptions opt;
-  opt.collect_stats = true;
-  reference::attention(p, SkipConfig::from_factor(200.0), opt, &st);
+  const std::vector<float> mixed = run(SkipConfig::from_factor(400.0), &st);
   ASSERT_EQ(st.lambda.size(), 2u);
-  EXPECT_DOUBLE_EQ(st.lambda[0], 2.0);   // >= 1: dense for that sequence
-  EXPECT_DOUBLE_EQ(st.lambda[1], 0.2);
+  EXPECT_DOUBLE_EQ(st.lambda[0], 400.0 / 300.0);  // >= 1: dense for that sequence
+  EXPECT_DOUBLE_EQ(st.lambda[1], 0.5);
+  EXPECT_GT(st.total_skipped(), 0) << "the second sequence skipped nothing: the case is not exercised";
+  const std::size_t first_seq = std::size_t(300) * 2 * 32;  // rows of sequence 0, [T, H, dv]
+  EXPECT_EQ(std::memcmp(mixed.data(), dense.data(), first_seq * sizeof(float)), 0)
+      << "the lambda >= 1 sequence did not run dense";
+  EXPECT_NE(std::memcmp(mixed.data() + first_seq, dense.data() + first_seq,
+                        (mixed.size() - first_seq) * sizeof(float)), 0)
+      << "the skipping sequence equals dense";
   EXPECT_FALSE(st.counted_at.empty());
   EXPECT_EQ(st.granularity.rows, 64);
 }
