@@ -339,7 +339,7 @@ TEST(Skip, FactorIsPerSequenceAndLambdaAtLeastOneRunsDense) {
   // run's bit for bit) and 400 / 800 = 0.5 (that one skips). With lambda >= 1 taken as a real
   // threshold, ln(lambda) > 0 would skip nearly every tile of the first sequence.
   const std::vector<std::int32_t> cu = {0, 300, 1100};
-  Dense D(1, 1100, 1100, 2, 2, 32, 32, 30);
+  Dense D(1, 1100, 1100, 2, 2, 32, 32, 30, 2.0f);  // scores ~ N(0, 16): tiles far below the max
   auto run = [&](const SkipConfig& skip, SkipStats* st) {
     AttentionProblem p = D.problem(MaskKind::causal);
     p.q = Tensor::contiguous(D.q.data(), DType::f32, {1100, 2, 32});
