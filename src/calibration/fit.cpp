@@ -8,17 +8,14 @@
 #include <tuple>
 
 #include "blasst/calibration.hpp"
+#include "core/text.hpp"
 
 namespace blasst::calibration {
 
 namespace {
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
-std::string num(double v) {
-  std::ostringstream o;
-  o << v;
-  return o.str();
-}
+using detail::num;
 
 // Pooled curves per length for one fit key; curves at the same length (layers, seeds) are pooled
 // so the fit targets the sparsity of everything the group's configuration applies to.

@@ -16,6 +16,7 @@
 #include "blasst/npy.hpp"
 #include "cli/commands.hpp"
 #include "cli/common.hpp"
+#include "core/text.hpp"
 
 namespace blasst::cli {
 
@@ -34,11 +35,7 @@ struct RunArgs {
 
 [[noreturn]] void bad_arg(const std::string& opt, const std::string& what) { throw Error(opt + ": " + what); }
 
-std::string fmt(double x) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%g", x);
-  return buf;
-}
+using detail::num;
 
 struct Input {
   std::string path, opt;
@@ -102,20 +99,20 @@ npy::Array to_file(const HostBuffer& b, npy::Elem e, std::vector<std::int64_t> s
 
 void check_args(const RunArgs& a) {
   if (a.o_threshold->count() && !(a.threshold > 0 && a.threshold < 1))
-    bad_arg("--threshold", "lambda must lie in (0, 1), got " + fmt(a.threshold));
+    bad_arg("--threshold", "lambda must lie in (0, 1), got " + num(a.threshold));
   if (a.o_factor->count() && !(std::isfinite(a.factor) && a.factor > 0))
-    bad_arg("--factor", "must be a finite number > 0, got " + fmt(a.factor));
+    bad_arg("--factor", "must be a finite number > 0, got " + num(a.factor));
   if (a.o_target->count() && !(a.target >= 0 && a.target <= 1))
-    bad_arg("--target-sparsity", "must lie in [0, 1], got " + fmt(a.target));
+    bad_arg("--target-sparsity", "must lie in [0, 1], got " + num(a.target));
   if (a.o_scale->count() && !(std::isfinite(a.scale) && a.scale > 0))
-    bad_arg("--scale", "must be a finite number > 0, got " + fmt(a.scale));
+    bad_arg("--scale", "must be a finite number > 0, got " + num(a.scale));
   if (a.o_timestep->count()) {
-    if (!std::isfinite(a.timestep)) bad_arg("--timestep", "must be finite, got " + fmt(a.timestep));
+    if (!std::isfinite(a.timestep)) bad_arg("--timestep", "must be finite, got " + num(a.timestep));
     if (!(std::isfinite(a.num_train) && a.num_train > 0))
-      bad_arg("--num-train-timesteps", "must be a finite number > 0, got " + fmt(a.num_train));
+      bad_arg("--num-train-timesteps", "must be a finite number > 0, got " + num(a.num_train));
     const double t = a.timestep / a.num_train;
     if (!(t >= 0 && t <= 1))
-      bad_arg("--timestep", "timestep / num_train_timesteps = " + fmt(t) + " must lie in [0, 1]");
+      bad_arg("--timestep", "timestep / num_train_timesteps = " + num(t) + " must lie in [0, 1]");
   }
   if (a.split_tiles < 0) bad_arg("--split-tiles", "must be >= 0");
   if (a.threads < 0) bad_arg("--threads", "must be >= 0");
@@ -203,7 +200,7 @@ void run(RunArgs& a) {
   skip.vote.rows = a.vote_rows;
   skip.vote.heads = a.vote_heads;
   skip.vote.split_tiles = a.split_tiles;
-  skip.vote.order = parse_order(a.order);
+  skip.vote.order = parse_visit_order(a.order);
 
   // ---- outputs (poisoned: whatever the engine fails to write shows up as NaN) ----
   const DType out_t = compute == DType::f64 ? DType::f64 : DType::f32;

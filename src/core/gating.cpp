@@ -6,16 +6,13 @@
 #include <string>
 
 #include "blasst/blasst.hpp"
+#include "core/text.hpp"
 
 namespace blasst {
 
 namespace {
 bool in_unit(double x) { return std::isfinite(x) && x >= 0.0 && x <= 1.0; }
-std::string num(double x) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.17g", x);
-  return buf;
-}
+using detail::num;
 }  // namespace
 
 TimestepGate::TimestepGate(std::optional<double> disabled_until) : d_(disabled_until) {
@@ -47,9 +44,9 @@ bool TimestepGate::active() {
   if (!warned_) {
     warned_ = true;
     std::fprintf(stderr,
-                 "blasst: warning: disabled_until_timestep = %g is set but no timestep was "
+                 "blasst: warning: disabled_until_timestep = %s is set but no timestep was "
                  "published; attention runs dense\n",
-                 *d_);
+                 num(*d_).c_str());
   }
   return false;
 }
