@@ -156,7 +156,7 @@ void calibrate_cmd(CalibrateArgs a) {
   const bool have_cuda = cuda_available();
   check_args(a, have_cuda);
   const bool cuda = a.device == "cuda";
-  const VisitOrder order = parse_order(a.order);
+  const VisitOrder order = parse_visit_order(a.order);
   const bool from_npy = !a.npy_dir.empty();
   WorkloadKind kind = WorkloadKind::llm;
   if (!from_npy) kind = parse_workload(a.workload);
@@ -385,7 +385,8 @@ void register_calibrate(CLI::App& app) {
                                  "(several components: a model directory)");
   s->add_option("--report", a->report, "report directory (report.md, PNG plots)");
   s->add_option("--check", a->check, "validate a config.json (or model directory) and print a summary");
-  s->add_option("--order", a->order, "tile visit order: natural (default) or max_first (SPEC §2a: the reference and the CUDA prefill kernel; the CUDA decode kernel as seeded splits)");
+  s->add_option("--order", a->order, "tile visit order: natural (default) or max_first (SPEC §2a: the reference and the CUDA prefill kernel; the CUDA decode kernel as seeded splits)")
+      ->check(CLI::IsMember({"natural", "max_first", "max-first"}));
   s->add_option("--mask", a->mask, "causal or full (default: llm/npy causal, dit full)");
   s->add_option("--tile-keys", a->tile_keys, "keys per tile (default 128, the kernels')");
   s->add_option("--rows", a->rows, "prefill vote group rows (default 64: the prefill kernel's warpgroup)");

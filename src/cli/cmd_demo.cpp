@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -92,30 +93,25 @@ void run_case(const Setup& su, WorkloadKind kind, std::int64_t L, const DemoArgs
 
   const MaskKind mask = llm ? MaskKind::causal : MaskKind::full;
   VoteGranularity vote;
-  vote.order = parse_order(a.order);
+  vote.order = parse_visit_order(a.order);
   const bool gpu = su.device == DeviceKind::cuda;
 
   // On the GPU the tensors live on the device so that only the kernels are timed.
-  DeviceBuffer dq, dk, dv, dout;
+  std::optional<DeviceMirror> dq, dk, dv, dout;
   AttentionProblem p;
   p.mask = mask;
   if (gpu) {
-    dq = DeviceBuffer(q.bytes.size());
-    dk = DeviceBuffer(k.bytes.size());
-    dv = DeviceBuffer(v.bytes.size());
-    dout = DeviceBuffer(out.bytes.size());
-    dq.upload(q.bytes.data(), q.bytes.size());
-    dk.upload(k.bytes.data(), k.bytes.size());
-    dv.upload(v.bytes.data(), v.bytes.size());
-    auto dev = [](HostBuffer& h, DeviceBuffer& db) {
-      Tensor t = h.tensor(DeviceKind::cuda);
-      t.data = db.get();
-      return t;
-    };
-    p.q = dev(q, dq);
-    p.k = dev(k, dk);
-    p.v = dev(v, dv);
-    p.out = dev(out, dout);
+    dq.emplace(q);
+    dk.emplace(k);
+    dv.emplace(v);
+    dout.emplace(out);
+    dq->upload();
+    dk->upload();
+    dv->upload();
+    p.q = dq->tensor();
+    p.k = dk->tensor();
+    p.v = dv->tensor();
+    p.out = dout->tensor();
   } else {
     p.q = q.tensor();
     p.k = k.tensor();
@@ -125,7 +121,7 @@ void run_case(const Setup& su, WorkloadKind kind, std::int64_t L, const DemoArgs
   RunOptions plain;
   plain.num_threads = a.threads;
   auto fetch_out = [&]() -> std::vector<float> {
-    if (gpu) dout.download(out.bytes.data(), out.bytes.size());
+    if (gpu) dout->download();
     return to_floats(out);
   };
 
@@ -137,7 +133,7 @@ void run_case(const Setup& su, WorkloadKind kind, std::int64_t L, const DemoArgs
   RunOptions rec = plain;
   if (gpu) rec.collect_histogram = true; else rec.record_deltas = true;
   poison(out);
-  if (gpu) dout.upload(out.bytes.data(), out.bytes.size());
+  if (gpu) dout->upload();
   attention(p, dense, rec, &curve_stats);
   const std::vector<float> o_dense = fetch_out();
   DeltaHistogram hist;
@@ -161,7 +157,7 @@ void run_case(const Setup& su, WorkloadKind kind, std::int64_t L, const DemoArgs
     st.collect_stats = true;
     SkipStats stats;
     poison(out);
-    if (gpu) dout.upload(out.bytes.data(), out.bytes.size());
+    if (gpu) dout->upload();
     double ms_skip = 0;
     if (gpu) {
       attention(p, skip, st, &stats);
@@ -175,7 +171,7 @@ void run_case(const Setup& su, WorkloadKind kind, std::int64_t L, const DemoArgs
     r.mask = to_string(mask);
     r.device = gpu ? "cuda" : "cpu";
     r.dtype = to_string(su.dtype);
-    r.order = order_name(stats.granularity.order);
+    r.order = to_string(stats.granularity.order);
     r.counted_at = stats.counted_at;
     r.seq_len = L;
     r.hq = Hq;

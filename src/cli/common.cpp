@@ -204,17 +204,9 @@ CurvePoint lambda_for_target(const DeltaHistogram& h, double target) {
   return out;
 }
 
-std::string order_name(VisitOrder o) { return o == VisitOrder::natural ? "natural" : "max_first"; }
-
-VisitOrder parse_order(const std::string& s) {
-  if (s == "natural") return VisitOrder::natural;
-  if (s == "max_first" || s == "max-first") return VisitOrder::max_first;
-  throw Error("unknown visit order '" + s + "' (natural | max_first)");
-}
-
 nlohmann::json granularity_json(const VoteGranularity& g) {
   return {{"tile_keys", g.tile_keys}, {"rows", g.rows}, {"heads", g.heads},
-          {"split_tiles", g.split_tiles}, {"order", order_name(g.order)}};
+          {"split_tiles", g.split_tiles}, {"order", to_string(g.order)}};
 }
 
 nlohmann::json stats_json(const SkipStats& s) {

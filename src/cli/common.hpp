@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -63,8 +64,6 @@ CurvePoint lambda_for_target(const DeltaHistogram& h, double target);
 
 nlohmann::json granularity_json(const VoteGranularity& g);
 nlohmann::json stats_json(const SkipStats& s);
-std::string order_name(VisitOrder o);  // "natural" | "max_first"
-VisitOrder parse_order(const std::string& s);  // accepts max-first too; throws Error
 
 inline double now_ms() {
   using namespace std::chrono;
@@ -73,23 +72,25 @@ inline double now_ms() {
 
 // ---- device memory for the CUDA path (src/cli/device_cuda.cpp or device_stub.cpp) ----------
 bool have_device_buffers();  // built with the CUDA runtime
-class DeviceBuffer {
+// A device copy of a host buffer, for timing kernels on device-resident tensors. The memory is
+// the library's blasst::detail::DeviceBuffer (src/cuda/cuda_check.hpp) in CUDA builds; CPU-only
+// builds refuse to construct one.
+class DeviceMirror {
  public:
-  DeviceBuffer() = default;
-  explicit DeviceBuffer(std::size_t bytes);
-  ~DeviceBuffer();
-  DeviceBuffer(DeviceBuffer&& o) noexcept : p_(o.p_), n_(o.n_) { o.p_ = nullptr; o.n_ = 0; }
-  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept;
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  void* get() const { return p_; }
-  std::size_t size() const { return n_; }
-  void upload(const void* host, std::size_t n);
-  void download(void* host, std::size_t n) const;
+  explicit DeviceMirror(HostBuffer& host);  // allocates host.bytes.size() bytes on the device
+  ~DeviceMirror();
+  DeviceMirror(DeviceMirror&&) noexcept;
+  DeviceMirror& operator=(DeviceMirror&&) noexcept;
+  DeviceMirror(const DeviceMirror&) = delete;
+  DeviceMirror& operator=(const DeviceMirror&) = delete;
+  Tensor tensor() const;  // the host buffer's shape and dtype over the device memory
+  void upload();          // host -> device
+  void download();        // device -> host
 
  private:
-  void* p_ = nullptr;
-  std::size_t n_ = 0;
+  struct Memory;
+  HostBuffer* host_;
+  std::unique_ptr<Memory> mem_;
 };
 // Median time (ms) of `reps` calls of fn after `warmup` calls, measured with CUDA events on the
 // default stream. Only with have_device_buffers().

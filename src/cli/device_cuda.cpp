@@ -1,5 +1,6 @@
 // Device memory and event timing for the CLI's CUDA paths (demo timings on device-resident
-// tensors, so that host<->device staging is not what gets measured).
+// tensors, so that host<->device staging is not what gets measured). The memory and the error
+// checks are the library's own (src/cuda/cuda_check.hpp).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -7,51 +8,48 @@
 #include <vector>
 
 #include "cli/common.hpp"
+#include "cuda/cuda_check.hpp"
 
 namespace blasst::cli {
 
-namespace {
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw Error(std::string(what) + ": " + cudaGetErrorString(e));
-}
-}  // namespace
-
 bool have_device_buffers() { return true; }
 
-DeviceBuffer::DeviceBuffer(std::size_t bytes) : n_(bytes) {
-  if (bytes) check(cudaMalloc(&p_, bytes), "cudaMalloc");
+struct DeviceMirror::Memory {
+  detail::DeviceBuffer buf;
+};
+
+DeviceMirror::DeviceMirror(HostBuffer& host)
+    : host_(&host), mem_(std::make_unique<Memory>(Memory{detail::DeviceBuffer(host.bytes.size())})) {}
+DeviceMirror::~DeviceMirror() = default;
+DeviceMirror::DeviceMirror(DeviceMirror&&) noexcept = default;
+DeviceMirror& DeviceMirror::operator=(DeviceMirror&&) noexcept = default;
+
+Tensor DeviceMirror::tensor() const {
+  Tensor t = host_->tensor(DeviceKind::cuda);
+  t.data = mem_->buf.get();
+  return t;
 }
-DeviceBuffer::~DeviceBuffer() {
-  if (p_) cudaFree(p_);
+void DeviceMirror::upload() {
+  BLASST_CUDA_CHECK(cudaMemcpy(mem_->buf.get(), host_->bytes.data(), host_->bytes.size(), cudaMemcpyHostToDevice));
 }
-DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
-  std::swap(p_, o.p_);
-  std::swap(n_, o.n_);
-  return *this;
-}
-void DeviceBuffer::upload(const void* host, std::size_t n) {
-  if (n > n_) throw Error("internal: DeviceBuffer::upload overflow");
-  check(cudaMemcpy(p_, host, n, cudaMemcpyHostToDevice), "cudaMemcpy H2D");
-}
-void DeviceBuffer::download(void* host, std::size_t n) const {
-  if (n > n_) throw Error("internal: DeviceBuffer::download overflow");
-  check(cudaMemcpy(host, p_, n, cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
+void DeviceMirror::download() {
+  BLASST_CUDA_CHECK(cudaMemcpy(host_->bytes.data(), mem_->buf.get(), host_->bytes.size(), cudaMemcpyDeviceToHost));
 }
 
 double time_device_ms(const std::function<void()>& fn, int warmup, int reps) {
   for (int i = 0; i < warmup; ++i) fn();
-  check(cudaDeviceSynchronize(), "warm-up");
+  BLASST_CUDA_CHECK(cudaDeviceSynchronize());
   cudaEvent_t a, b;
-  check(cudaEventCreate(&a), "cudaEventCreate");
-  check(cudaEventCreate(&b), "cudaEventCreate");
+  BLASST_CUDA_CHECK(cudaEventCreate(&a));
+  BLASST_CUDA_CHECK(cudaEventCreate(&b));
   std::vector<float> ms;
   for (int i = 0; i < reps; ++i) {
-    check(cudaEventRecord(a, nullptr), "cudaEventRecord");
+    BLASST_CUDA_CHECK(cudaEventRecord(a, nullptr));
     fn();
-    check(cudaEventRecord(b, nullptr), "cudaEventRecord");
-    check(cudaEventSynchronize(b), "cudaEventSynchronize");
+    BLASST_CUDA_CHECK(cudaEventRecord(b, nullptr));
+    BLASST_CUDA_CHECK(cudaEventSynchronize(b));
     float t = 0;
-    check(cudaEventElapsedTime(&t, a, b), "cudaEventElapsedTime");
+    BLASST_CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
     ms.push_back(t);
   }
   cudaEventDestroy(a);

@@ -8,15 +8,16 @@ namespace {
 }  // namespace
 
 bool have_device_buffers() { return false; }
-DeviceBuffer::DeviceBuffer(std::size_t) { no_cuda(); }
-DeviceBuffer::~DeviceBuffer() = default;
-DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
-  std::swap(p_, o.p_);
-  std::swap(n_, o.n_);
-  return *this;
-}
-void DeviceBuffer::upload(const void*, std::size_t) { no_cuda(); }
-void DeviceBuffer::download(void*, std::size_t) const { no_cuda(); }
+
+struct DeviceMirror::Memory {};
+
+DeviceMirror::DeviceMirror(HostBuffer& host) : host_(&host) { no_cuda(); }
+DeviceMirror::~DeviceMirror() = default;
+DeviceMirror::DeviceMirror(DeviceMirror&&) noexcept = default;
+DeviceMirror& DeviceMirror::operator=(DeviceMirror&&) noexcept = default;
+Tensor DeviceMirror::tensor() const { no_cuda(); }
+void DeviceMirror::upload() { no_cuda(); }
+void DeviceMirror::download() { no_cuda(); }
 double time_device_ms(const std::function<void()>&, int, int) { no_cuda(); }
 
 }  // namespace blasst::cli
