@@ -14,6 +14,7 @@
 #include <limits>
 #include <mutex>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -283,7 +284,10 @@ class Engine {
     const i64 Lq = v_.q_len[t.b], Lk = v_.k_len[t.b];
     const i64 nh = t.nr > 0 ? s_.vote.heads : 0;
     const i64 R = nh * t.nr, Rp = round_up(std::max<i64>(R, 1), kRB);
-    const i64 d = v_.d, dv = v_.dv, dvp = round_up(dv, kCB), Tp = round_up(T, kCB);
+    // A tile never holds more than Lk keys: buffers are sized by min(T, Lk), so a huge
+    // vote.tile_keys costs nothing beyond one tile of the input (issue 21).
+    const i64 d = v_.d, dv = v_.dv, dvp = round_up(dv, kCB);
+    const i64 Tp = round_up(std::max<i64>(1, std::min<i64>(T, Lk)), kCB);
     const Acc ninf = -std::numeric_limits<Acc>::infinity();
 
     const i64 ntiles = (Lk + T - 1) / T;
@@ -337,6 +341,8 @@ class Engine {
     }
     S_.assign(static_cast<size_t>(Rp * Tp), Acc(0));
     tmax_.resize(R);
+    tnan_.assign(R, 0);
+    row_nan_.assign(R, 0);
     krow_.resize(std::max(d, dv));
     seed_.assign(R, ninf);
     if (seeded && n_vis > 0) {
@@ -356,9 +362,16 @@ class Engine {
       }
       const i64 j0 = tile * T, nk = std::min(T, Lk - j0);
       scores(t, tile, T, Lk, R, Rp, Tp);
+      // A NaN among a row's visible scores makes delta NaN, and NaN < ln(lambda) is false: a
+      // tile holding a NaN is never skipped, so the NaN reaches the row's output (NaN rule).
       Acc delta = ninf;
-      for (i64 ri = 0; ri < R; ++ri)
+      for (i64 ri = 0; ri < R; ++ri) {
+        if (tnan_[ri]) {
+          delta = std::numeric_limits<Acc>::quiet_NaN();
+          break;
+        }
         if (tmax_[ri] != ninf) delta = std::max(delta, tmax_[ri] - m_[ri]);  // m = -inf: +inf
+      }
       // The decision uses the delta rounded to float, exactly as recorded (SPEC §5 one-pass curve).
       const float delta_f = static_cast<float>(delta);
       if (s_.stats) {
@@ -374,7 +387,8 @@ class Engine {
       const Acc* vt = v_tile(t, tile, j0, nk, Tp, dvp);
       for (i64 ri = 0; ri < R; ++ri) {
         Acc* s = &S_[ri * Tp];
-        if (tmax_[ri] == ninf) {  // nothing visible for this row in this tile
+        if (tnan_[ri]) row_nan_[ri] = 1;
+        if (tmax_[ri] == ninf && !tnan_[ri]) {  // nothing visible for this row in this tile
           for (i64 jj = 0; jj < nk; ++jj) s[jj] = Acc(0);
           continue;
         }
@@ -403,7 +417,10 @@ class Engine {
       for (i64 i = 0; i < t.nr; ++i) {
         const i64 ri = hh * t.nr + i, pos = t.r0 + i, h = t.h0 + hh;
         Acc lse;
-        if (L_[ri] > Acc(0)) {
+        if (row_nan_[ri] || std::isnan(L_[ri])) {  // NaN rule: the whole row and its LSE are NaN
+          std::fill(orow_.begin(), orow_.end(), std::numeric_limits<Acc>::quiet_NaN());
+          lse = std::numeric_limits<Acc>::quiet_NaN();
+        } else if (L_[ri] > Acc(0)) {
           const Acc inv = Acc(1) / L_[ri];
           for (i64 c = 0; c < dv; ++c) orow_[c] = OO_[ri * dvp + c] * inv;
           lse = M_[ri] + std::log(L_[ri]);
@@ -418,7 +435,9 @@ class Engine {
   }
 
  private:
-  // S = scale * Q K^T for one tile, invisible keys -inf; tmax_ = each row's largest visible score.
+  // S = scale * Q K^T for one tile, invisible keys -inf; tmax_ = each row's largest visible
+  // score that is not NaN (the running max follows the NaN-free scores), tnan_ = whether a
+  // visible score is NaN (q or k holding NaN, inf * 0, inf - inf).
   void scores(const Task& t, i64 tile, i64 T, i64 Lk, i64 R, i64 Rp, i64 Tp) {
     const Acc ninf = -std::numeric_limits<Acc>::infinity();
     const Acc scale = static_cast<Acc>(v_.scale);
@@ -428,12 +447,15 @@ class Engine {
       Acc* s = &S_[ri * Tp];
       const i64 nvis = std::clamp<i64>(lim_[ri] - j0 + 1, 0, nk);  // visible keys of this row
       Acc mx = ninf;
+      bool nan = false;
       for (i64 jj = 0; jj < nvis; ++jj) {
         s[jj] *= scale;
-        mx = std::max(mx, s[jj]);
+        mx = std::max(mx, s[jj]);  // a NaN s[jj] leaves mx as it was
+        nan |= s[jj] != s[jj];
       }
       for (i64 jj = nvis; jj < Tp; ++jj) s[jj] = ninf;
       tmax_[ri] = mx;
+      tnan_[ri] = nan;
     }
   }
 
@@ -469,7 +491,7 @@ class Engine {
   void merge_split(i64 R, i64 dvp) {
     const Acc ninf = -std::numeric_limits<Acc>::infinity();
     for (i64 ri = 0; ri < R; ++ri) {
-      if (m_[ri] != ninf && l_[ri] > Acc(0)) {
+      if (l_[ri] != Acc(0)) {  // l > 0, or NaN (NaN rule: carried into the merged state)
         const Acc mn = std::max(M_[ri], m_[ri]);
         const Acc a = M_[ri] == ninf ? Acc(0) : std::exp(M_[ri] - mn);
         const Acc b = std::exp(m_[ri] - mn);
@@ -487,7 +509,7 @@ class Engine {
   const Settings& s_;
   std::vector<Acc> Q_, S_, O_, OO_, m_, l_, M_, L_, tmax_, krow_, orow_, Kall_, Vall_, seed_;
   std::vector<i64> lim_, order_;
-  std::vector<char> k_ok_, v_ok_;
+  std::vector<char> k_ok_, v_ok_, tnan_, row_nan_;
   i64 cache_b_ = -1, cache_kh_ = -1;
 };
 
@@ -535,8 +557,12 @@ void run_all(const View& v, const SkipConfig& skip, const RunOptions& opt, SkipS
           tasks.push_back({b, kh, kh * v.g + hs * vote.heads, r0, std::min<i64>(vote.rows, v.q_len[b] - r0)});
 
   std::vector<std::vector<float>> task_deltas(st.deltas ? tasks.size() : 0);
-  unsigned nthreads = opt.num_threads > 0 ? static_cast<unsigned>(opt.num_threads)
-                                          : std::max(1u, std::thread::hardware_concurrency());
+  // Threads: 0 = one per hardware thread; more than 4 per hardware thread (at most 1024) only
+  // cost memory and thread creation, so larger requests are clamped (docs/reference.md).
+  const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+  const unsigned max_threads = std::min(1024u, 4 * hw);
+  unsigned nthreads = opt.num_threads > 0 ? static_cast<unsigned>(std::min<long long>(opt.num_threads, max_threads))
+                                          : hw;
   nthreads = static_cast<unsigned>(std::min<std::size_t>(nthreads, std::max<std::size_t>(tasks.size(), 1)));
   std::vector<ThreadStats> tstats(nthreads);
   for (auto& ts : tstats) {
@@ -566,12 +592,27 @@ void run_all(const View& v, const SkipConfig& skip, const RunOptions& opt, SkipS
       next.store(tasks.size());
     }
   };
-  if (nthreads <= 1) {
+  {
+    // The calling thread is worker 0; helpers are joined on every path out of this block. A
+    // helper that cannot be created (the system is out of threads or memory: std::system_error)
+    // ends the spawning: the tasks are shared through `next`, so the workers already running
+    // (at least this one) do them all and the result is the same.
+    std::vector<std::thread> helpers;
+    helpers.reserve(nthreads - 1);
+    struct JoinAll {
+      std::vector<std::thread>& threads;
+      ~JoinAll() {
+        for (auto& x : threads) x.join();
+      }
+    } join_all{helpers};
+    for (unsigned w = 1; w < nthreads; ++w) {
+      try {
+        helpers.emplace_back(worker, w);
+      } catch (const std::system_error&) {
+        break;
+      }
+    }
     worker(0);
-  } else {
-    std::vector<std::thread> th;
-    for (unsigned w = 0; w < nthreads; ++w) th.emplace_back(worker, w);
-    for (auto& x : th) x.join();
   }
   if (err) std::rethrow_exception(err);
 
