@@ -3,15 +3,17 @@
 // everything else with an Error, so a hostile file can never cause more than an exception.
 #include "blasst/npy.hpp"
 
+#include <algorithm>
 #include <cctype>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <limits>
 #include <optional>
 #include <sstream>
 
 #include "blasst/half.hpp"
+#include "core/text.hpp"
+#include "io/files.hpp"
 
 namespace blasst::npy {
 
@@ -20,7 +22,7 @@ namespace {
 constexpr unsigned char kMagic[6] = {0x93, 'N', 'U', 'M', 'P', 'Y'};
 
 [[noreturn]] void fail(const std::string& name, const std::string& what) {
-  throw Error(name + ": " + what);
+  throw Error(detail::printable(name, 300) + ": " + what);
 }
 
 struct Header {
@@ -58,7 +60,7 @@ class DictParser {
         if (shape) bad("duplicate key 'shape'");
         shape = tuple_lit();
       } else {
-        bad("unexpected key '" + key + "' (expected descr, fortran_order, shape)");
+        bad("unexpected key " + detail::single_quoted(key) + " (expected descr, fortran_order, shape)");
       }
       ws();
       if (peek() == ',') {
@@ -155,14 +157,14 @@ class DictParser {
   }
   Elem elem_of(const std::string& d) {
     if (d.size() >= 2 && d[0] == '>' && d.substr(1) != "V2")
-      fail(name_, "big-endian data ('" + d + "') is not supported; save with a little-endian dtype "
+      fail(name_, "big-endian data (" + detail::single_quoted(d) + ") is not supported; save with a little-endian dtype "
                   "(x.astype(x.dtype.newbyteorder('<')))");
     if (d == "<f4") return Elem::f32;
     if (d == "<f2") return Elem::f16;
     if (d == "<f8") return Elem::f64;
     if (d == "<u2") return Elem::u16;
     if (d == "|V2" || d == "<V2" || d == ">V2" || d == "V2") return Elem::bf16;
-    fail(name_, "unsupported dtype '" + d + "' (supported: <f4, <f2, <f8, <u2 with --dtype bf16, "
+    fail(name_, "unsupported dtype " + detail::single_quoted(d) + " (supported: <f4, <f2, <f8, <u2 with --dtype bf16, "
                 "|V2 = ml_dtypes bfloat16)");
   }
 
@@ -299,28 +301,21 @@ Array parse(const void* data, std::size_t size, const std::string& name, std::ui
 }
 
 Array read(const std::string& path, std::uint64_t max_bytes) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) fail(path, "cannot open for reading");
-  f.seekg(0, std::ios::end);
-  const std::streamoff end = f.tellg();
-  if (end < 0) fail(path, "cannot determine the file size");
-  const auto file_size = static_cast<std::uint64_t>(end);
-  f.seekg(0, std::ios::beg);
+  // A regular file only: a FIFO or a device is refused before a read could block.
+  const io::InputFile f(path);
+  const std::uint64_t file_size = f.size();
   // Only the header is read before the sizes are checked: a lying header cannot make us allocate.
   const std::size_t head_n =
       static_cast<std::size_t>(std::min<std::uint64_t>(file_size, 12 + kMaxHeaderBytes));
   std::vector<unsigned char> head(head_n);
-  if (head_n && !f.read(reinterpret_cast<char*>(head.data()), static_cast<std::streamsize>(head_n)))
-    fail(path, "read error");
+  f.read_at(0, head.data(), head_n);
   const Header h = parse_header(head.data(), head.size(), path, max_bytes);
   check_payload(h, file_size, path);
   Array a;
   a.elem = h.elem;
   a.shape = h.shape;
   a.bytes.resize(static_cast<std::size_t>(h.nbytes));
-  f.seekg(static_cast<std::streamoff>(h.data_offset), std::ios::beg);
-  if (h.nbytes && !f.read(reinterpret_cast<char*>(a.bytes.data()), static_cast<std::streamsize>(h.nbytes)))
-    fail(path, "read error (file changed while reading?)");
+  f.read_at(h.data_offset, a.bytes.data(), a.bytes.size());
   return a;
 }
 
@@ -362,11 +357,10 @@ std::vector<unsigned char> serialize(const Array& a) {
 
 void write(const std::string& path, const Array& a) {
   const std::vector<unsigned char> img = serialize(a);
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  if (!f) fail(path, "cannot open for writing");
-  f.write(reinterpret_cast<const char*>(img.data()), static_cast<std::streamsize>(img.size()));
-  f.close();
-  if (!f) fail(path, "write error");
+  // Staged next to the target and renamed into place: a failed write leaves the old file.
+  io::OutputFile f(path);
+  f.stage(img.data(), img.size());
+  f.commit();
 }
 
 namespace {

@@ -1,7 +1,13 @@
 // .npy reader/writer: round trips for every element type, byte-exact numpy layout, and refusal of
 // corrupted files (each error must name the file).
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <chrono>
+#include <csignal>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -238,6 +244,96 @@ TEST_F(NpyTest, MissingFileAndBadWrites) {
   EXPECT_THROW(npy::serialize(bad), Error);
   const float x = 1;
   EXPECT_THROW(npy::write((dir_ / "no_such_dir" / "x.npy").string(), npy::from_f32(&x, {1})), Error);
+}
+
+// ---- issue 21 ----------------------------------------------------------------------------------
+
+// Inputs must be regular files: a FIFO (which used to block the reader forever), a device and a
+// directory are refused at once, by name.
+TEST_F(NpyTest, NonRegularInputsAreRefused) {
+  const std::string fifo = path("q.npy");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (const auto& [p, what] : {std::pair<std::string, std::string>{fifo, "is a FIFO"},
+                                {"/dev/zero", "is a character device"},
+                                {dir_.string(), "is a directory"}}) {
+    try {
+      npy::read(p);
+      FAIL() << p;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(p + ": " + what + "; inputs must be regular files"), std::string::npos)
+          << e.what();
+    }
+  }
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0);
+}
+
+// A write that fails part-way (here a file-size limit, as on a full disk) leaves the previous
+// file whole and loadable, and no temporary behind. The old writer truncated it in place.
+TEST_F(NpyTest, FailedWriteKeepsThePreviousFile) {
+  const std::string p = path("o.npy");
+  const float old_values[4] = {1, 2, 3, 4};
+  npy::write(p, npy::from_f32(old_values, {4}));
+  const std::vector<float> big(1 << 16, 7.0f);  // 256 KiB, over the limit below
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    std::signal(SIGXFSZ, SIG_IGN);  // as the CLI does: EFBIG instead of a kill
+    const rlimit lim{64 * 1024, 64 * 1024};
+    if (::setrlimit(RLIMIT_FSIZE, &lim) != 0) ::_exit(10);
+    try {
+      npy::write(p, npy::from_f32(big.data(), {static_cast<std::int64_t>(big.size())}));
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      ::_exit(m.find(p + ": write error") != std::string::npos ? 0 : 11);
+    }
+    ::_exit(12);  // the write succeeded: the limit did not bite
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  ASSERT_EQ(WEXITSTATUS(status), 0) << "10: setrlimit, 11: message, 12: no failure";
+  const npy::Array back = npy::read(p);
+  ASSERT_EQ(back.shape, (std::vector<std::int64_t>{4}));
+  EXPECT_EQ(std::memcmp(back.f32(), old_values, sizeof old_values), 0);
+  std::size_t entries = 0;
+  for (const auto& e : fs::directory_iterator(dir_)) entries += e.exists() ? 1 : 0;
+  EXPECT_EQ(entries, 1u) << "a temporary was left behind";
+}
+
+// The replaced file keeps its permissions; a new one gets the umask's; a symlinked target is
+// replaced where the link points; /dev/null is written in place.
+TEST_F(NpyTest, ReplacementKeepsModeAndFollowsLinks) {
+  const float x[2] = {5, 6};
+  const std::string p = path("o.npy");
+  npy::write(p, npy::from_f32(x, {2}));
+  ASSERT_EQ(::chmod(p.c_str(), 0640), 0);
+  npy::write(p, npy::from_f32(x, {1}));
+  struct stat st {};
+  ASSERT_EQ(::stat(p.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0640u);
+  fs::create_symlink(p, path("link.npy"));
+  npy::write(path("link.npy"), npy::from_f32(x, {2}));
+  EXPECT_TRUE(fs::is_symlink(path("link.npy")));
+  EXPECT_EQ(npy::read(p).shape, (std::vector<std::int64_t>{2}));
+  EXPECT_NO_THROW(npy::write("/dev/null", npy::from_f32(x, {2})));
+  EXPECT_THROW(npy::write(dir_.string(), npy::from_f32(x, {2})), Error);  // a directory
+  EXPECT_THROW(npy::write("", npy::from_f32(x, {2})), Error);
+}
+
+// A NUL (or any control byte) in the header no longer cuts or splits the message.
+TEST_F(NpyTest, HeaderBytesAreEchoedPrintably) {
+  std::string dict = "{'descr': '<f";
+  dict += '\0';
+  dict += "\x1b', 'fortran_order': False, 'shape': (1,)}";
+  try {
+    npy::parse(v1_file(dict, 4).data(), v1_file(dict, 4).size(), "x.npy");
+    FAIL();
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("unsupported dtype '<f\\x00\\x1b' (supported:"), std::string::npos) << m;
+    for (unsigned char c : m) EXPECT_GE(c, 0x20);
+  }
 }
 
 // Random byte flips of a valid file never crash: each parse either succeeds or throws Error.
