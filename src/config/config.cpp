@@ -10,10 +10,12 @@
 #include <cctype>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
+#include <unordered_set>
 
 #include <nlohmann/json.hpp>
+
+#include "core/text.hpp"
+#include "io/files.hpp"
 
 namespace blasst::config {
 
@@ -23,12 +25,20 @@ using json = nlohmann::ordered_json;  // keeps config_groups in file order (firs
 namespace fs = std::filesystem;
 
 constexpr const char* kBlockKey = "sparse_attention_config";
+// Limits on what a config may be (docs/config.md). Real configs are a few kB and 4-6 levels
+// deep; the limits only keep hostile files from exhausting the stack, the memory or the time.
+constexpr std::uint64_t kMaxConfigBytes = std::uint64_t{16} << 20;  // 16 MiB
+constexpr std::size_t kMaxDepth = 64;                                // nested objects/arrays
+
+using detail::member;
+using detail::num;
+using detail::single_quoted;
 
 class Ctx {
  public:
   explicit Ctx(std::string source) : source_(std::move(source)) {}
   [[noreturn]] void fail(const std::string& path, const std::string& what) const {
-    throw Error(source_ + ": " + path + ": " + what);
+    throw Error(detail::printable(source_, 300) + ": " + path + ": " + what);
   }
   const std::string& source() const { return source_; }
 
@@ -95,7 +105,7 @@ ConfigGroup parse_group(const Ctx& c, const std::string& name, const json& g, co
     if (!g["algorithm"].is_string()) c.fail(path + ".algorithm", "expected a string");
     out.algorithm = g["algorithm"].get<std::string>();
     if (out.algorithm != "skip_softmax")
-      c.fail(path + ".algorithm", "unknown algorithm '" + out.algorithm + "' (supported: skip_softmax)");
+      c.fail(path + ".algorithm", "unknown algorithm " + single_quoted(out.algorithm) + " (supported: skip_softmax)");
   }
   if (present(g, "threshold_scale_factor")) {
     const std::string p = path + ".threshold_scale_factor";
@@ -108,7 +118,7 @@ ConfigGroup parse_group(const Ctx& c, const std::string& name, const json& g, co
       const std::string f = t["formula"].get<std::string>();
       // Whitespace is the only liberty taken: any other spelling is a different formula.
       if (strip_spaces(f) != strip_spaces(kFormula))
-        c.fail(p + ".formula", "unknown formula '" + f + "' (supported: \"" + kFormula + "\")");
+        c.fail(p + ".formula", "unknown formula " + single_quoted(f) + " (supported: \"" + kFormula + "\")");
       if (present(t, "prefill")) out.threshold_scale_factor.prefill = calibration(c, t["prefill"], p + ".prefill");
       if (present(t, "decode")) out.threshold_scale_factor.decode = calibration(c, t["decode"], p + ".decode");
       if (!out.threshold_scale_factor.prefill && !out.threshold_scale_factor.decode)
@@ -144,7 +154,7 @@ SparseAttentionConfig parse_block(const Ctx& c, const json& block, const std::st
   if (!groups.is_object()) c.fail("config_groups", "expected an object, got " + type_name(groups));
   SparseAttentionConfig cfg;
   for (auto it = groups.begin(); it != groups.end(); ++it)
-    cfg.groups.push_back(parse_group(c, it.key(), it.value(), "config_groups." + it.key()));
+    cfg.groups.push_back(parse_group(c, it.key(), it.value(), member("config_groups", it.key())));
   return cfg;
 }
 
@@ -152,7 +162,7 @@ json block_json(const SparseAttentionConfig& cfg) {
   json groups = json::object();
   for (const ConfigGroup& g : cfg.groups) {
     if (g.name.empty()) throw Error("config::to_json: a group has an empty name");
-    if (groups.contains(g.name)) throw Error("config::to_json: duplicate group name '" + g.name + "'");
+    if (groups.contains(g.name)) throw Error("config::to_json: duplicate group name " + single_quoted(g.name));
     json j = json::object();
     j["algorithm"] = g.algorithm;
     const ThresholdScaleFactor& t = g.threshold_scale_factor;
@@ -181,21 +191,117 @@ json block_json(const SparseAttentionConfig& cfg) {
   return block;
 }
 
-std::string read_text(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw Error(path + ": cannot open for reading");
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  if (f.bad()) throw Error(path + ": read error");
-  return ss.str();
-}
+// Builds the document from nlohmann's SAX events. json::parse into an ordered_json would do the
+// same but (1) inserts every key with a linear search of its object (quadratic in the number of
+// config groups: 200k groups took minutes) and (2) copies values recursively when an object's
+// storage grows, which overflows the stack on deep nesting. Here keys are checked against a hash
+// set and appended, and nesting stops at kMaxDepth, so a copy never recurses further than that.
+// Duplicate keys are refused: JSON leaves their meaning open, and a config must not be ambiguous.
+class BoundedDom final : public nlohmann::json_sax<json> {
+ public:
+  BoundedDom(json& root, const std::string& source) : root_(root), source_(source) {}
+
+  bool null() override { return put(json(nullptr)); }
+  bool boolean(bool v) override { return put(json(v)); }
+  bool number_integer(number_integer_t v) override { return put(json(v)); }
+  bool number_unsigned(number_unsigned_t v) override { return put(json(v)); }
+  bool number_float(number_float_t v, const string_t&) override { return put(json(v)); }
+  bool string(string_t& v) override { return put(json(std::move(v))); }
+  bool binary(binary_t&) override { fail(path(), "binary values are not JSON"); }
+  bool start_object(std::size_t) override { return open(json::object()); }
+  bool start_array(std::size_t) override { return open(json::array()); }
+  bool key(string_t& k) override {
+    Frame& f = stack_.back();
+    if (!f.keys.insert(k).second) fail(path(), "duplicate key " + single_quoted(k));
+    f.key = std::move(k);
+    return true;
+  }
+  bool end_object() override {
+    stack_.pop_back();
+    return true;
+  }
+  bool end_array() override {
+    stack_.pop_back();
+    return true;
+  }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) override {
+    // e.what() quotes the offending token, which may be long or hold any byte.
+    throw Error(detail::printable(source_, 300) + ": invalid JSON: " + detail::printable(e.what(), 300));
+  }
+
+ private:
+  struct Frame {
+    json* value;
+    std::string name;  // this container's member name or [index], for messages
+    std::string key;   // objects: the key of the value that comes next
+    std::unordered_set<std::string> keys;
+  };
+
+  [[noreturn]] void fail(const std::string& where, const std::string& what) const {
+    throw Error(detail::printable(source_, 300) + ": " + where + ": " + what);
+  }
+  std::string path() const {
+    std::string p = "<root>";
+    for (std::size_t i = 1; i < stack_.size(); ++i) p += stack_[i].name;
+    // 64 levels of long keys would make a 5 kB line: keep both ends.
+    if (p.size() > 240) p = detail::printable(p.substr(0, 110), 110) + " ... " + detail::printable(p.substr(p.size() - 110), 110);
+    return p;
+  }
+  // The name the next value gets in the current container.
+  std::string next_name() const {
+    if (stack_.empty()) return "";
+    const Frame& f = stack_.back();
+    if (f.value->is_object()) return member("", f.key);
+    return "[" + std::to_string(f.value->size()) + "]";
+  }
+  json* insert(json&& v) {
+    if (stack_.empty()) {
+      root_ = std::move(v);
+      return &root_;
+    }
+    Frame& f = stack_.back();
+    if (f.value->is_object()) {
+      // Appended without ordered_map's linear search: key() has ruled out duplicates.
+      auto& items = static_cast<json::object_t::Container&>(f.value->get_ref<json::object_t&>());
+      items.emplace_back(std::move(f.key), std::move(v));
+      return &items.back().second;
+    }
+    auto& items = f.value->get_ref<json::array_t&>();
+    items.push_back(std::move(v));
+    return &items.back();
+  }
+  bool put(json&& v) {
+    insert(std::move(v));
+    return true;
+  }
+  bool open(json&& container) {
+    if (stack_.size() >= kMaxDepth)
+      fail(path(), "nested deeper than " + std::to_string(kMaxDepth) + " levels (the limit for a config)");
+    std::string name = next_name();
+    json* at = insert(std::move(container));
+    stack_.push_back(Frame{at, std::move(name), {}, {}});
+    return true;
+  }
+
+  json& root_;
+  const std::string& source_;
+  std::vector<Frame> stack_;
+};
+
+std::string read_text(const std::string& path) { return io::read_file(path, kMaxConfigBytes); }
 
 json parse_json(const std::string& text, const std::string& source) {
+  if (text.size() > kMaxConfigBytes)
+    throw Error(detail::printable(source, 300) + ": too large (" + std::to_string(text.size()) +
+                " bytes; the limit is " + std::to_string(kMaxConfigBytes) + " bytes)");
+  json root;
+  BoundedDom dom(root, source);
   try {
-    return json::parse(text);
-  } catch (const json::exception& e) {  // parse_error, and out_of_range for e.g. 1e999
-    throw Error(source + ": invalid JSON: " + e.what());
+    json::sax_parse(text, &dom);
+  } catch (const json::exception& e) {  // defensive: sax_parse reports through parse_error()
+    throw Error(detail::printable(source, 300) + ": invalid JSON: " + detail::printable(e.what(), 300));
   }
+  return root;
 }
 
 bool matches(const std::vector<std::string>& patterns, const std::string& name) {
@@ -231,7 +337,7 @@ std::optional<SparseAttentionConfig> load_file(const std::string& path) {
 
 std::vector<std::pair<std::string, SparseAttentionConfig>> load_model_dir(const std::string& dir) {
   std::error_code ec;
-  if (!fs::is_directory(dir, ec)) throw Error(dir + ": not a directory");
+  if (!fs::is_directory(dir, ec)) throw Error(detail::printable(dir, 300) + ": not a directory");
   std::vector<std::pair<std::string, SparseAttentionConfig>> out;
   // A single-model checkpoint keeps config.json at the top: component ".".
   const fs::path top = fs::path(dir) / "config.json";
@@ -240,7 +346,7 @@ std::vector<std::pair<std::string, SparseAttentionConfig>> load_model_dir(const 
   std::vector<fs::path> subs;
   for (const auto& e : fs::directory_iterator(dir, ec))
     if (e.is_directory(ec) && fs::is_regular_file(e.path() / "config.json", ec)) subs.push_back(e.path());
-  if (ec) throw Error(dir + ": cannot list: " + ec.message());
+  if (ec) throw Error(detail::printable(dir, 300) + ": cannot list: " + ec.message());
   std::sort(subs.begin(), subs.end());
   for (const fs::path& p : subs)
     if (auto cfg = load_file((p / "config.json").string()))
@@ -259,32 +365,23 @@ void write_into(const std::string& config_json_path, const SparseAttentionConfig
   std::error_code ec;
   if (fs::exists(config_json_path, ec)) {
     root = parse_json(read_text(config_json_path), config_json_path);
-    if (!root.is_object()) throw Error(config_json_path + ": expected a JSON object at the top level");
+    if (!root.is_object())
+      throw Error(detail::printable(config_json_path, 300) + ": expected a JSON object at the top level");
   }
   root[kBlockKey] = block_json(cfg);
-  // Write next to the target and rename, so a crash never leaves a half-written config.json.
-  const std::string tmp = config_json_path + ".blasst.tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) throw Error(config_json_path + ": cannot open for writing");
-    f << root.dump(2) << "\n";
-    f.close();
-    if (!f) throw Error(config_json_path + ": write error");
-  }
-  fs::rename(tmp, config_json_path, ec);
-  if (ec) {
-    fs::remove(tmp, ec);
-    throw Error(config_json_path + ": cannot replace the file");
-  }
+  // Written next to the target and renamed: a failure never leaves a half-written config.json.
+  io::OutputFile f(config_json_path);
+  f.stage(root.dump(2) + "\n");
+  f.commit();
 }
 
 SkipConfig resolve(const SparseAttentionConfig& cfg, const std::string& layer_name, Phase phase,
                    std::optional<double> target_sparsity) {
   if (target_sparsity && !(*target_sparsity >= 0.0 && *target_sparsity <= 1.0))
-    throw Error("target_sparsity must lie in [0, 1], got " + std::to_string(*target_sparsity));
+    throw Error("target_sparsity must lie in [0, 1], got " + num(*target_sparsity));
   const ConfigGroup* g = group_for(cfg, layer_name);
   if (g == nullptr || matches(g->ignore, layer_name)) return SkipConfig{};
-  const std::string where = "config_groups." + g->name;
+  const std::string where = member("config_groups", g->name);
   SkipConfig out;
   out.enabled = true;
   if (g->threshold_scale_factor.scalar) {  // a raw factor wins over any target (SPEC §7)
@@ -292,16 +389,22 @@ SkipConfig resolve(const SparseAttentionConfig& cfg, const std::string& layer_na
     return out;
   }
   const bool pre = phase == Phase::prefill;
+  const std::string phase_name = pre ? "prefill" : "decode";
   const auto& fit = pre ? g->threshold_scale_factor.prefill : g->threshold_scale_factor.decode;
   if (!fit)
-    throw Error(where + ": no threshold_scale_factor for the " + std::string(pre ? "prefill" : "decode") +
-                " phase (layer '" + layer_name + "')");
+    throw Error(where + ": no threshold_scale_factor for the " + phase_name + " phase (layer " +
+                single_quoted(layer_name) + ")");
   const auto& file_target = pre ? g->target_sparsity_prefill : g->target_sparsity_decode;
   if (!target_sparsity && !file_target)
-    throw Error(where + ": no target_sparsity for the " + std::string(pre ? "prefill" : "decode") +
-                " phase; give one (--target-sparsity)");
+    throw Error(where + ": no target_sparsity for the " + phase_name + " phase; give one (--target-sparsity)");
   out.calibration = *fit;
   out.target_sparsity = target_sparsity ? *target_sparsity : *file_target;
+  // Checked here, where the group is known: a fit such as b = 1e300 overflows for any target > 0.
+  const double factor = fit->a * std::exp(fit->b * out.target_sparsity);
+  if (!std::isfinite(factor) || !(factor > 0.0))
+    throw Error(where + ".threshold_scale_factor." + phase_name + ": a * exp(b * target_sparsity) = " +
+                num(factor) + " (a = " + num(fit->a) + ", b = " + num(fit->b) + ", target_sparsity = " +
+                num(out.target_sparsity) + ") is not a finite positive factor");
   return out;
 }
 

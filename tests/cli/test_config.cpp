@@ -2,6 +2,10 @@
 // write round trip and multi-component model directories.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -219,6 +223,102 @@ TEST(Config, MalformedJson) {
   EXPECT_THROW(config::load_file("/nonexistent/dir/config.json"), Error);
 }
 
+// ---- issue 21: hostile configs ------------------------------------------------------------------
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// A valid block, then an unrelated key holding `levels` nested arrays, then a sibling key (the
+// sibling is what made the old parser copy the deep value recursively and overflow the stack).
+std::string deep_config(std::size_t levels, char open = '[') {
+  const char close = open == '[' ? ']' : '}';
+  std::string s = R"J({"sparse_attention_config": {"config_groups": {"g": {"threshold_scale_factor": 3}}}, "meta": )J";
+  for (std::size_t i = 0; i < levels; ++i) s += open == '[' ? "[" : R"J({"a": )J";
+  if (open == '{') s += "1";
+  s.append(levels, close);
+  return s + R"J(, "sibling": 1})J";
+}
+
+TEST(ConfigLimits, DeepNestingIsRefusedCleanly) {
+  for (const char open : {'[', '{'})
+    for (const std::size_t levels : {std::size_t{70}, std::size_t{10000}, std::size_t{150000}}) {
+      const auto t0 = std::chrono::steady_clock::now();
+      expect_error(deep_config(levels, open), {"nested deeper than 64 levels"});
+      EXPECT_LT(seconds_since(t0), 5.0) << levels;
+    }
+  // At the limit: 64 levels (the root object and 63 arrays under "meta") parse, 65 do not.
+  EXPECT_NO_THROW(config::parse(deep_config(63), "cfg.json"));
+  expect_error(deep_config(64), {"cfg.json: <root>.meta[0]", "nested deeper than 64 levels"});
+}
+
+// 200k groups: linear time (the old parser took minutes: a linear key search per insertion).
+TEST(ConfigLimits, ManyGroupsParseInLinearTime) {
+  std::string s = R"J({"sparse_attention_config": {"config_groups": {)J";
+  const int n = 200000;
+  for (int i = 0; i < n; ++i)
+    s += (i ? ", " : "") + std::string("\"group_") + std::to_string(i) + R"J(": {"threshold_scale_factor": )J" +
+         std::to_string(i + 1) + "}";
+  s += "}}}";
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto cfg = config::parse(s, "cfg.json");
+  const double t = seconds_since(t0);
+  ASSERT_TRUE(cfg);
+  ASSERT_EQ(cfg->groups.size(), std::size_t(n));
+  EXPECT_EQ(cfg->groups.front().name, "group_0");  // file order kept
+  EXPECT_EQ(cfg->groups.back().name, "group_199999");
+  EXPECT_EQ(*cfg->groups[12345].threshold_scale_factor.scalar, 12346.0);
+  EXPECT_LT(t, 5.0) << s.size() << " bytes";
+  std::printf("200000 groups (%zu bytes) parsed in %.2f s\n", s.size(), t);
+}
+
+TEST(ConfigLimits, DuplicateKeysAreRefused) {
+  expect_error(R"J({"config_groups": {"g": {"threshold_scale_factor": 1}, "g": {"threshold_scale_factor": 2}}})J",
+               {"<root>.config_groups", "duplicate key 'g'"});
+  expect_error(group(R"J({"threshold_scale_factor": 1, "threshold_scale_factor": 1e9})J"),
+               {"config_groups.group_0", "duplicate key 'threshold_scale_factor'"});
+}
+
+TEST(ConfigLimits, OversizedTextIsRefused) {
+  std::string s = group(R"J({"threshold_scale_factor": 1})J");
+  s.append((std::size_t{16} << 20) + 1 - s.size(), ' ');  // 16 MiB + 1 byte
+  expect_error(s, {"too large", "16777217 bytes", "limit is 16777216"});
+  s.pop_back();
+  EXPECT_NO_THROW(config::parse(s, "cfg.json"));
+}
+
+// Names and strings from the file are echoed on one printable line of bounded length.
+TEST(ConfigLimits, HostileNamesAreEchoedPrintably) {
+  const std::string evil = R"(g\n\u001b[2J)" + std::string(100000, 'x');  // JSON escapes: newline, ESC
+  try {
+    config::parse(R"J({"config_groups": {")J" + evil + R"J(": {"algorithm": "top\nk\u0000!"}}})J", "cfg.json");
+    FAIL() << "accepted";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_LT(m.size(), 400u) << m.size();
+    for (unsigned char c : m) ASSERT_GE(c, 0x20) << m;
+    EXPECT_NE(m.find("config_groups['g\\n\\x1b[2Jxxx"), std::string::npos) << m;
+    EXPECT_NE(m.find("(100006 bytes)"), std::string::npos) << m;
+    EXPECT_NE(m.find("unknown algorithm 'top\\nk\\x00!'"), std::string::npos) << m;
+  }
+}
+
+// An overflowing fit is reported against its group, phase and numbers (b = 1e300).
+TEST(ConfigLimits, OverflowingCalibrationNamesTheGroup) {
+  const auto cfg = config::parse(group(R"J({"threshold_scale_factor": {"formula": "a * exp(b * target_sparsity)",
+      "prefill": {"a": 1, "b": 1e300}}, "target_sparsity": 0.5})J"));
+  ASSERT_TRUE(cfg);
+  try {
+    config::resolve(*cfg, "blocks.0", Phase::prefill);
+    FAIL() << "resolved";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("config_groups.group_0.threshold_scale_factor.prefill"), std::string::npos) << m;
+    EXPECT_NE(m.find("a * exp(b * target_sparsity) = inf (a = 1, b = 1e+300, target_sparsity = 0.5)"), std::string::npos)
+        << m;
+  }
+}
+
 class ConfigFiles : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -279,6 +379,41 @@ TEST_F(ConfigFiles, WriteRoundTripPreservesOtherKeys) {
   // Duplicate names cannot be written.
   cfg.groups[1].name = "zeta_first";
   EXPECT_THROW(config::to_json(cfg), Error);
+}
+
+// A FIFO, a device or a directory given as a config is refused at once (a FIFO used to block).
+TEST_F(ConfigFiles, NonRegularFilesAreRefused) {
+  const std::string fifo = (dir_ / "config.json").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (const auto& [path, what] : {std::pair<std::string, std::string>{fifo, "is a FIFO"},
+                                   {"/dev/zero", "is a character device"},
+                                   {dir_.string(), "is a directory"}}) {
+    try {
+      config::load_file(path);
+      FAIL() << path;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(path + ": " + what), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_LT(seconds_since(t0), 5.0);
+  // write_into refuses to read it too, and leaves it alone.
+  EXPECT_THROW(config::write_into(fifo, config::SparseAttentionConfig{}), Error);
+  EXPECT_TRUE(fs::is_fifo(fifo));
+}
+
+// write_into replaces config.json only once the new file is complete: a failure keeps the old.
+TEST_F(ConfigFiles, FailedWriteKeepsTheOldFile) {
+  const fs::path p = dir_ / "config.json";
+  write(p, R"J({"hidden_size": 1})J");
+  config::SparseAttentionConfig cfg;
+  cfg.groups.push_back(config::ConfigGroup{});  // an empty name cannot be written
+  EXPECT_THROW(config::write_into(p.string(), cfg), Error);
+  EXPECT_EQ(nlohmann::json::parse(std::ifstream(p)), nlohmann::json::parse(R"J({"hidden_size": 1})J"));
+  EXPECT_THROW(config::write_into((dir_ / "missing" / "config.json").string(), cfg), Error);
+  std::size_t files = 0;
+  for (const auto& e : fs::directory_iterator(dir_)) files += e.is_regular_file() ? 1 : 0;
+  EXPECT_EQ(files, 1u) << "no temporary left behind";
 }
 
 TEST_F(ConfigFiles, ModelDirWithTwoComponents) {
