@@ -140,6 +140,8 @@ void check_args(CalibrateArgs& a, bool have_cuda) {
   if (a.disabled_until != -1.0 && !(a.disabled_until >= 0.0 && a.disabled_until <= 1.0))
     bad("--disabled-until", "must lie in [0, 1]");
   if (!a.mask.empty() && a.mask != "causal" && a.mask != "full") bad("--mask", "expected causal or full");
+  if (a.threads < 0 || a.threads > kMaxThreads)
+    bad("--threads", "must lie in [0, " + std::to_string(kMaxThreads) + "], got " + std::to_string(a.threads));
 }
 
 void calibrate_cmd(CalibrateArgs a) {
@@ -147,8 +149,12 @@ void calibrate_cmd(CalibrateArgs a) {
     std::ostringstream err;
     const int rc = cal::check_config(a.check, std::cout, err);
     if (rc != 0) {
+      // check_config writes "blasst calibrate --check: <error>" for its own report; main()
+      // prefixes "blasst: error: " already, so only the flag stays.
       std::string m = err.str();
       while (!m.empty() && m.back() == '\n') m.pop_back();
+      const std::string own = "blasst calibrate ";
+      if (m.rfind(own, 0) == 0) m.erase(0, own.size());
       throw Error(m);
     }
     return;
@@ -402,7 +408,7 @@ void register_calibrate(CLI::App& app) {
   s->add_option("--target-decode", a->target_decode, "target_sparsity.decode written (default 0.5)");
   s->add_option("--disabled-until", a->disabled_until, "disabled_until_timestep written (diffusion)");
   s->add_option("--ignore", a->ignore, "ignore patterns written (comma separated)")->delimiter(',');
-  s->add_option("--threads", a->threads, "reference threads (0 = all cores)");
+  s->add_option("--threads", a->threads, "reference threads, 0..1024 (0 = all cores)");
   s->add_flag("--no-plots", a->no_plots, "report.md only");
   s->add_flag("--histogram", a->histogram, "cpu: use delta histograms instead of exact delta lists");
   s->callback([a] { calibrate_cmd(*a); });

@@ -302,7 +302,8 @@ void register_demo(CLI::App& app) {
   s->add_option("--targets", a->targets, "target sparsities (default 0.5 0.7 0.9)")->delimiter(',');
   s->add_option("--heads", a->heads, "query heads (default: cpu 4, cuda 32)")->check(CLI::PositiveNumber);
   s->add_option("--head-dim", a->head_dim, "head dimension (default 128)")->check(CLI::PositiveNumber);
-  s->add_option("--threads", a->threads, "reference threads (0 = all cores)")->check(CLI::NonNegativeNumber);
+  s->add_option("--threads", a->threads, "reference threads, 0..1024 (0 = all cores)")
+      ->check(CLI::Range(0, kMaxThreads));
   s->callback([a] { demo(*a); });
 }
 

@@ -2,7 +2,6 @@
 // output, the LSE and the skip statistics. See docs/cli.md for the file layout and dtypes.
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <memory>
 #include <optional>
 #include <string>
@@ -17,6 +16,7 @@
 #include "cli/commands.hpp"
 #include "cli/common.hpp"
 #include "core/text.hpp"
+#include "io/files.hpp"
 
 namespace blasst::cli {
 
@@ -30,7 +30,8 @@ struct RunArgs {
   std::int64_t split_tiles = 0;
   // Which optional options were given.
   CLI::Option *o_threshold = nullptr, *o_factor = nullptr, *o_config = nullptr, *o_target = nullptr,
-              *o_scale = nullptr, *o_timestep = nullptr, *o_phase = nullptr, *o_dtype = nullptr;
+              *o_scale = nullptr, *o_timestep = nullptr, *o_phase = nullptr, *o_dtype = nullptr,
+              *o_lse = nullptr, *o_stats = nullptr;
 };
 
 [[noreturn]] void bad_arg(const std::string& opt, const std::string& what) { throw Error(opt + ": " + what); }
@@ -44,19 +45,70 @@ struct Input {
   bool batched = false;  // rank 4 in the file
 };
 
+// A user path inside a message: printable and bounded.
+std::string shown(const std::string& path) { return detail::printable(path, 300); }
+
 Input load_input(const std::string& opt, const std::string& path, bool as_bf16) {
   Input in;
   in.path = path;
   in.opt = opt;
-  in.arr = npy::read(path);
-  in.file_dtype = npy::library_dtype(in.arr, as_bf16, path);
+  try {
+    in.arr = npy::read(path);
+    in.file_dtype = npy::library_dtype(in.arr, as_bf16, path);
+  } catch (const Error& e) {  // "<file>: ..." from the reader: add the flag
+    bad_arg(opt, e.what());
+  }
   const auto rank = in.arr.shape.size();
   if (rank != 3 && rank != 4)
-    bad_arg(opt, path + ": expected shape [B, L, H, d] or [L, H, d], got rank " + std::to_string(rank));
+    bad_arg(opt, shown(path) + ": expected shape [B, L, H, d] or [L, H, d], got rank " + std::to_string(rank));
   for (auto d : in.arr.shape)
-    if (d == 0) bad_arg(opt, path + ": empty dimension in the shape");
+    if (d == 0) bad_arg(opt, shown(path) + ": empty dimension in the shape");
   in.batched = rank == 4;
   return in;
+}
+
+// The library names its arguments (q, k_cache, skip.vote.heads, ...); the user gave flags and
+// files. Library messages start with the argument's name (docs/reference.md), so the name is
+// swapped for the flag and its file here, at the one place the CLI calls the library.
+struct LibraryName {
+  const char* prefix;  // as the library's message starts
+  const char* flag;
+  bool file;           // the flag names a file: show it
+};
+constexpr LibraryName kLibraryNames[] = {
+    {"q:", "--q", true},          {"k_cache:", "--k", true},   {"v_cache:", "--v", true},
+    {"k:", "--k", true},          {"v:", "--v", true},         {"out:", "--out", true},
+    {"lse:", "--lse", true},      {"skip.vote.heads", "--vote-heads", false},
+    {"skip.vote.tile_keys", "--tile-keys", false},           {"skip.vote.rows", "--vote-rows", false},
+    {"skip.vote.split_tiles", "--split-tiles", false},       {"skip.vote.order", "--order", false},
+    {"skip.threshold", "--threshold", false},                {"skip.factor", "--factor", false},
+    {"scale", "--scale", false},  {"num_threads", "--threads", false},
+};
+
+[[noreturn]] void rethrow_with_flag(const Error& e, const RunArgs& a, const std::string& threshold_source) {
+  std::string m = e.what();
+  auto file_of = [&](const std::string& flag) -> std::string {
+    if (flag == "--q") return a.q;
+    if (flag == "--k") return a.k;
+    if (flag == "--v") return a.v;
+    if (flag == "--out") return a.out;
+    if (flag == "--lse") return a.lse;
+    return "";
+  };
+  for (const LibraryName& n : kLibraryNames) {
+    const std::string prefix = n.prefix;
+    if (m.rfind(prefix, 0) != 0) continue;
+    std::string what = m;
+    if (prefix.back() == ':') what = m.substr(prefix.size() + (m.size() > prefix.size() && m[prefix.size()] == ' '));
+    throw Error(std::string(n.flag) + ": " + (n.file ? shown(file_of(n.flag)) + ": " : "") + what);
+  }
+  // SPEC §3 lambda problems belong to whatever set the threshold.
+  for (const char* prefix : {"resolve_lambda: ", "skip.calibration", "skip.target_sparsity"})
+    if (m.rfind(prefix, 0) == 0) {
+      if (m.rfind("resolve_lambda: ", 0) == 0) m.erase(0, 16);
+      throw Error(threshold_source + ": " + m);
+    }
+  throw;
 }
 
 // The input as a [B, L, H, d] buffer in the compute dtype.
@@ -115,11 +167,48 @@ void check_args(const RunArgs& a) {
       bad_arg("--timestep", "timestep / num_train_timesteps = " + num(t) + " must lie in [0, 1]");
   }
   if (a.split_tiles < 0) bad_arg("--split-tiles", "must be >= 0");
-  if (a.threads < 0) bad_arg("--threads", "must be >= 0");
+  if (a.threads < 0 || a.threads > kMaxThreads)
+    bad_arg("--threads", "must lie in [0, " + std::to_string(kMaxThreads) + "], got " + std::to_string(a.threads));
+}
+
+// The outputs, checked before any input is read: a path that cannot be written, that names an
+// input, or that two outputs share fails now, before any work and before any file is replaced.
+struct Outputs {
+  io::OutputFile out;
+  std::optional<io::OutputFile> lse, stats;
+
+  void commit() {
+    std::vector<io::OutputFile*> all{&out};
+    if (lse) all.push_back(&*lse);
+    if (stats) all.push_back(&*stats);
+    io::commit_all(all);
+  }
+};
+
+Outputs plan_outputs(const RunArgs& a) {
+  Outputs o{io::OutputFile(a.out, "--out"), std::nullopt, std::nullopt};
+  if (a.o_lse->count()) o.lse.emplace(a.lse, "--lse");
+  if (a.o_stats->count()) o.stats.emplace(a.stats, "--stats");
+  const std::pair<const char*, const std::string*> inputs[] = {
+      {"--q", &a.q}, {"--k", &a.k}, {"--v", &a.v}, {"--config", &a.config}};
+  std::vector<std::pair<const char*, const io::OutputFile*>> seen;
+  for (const auto& [flag, f] : {std::pair<const char*, const io::OutputFile*>{"--out", &o.out},
+                                {"--lse", o.lse ? &*o.lse : nullptr}, {"--stats", o.stats ? &*o.stats : nullptr}}) {
+    if (f == nullptr || f->is_device()) continue;  // /dev/null may take several outputs
+    for (const auto& [in_flag, in_path] : inputs)
+      if (!in_path->empty() && io::same_file(f->path(), *in_path))
+        bad_arg(flag, shown(f->path()) + " is also the " + in_flag + " input; refusing to overwrite an input");
+    for (const auto& [other_flag, other] : seen)
+      if (io::same_file(f->path(), other->path()))
+        bad_arg(flag, shown(f->path()) + " is also the " + other_flag + " output; give each output its own file");
+    seen.emplace_back(flag, f);
+  }
+  return o;
 }
 
 void run(RunArgs& a) {
   check_args(a);
+  Outputs outputs = plan_outputs(a);
   Progress progress;
   const bool as_bf16 = a.o_dtype->count() && a.dtype == "bf16";
 
@@ -139,10 +228,16 @@ void run(RunArgs& a) {
   Input ki = load_input("--k", a.k, as_bf16);
   Input vi = load_input("--v", a.v, as_bf16);
   if (ki.arr.shape.size() != qi.arr.shape.size() || vi.arr.shape.size() != qi.arr.shape.size())
-    bad_arg("--k/--v", "q, k and v must all be rank 3 ([L, H, d]) or all rank 4 ([B, L, H, d])");
+    bad_arg(ki.arr.shape.size() != qi.arr.shape.size() ? "--k" : "--v",
+            "q, k and v must all be rank 3 ([L, H, d]) or all rank 4 ([B, L, H, d]); --q " + shown(a.q) +
+                " has rank " + std::to_string(qi.arr.shape.size()) + ", --k " + shown(a.k) + " rank " +
+                std::to_string(ki.arr.shape.size()) + ", --v " + shown(a.v) + " rank " +
+                std::to_string(vi.arr.shape.size()));
   if (ki.file_dtype != qi.file_dtype || vi.file_dtype != qi.file_dtype)
-    bad_arg("--k/--v", std::string("q, k and v must share one dtype (") + a.q + ": " + to_string(qi.file_dtype) +
-                           ", " + a.k + ": " + to_string(ki.file_dtype) + ", " + a.v + ": " + to_string(vi.file_dtype) + ")");
+    bad_arg(ki.file_dtype != qi.file_dtype ? "--k" : "--v",
+            std::string("q, k and v must share one dtype; --q ") + shown(a.q) + ": " + to_string(qi.file_dtype) +
+                ", --k " + shown(a.k) + ": " + to_string(ki.file_dtype) + ", --v " + shown(a.v) + ": " +
+                to_string(vi.file_dtype));
   const DType compute = a.o_dtype->count() ? parse_dtype(a.dtype) : qi.file_dtype;
   const npy::Elem out_elem = qi.arr.elem;  // output in the dtype (and encoding) of the q file
   const bool batched = qi.batched;
@@ -154,12 +249,20 @@ void run(RunArgs& a) {
   const std::int64_t B = q.shape[0], Lq = q.shape[1], Hq = q.shape[2];
   const std::int64_t Lk = k.shape[1], Hk = k.shape[2], dv = v.shape[3];
   if (k.shape[0] != B || v.shape[0] != B)
-    bad_arg("--k/--v", "batch sizes differ: q " + std::to_string(B) + ", k " + std::to_string(k.shape[0]) +
-                           ", v " + std::to_string(v.shape[0]));
+    bad_arg(k.shape[0] != B ? "--k" : "--v",
+            "batch sizes differ: --q " + shown(a.q) + " " + std::to_string(B) + ", --k " + shown(a.k) + " " +
+                std::to_string(k.shape[0]) + ", --v " + shown(a.v) + " " + std::to_string(v.shape[0]));
   if (v.shape[1] != Lk || v.shape[2] != Hk)
-    bad_arg("--v", a.v + ": [L, H] must match k's [" + std::to_string(Lk) + ", " + std::to_string(Hk) + "]");
+    bad_arg("--v", shown(a.v) + ": [L, H] must match k's [" + std::to_string(Lk) + ", " + std::to_string(Hk) + "]");
   if (k.shape[3] != q.shape[3])
-    bad_arg("--k", a.k + ": head dim " + std::to_string(k.shape[3]) + " differs from q's " + std::to_string(q.shape[3]));
+    bad_arg("--k", shown(a.k) + ": head dim " + std::to_string(k.shape[3]) + " differs from q's " +
+                       std::to_string(q.shape[3]));
+  if (Hq % Hk != 0)
+    bad_arg("--k", shown(a.k) + ": " + std::to_string(Hk) + " KV heads do not divide the " + std::to_string(Hq) +
+                       " query heads of --q " + shown(a.q));
+  if ((Hq / Hk) % a.vote_heads != 0)
+    bad_arg("--vote-heads", std::to_string(a.vote_heads) + " must divide the query heads per KV head Hq / Hk = " +
+                                std::to_string(Hq / Hk));
 
   // ---- skip settings ----
   const Phase phase = a.o_phase->count() ? parse_phase(a.phase) : (a.decode ? Phase::decode : Phase::prefill);
@@ -175,13 +278,23 @@ void run(RunArgs& a) {
     skip.factor = a.factor;
     source = "factor";
   } else if (a.o_config->count()) {
-    const auto cfg = config::load_file(a.config);
+    source = "config";
+    std::optional<config::SparseAttentionConfig> cfg;
+    try {
+      cfg = config::load_file(a.config);  // messages start with the file
+    } catch (const Error& e) {
+      bad_arg("--config", e.what());
+    }
     if (!cfg) {
-      std::fprintf(stderr, "blasst: note: %s has no sparse_attention_config: running dense\n", a.config.c_str());
+      std::fprintf(stderr, "blasst: note: %s has no sparse_attention_config: running dense\n", shown(a.config).c_str());
       source = "config (no block: dense)";
     } else {
-      skip = config::resolve(*cfg, a.layer, phase,
-                             a.o_target->count() ? std::optional<double>(a.target) : std::nullopt);
+      try {
+        skip = config::resolve(*cfg, a.layer, phase,
+                               a.o_target->count() ? std::optional<double>(a.target) : std::nullopt);
+      } catch (const Error& e) {  // "config_groups.g: ...": add the flag and the file
+        bad_arg("--config", shown(a.config) + ": " + e.what());
+      }
       gate_d = config::disabled_until_timestep(*cfg, a.layer);
       source = skip.enabled ? "config" : "config (layer ignored or unmatched: dense)";
     }
@@ -201,13 +314,25 @@ void run(RunArgs& a) {
   skip.vote.heads = a.vote_heads;
   skip.vote.split_tiles = a.split_tiles;
   skip.vote.order = parse_visit_order(a.order);
+  const std::string threshold_flag = a.o_threshold->count() ? "--threshold"
+                                     : a.o_factor->count()  ? "--factor"
+                                                            : "--config: " + shown(a.config);
+  // SPEC §3: lambda of every sequence (all have Lk keys here) before any work is done, so that
+  // e.g. --factor 5e-324 (lambda = factor / Lk underflows to 0) is reported against its flag.
+  if (skip.enabled) {
+    try {
+      (void)resolve_lambda(skip, Lk);
+    } catch (const Error& e) {
+      rethrow_with_flag(e, a, threshold_flag);
+    }
+  }
 
   // ---- outputs (poisoned: whatever the engine fails to write shows up as NaN) ----
   const DType out_t = compute == DType::f64 ? DType::f64 : DType::f32;
   HostBuffer out = make_buffer(out_t, {B, Lq, Hq, dv});
   poison(out);
   HostBuffer lse;
-  if (!a.lse.empty()) {
+  if (outputs.lse) {
     lse = make_buffer(DType::f32, {B, Hq, Lq});
     poison(lse);
   }
@@ -227,34 +352,42 @@ void run(RunArgs& a) {
     p.k_cache = k.tensor();
     p.v_cache = v.tensor();
     p.out = out.tensor();
-    if (!a.lse.empty()) p.lse = lse.tensor();
+    if (outputs.lse) p.lse = lse.tensor();
     p.mask = MaskKind::causal;
     if (a.o_scale->count()) p.scale = a.scale;
-    blasst::decode(p, skip, opt, &stats);
+    try {
+      blasst::decode(p, skip, opt, &stats);
+    } catch (const Error& e) {
+      rethrow_with_flag(e, a, threshold_flag);
+    }
   } else {
     AttentionProblem p;
     p.q = q.tensor();
     p.k = k.tensor();
     p.v = v.tensor();
     p.out = out.tensor();
-    if (!a.lse.empty()) p.lse = lse.tensor();
+    if (outputs.lse) p.lse = lse.tensor();
     p.mask = a.causal ? MaskKind::causal : MaskKind::full;
     if (a.o_scale->count()) p.scale = a.scale;
-    blasst::attention(p, skip, opt, &stats);
+    try {
+      blasst::attention(p, skip, opt, &stats);
+    } catch (const Error& e) {
+      rethrow_with_flag(e, a, threshold_flag);
+    }
   }
   const double ms = now_ms() - t0;
 
-  // ---- write ----
-  progress.update("writing " + a.out);
+  // ---- write: every output staged next to its target, then all renamed into place ----
+  progress.update("writing " + shown(a.out));
   std::vector<std::int64_t> oshape = {B, Lq, Hq, dv};
   if (!batched) oshape.erase(oshape.begin());
-  npy::write(a.out, to_file(out, out_elem, oshape));
-  if (!a.lse.empty()) {
+  outputs.out.stage(npy::serialize(to_file(out, out_elem, oshape)));
+  if (outputs.lse) {
     std::vector<std::int64_t> lshape = {B, Hq, Lq};
     if (!batched) lshape.erase(lshape.begin());
-    npy::write(a.lse, npy::from_f32(reinterpret_cast<const float*>(lse.bytes.data()), lshape));
+    outputs.lse->stage(npy::serialize(npy::from_f32(reinterpret_cast<const float*>(lse.bytes.data()), lshape)));
   }
-  if (!a.stats.empty()) {
+  if (outputs.stats) {
     nlohmann::json j = stats_json(stats);
     j["command"] = a.decode ? "decode" : "attention";
     j["phase"] = to_string(phase);
@@ -274,14 +407,12 @@ void run(RunArgs& a) {
     if (gate_d) j["disabled_until_timestep"] = *gate_d;
     if (gate.current()) j["timestep"] = *gate.current();
     j["elapsed_ms"] = ms;
-    std::ofstream f(a.stats);
-    if (!f) bad_arg("--stats", a.stats + ": cannot open for writing");
-    f << j.dump(2) << "\n";
-    if (!f) bad_arg("--stats", a.stats + ": write error");
+    outputs.stats->stage(j.dump(2) + "\n");
   }
+  outputs.commit();
   progress.clear();
   std::printf("blasst run: wrote %s (%s); %s; skipped %lld of %lld tiles (sparsity %.4f); %.1f ms on %s\n",
-              a.out.c_str(), to_string(compute), source.c_str(), static_cast<long long>(stats.total_skipped()),
+              shown(a.out).c_str(), to_string(compute), source.c_str(), static_cast<long long>(stats.total_skipped()),
               static_cast<long long>(stats.total_visited()), stats.sparsity(), ms,
               device == DeviceKind::cuda ? "cuda" : "cpu");
 }
@@ -295,8 +426,8 @@ void register_run(CLI::App& app) {
   s->add_option("--k", a->k, "keys .npy, [B, Lk, Hk, d] or [Lk, Hk, d]")->required()->check(CLI::ExistingFile);
   s->add_option("--v", a->v, "values .npy, [B, Lk, Hk, dv] or [Lk, Hk, dv]")->required()->check(CLI::ExistingFile);
   s->add_option("--out", a->out, "output .npy, [B, Lq, Hq, dv], in the dtype of --q")->required();
-  s->add_option("--lse", a->lse, "also write the log-sum-exp, float32 [B, Hq, Lq]");
-  s->add_option("--stats", a->stats, "write skip statistics (JSON)");
+  a->o_lse = s->add_option("--lse", a->lse, "also write the log-sum-exp, float32 [B, Hq, Lq]");
+  a->o_stats = s->add_option("--stats", a->stats, "write skip statistics (JSON)");
   s->add_flag("--causal", a->causal, "causal mask (bottom-right aligned); default: full");
   s->add_flag("--decode", a->decode, "decode: q [B, q_len, Hq, d] against contiguous caches k/v [B, Lmax, Hk, d]");
   a->o_threshold = s->add_option("--threshold", a->threshold, "lambda itself, in (0, 1)");
@@ -322,7 +453,7 @@ void register_run(CLI::App& app) {
   s->add_option("--order", a->order, "tile visit order (SPEC §2a)")
       ->check(CLI::IsMember({"natural", "max_first", "max-first"}));
   s->add_option("--device", a->device, "cpu (reference), cuda, or auto")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
-  s->add_option("--threads", a->threads, "reference threads (0 = all cores)");
+  s->add_option("--threads", a->threads, "reference threads, 0..1024 (0 = all cores; the reference uses at most 4 per core)");
   a->o_timestep = s->add_option("--timestep", a->timestep, "diffusion: scheduler timestep of this step");
   auto* nt = s->add_option("--num-train-timesteps", a->num_train, "diffusion: scheduler num_train_timesteps");
   a->o_timestep->needs(nt);

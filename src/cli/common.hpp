@@ -16,6 +16,10 @@
 
 namespace blasst::cli {
 
+// Largest --threads the commands accept (docs/cli.md); the reference itself uses at most
+// 4 x the hardware threads (docs/reference.md).
+inline constexpr int kMaxThreads = 1024;
+
 // Progress lines on stderr, only when stderr is a terminal (pipes and logs stay clean).
 class Progress {
  public:

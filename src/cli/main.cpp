@@ -1,28 +1,37 @@
 // `blasst`: Skip-Softmax sparse attention from the command line (docs/cli.md).
 // Every error -- bad arguments, unreadable files, library validation -- prints
-// "blasst: error: <message>" on stderr and exits with status 2.
+// "blasst: error: <message>" on stderr, one printable line of bounded length, and exits with
+// status 2.
+#include <csignal>
 #include <cstdio>
 #include <exception>
+#include <new>
 #include <string>
 
 #include <CLI/CLI.hpp>
 
 #include "blasst/blasst.hpp"
 #include "cli/commands.hpp"
+#include "core/text.hpp"
 
 #ifndef BLASST_VERSION
 #define BLASST_VERSION "unknown"
 #endif
 
 namespace {
-int fail(const char* msg) {
+int fail(const std::string& msg) {
   std::fflush(stdout);
-  std::fprintf(stderr, "blasst: error: %s\n", msg);
+  // The last guard: whatever a message echoes (a CLI11 value, a path, an exception from the
+  // standard library) leaves as one printable line.
+  std::fprintf(stderr, "blasst: error: %s\n", blasst::detail::printable(msg).c_str());
   return 2;
 }
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A file-size limit (ulimit -f) must fail a write with EFBIG, reported and cleaned up, instead
+  // of killing the process with SIGXFSZ halfway through a file.
+  std::signal(SIGXFSZ, SIG_IGN);
   CLI::App app{"blasst: Skip-Softmax sparse attention (BLASST) -- demo, run, calibrate", "blasst"};
   app.set_version_flag("--version", std::string("blasst ") + BLASST_VERSION);
   app.require_subcommand(1);
@@ -40,7 +49,8 @@ int main(int argc, char** argv) {
       known = known || sub->get_name() == argv[1];
       names += (names.empty() ? "" : ", ") + sub->get_name();
     }
-    if (!known) return fail(("unknown command '" + std::string(argv[1]) + "' (commands: " + names + ")").c_str());
+    if (!known)
+      return fail("unknown command " + blasst::detail::single_quoted(argv[1]) + " (commands: " + names + ")");
   }
   try {
     app.parse(argc, argv);  // subcommand callbacks run inside parse()
@@ -51,7 +61,8 @@ int main(int argc, char** argv) {
   } catch (const blasst::Error& e) {
     return fail(e.what());
   } catch (const std::bad_alloc&) {
-    return fail("out of memory");
+    return fail(std::string("out of memory in `blasst ") + (argc > 1 ? argv[1] : "") +
+                "`: the inputs need more memory than is available");
   } catch (const std::exception& e) {
     return fail(e.what());
   }

@@ -2,10 +2,16 @@
 // run as a separate process, and its outputs are compared with an independent fp64 attention
 // computed here and with blasst::reference::attention/decode called in-process.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
+#include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -14,6 +20,7 @@
 #include <tuple>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -116,6 +123,46 @@ class Cli : public ::testing::Test {
                             quote(p("stderr.txt")) + " < /dev/null";
     const int st = std::system(cmd.c_str());
     Result r;
+    r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    r.out = slurp(p("stdout.txt"));
+    r.err = slurp(p("stderr.txt"));
+    return r;
+  }
+  // The same in a child with an optional file-size limit; also reports the child's peak RSS
+  // (kB) and wall time.
+  Result blasst_limited(const std::string& args, long* max_rss_kb = nullptr, rlim_t fsize = RLIM_INFINITY,
+                        double* seconds = nullptr) {
+    const std::string cmd = quote(BLASST_CLI_PATH) + " " + args + " > " + quote(p("stdout.txt")) + " 2> " +
+                            quote(p("stderr.txt")) + " < /dev/null";
+    const auto t0 = std::chrono::steady_clock::now();
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::setpgid(0, 0);  // its own process group: a hang is killed whole below
+      if (fsize != RLIM_INFINITY) {
+        const rlimit lim{fsize, fsize};
+        ::setrlimit(RLIMIT_FSIZE, &lim);
+      }
+      ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+    int st = 0;
+    rusage ru{};
+    Result r;
+    if (pid < 0) return r;
+    // A hang (a FIFO input used to block forever) ends as a failure after 60 s, not a stuck test.
+    for (;;) {
+      const pid_t w = ::wait4(pid, &st, WNOHANG, &ru);
+      if (w == pid) break;
+      if (w < 0) return r;
+      if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(60)) {
+        ::kill(-pid, SIGKILL);
+        ::wait4(pid, &st, 0, &ru);
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    if (seconds) *seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (max_rss_kb) *max_rss_kb = ru.ru_maxrss;
     r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
     r.out = slurp(p("stdout.txt"));
     r.err = slurp(p("stderr.txt"));
@@ -372,7 +419,7 @@ TEST_F(Cli, BadArgumentsExit2NamingTheArgument) {
                      {"--q", "missing.npy"});
   expect_usage_error("run --q " + p("q.npy") + " --k " + p("k_bad_d.npy") + " --v " + p("v.npy") + " --out " + p("o.npy"),
                      {"--k", "k_bad_d.npy", "head dim"});
-  expect_usage_error(qkv + " --vote-heads 3", {"vote.heads"});
+  expect_usage_error(qkv + " --vote-heads 3", {"--vote-heads", "must divide"});
   // Files the reader refuses: the file is named.
   std::ofstream(p("garbage.npy")) << "definitely not numpy";
   expect_usage_error("run --q " + p("garbage.npy") + " --k " + p("k.npy") + " --v " + p("v.npy") + " --out " + p("o.npy"),
@@ -475,6 +522,246 @@ TEST_F(Cli, DemoJsonQuick) {
     }
   }
   EXPECT_EQ(workloads, (std::set<std::string>{"llm", "dit"}));
+}
+
+// ---- issue 21: hostile input ---------------------------------------------------------------
+
+// Every error: exit status 2, exactly one line on stderr, printable, bounded, naming `needles`.
+void expect_one_line_error(const Result& r, std::initializer_list<std::string> needles, const std::string& what) {
+  SCOPED_TRACE(what);
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_EQ(r.err.rfind("blasst: error: ", 0), 0u) << r.err;
+  ASSERT_FALSE(r.err.empty());
+  EXPECT_EQ(r.err.find('\n'), r.err.size() - 1) << "more than one line: " << r.err;
+  for (std::size_t i = 0; i + 1 < r.err.size(); ++i)
+    ASSERT_GE(static_cast<unsigned char>(r.err[i]), 0x20) << "control byte at " << i << ": " << r.err;
+  EXPECT_LT(r.err.size(), 2100u);
+  for (const char* leak : {"k_cache", "v_cache", "skip.vote", "resolve_lambda", "blasst calibrate"})
+    EXPECT_EQ(r.err.find(leak), std::string::npos) << "library name '" << leak << "' in: " << r.err;
+  for (const auto& n : needles) EXPECT_NE(r.err.find(n), std::string::npos) << "'" << n << "' not in: " << r.err;
+}
+
+std::string deep_config(std::size_t levels) {
+  std::string s = R"J({"sparse_attention_config": {"config_groups": {"g": {"threshold_scale_factor": 3}}}, "meta": )J";
+  s.append(levels, '[');
+  s.append(levels, ']');
+  return s + R"J(, "sibling": 1})J";
+}
+
+// Class 1 (deep nesting: SIGSEGV before) and class 3 (parse time quadratic in the groups, a FIFO
+// blocking forever): refused or done within 5 s, on one line naming the flag and the file.
+TEST_F(Cli, HostileConfigsFailFastAndCleanly) {
+  const std::int64_t L = 64, H = 2, d = 8;
+  write_f32("q.npy", randn(L * H * d, 61), {L, H, d});
+  write_f32("k.npy", randn(L * H * d, 62), {L, H, d});
+  write_f32("v.npy", randn(L * H * d, 63), {L, H, d});
+  const std::string qkv = "run --q " + p("q.npy") + " --k " + p("k.npy") + " --v " + p("v.npy") + " --out " + p("o.npy");
+  std::ofstream(p("deep.json")) << deep_config(150000);
+  double t = 0;
+  Result r = blasst_limited("calibrate --check " + p("deep.json"), nullptr, RLIM_INFINITY, &t);
+  expect_one_line_error(r, {"--check: " + p("deep.json") + ": <root>.meta[0]", "nested deeper than 64 levels"},
+                        "calibrate --check deep");
+  EXPECT_LT(t, 5.0);
+  r = blasst_limited(qkv + " --config " + p("deep.json"), nullptr, RLIM_INFINITY, &t);
+  expect_one_line_error(r, {"--config: " + p("deep.json") + ": <root>.meta", "nested deeper"}, "run --config deep");
+  EXPECT_LT(t, 5.0);
+
+  std::string groups = R"J({"sparse_attention_config": {"config_groups": {)J";
+  for (int i = 0; i < 200000; ++i)
+    groups += (i ? ", " : "") + std::string("\"group_") + std::to_string(i) + R"J(": {"threshold_scale_factor": 2,
+      "layers": ["blocks.)J" + std::to_string(i) + R"J(.*"]})J";
+  groups += "}}}";
+  std::ofstream(p("groups.json")) << groups;
+  r = blasst_limited(qkv + " --config " + p("groups.json") + " --layer blocks.199999.attn --stats " + p("s.json"),
+                     nullptr, RLIM_INFINITY, &t);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_LT(t, 5.0) << "200000 groups";
+  EXPECT_EQ(json::parse(slurp(p("s.json")))["factor"], 2.0);  // the last group matched
+  std::printf("run --config with 200000 groups (%zu bytes): %.2f s\n", groups.size(), t);
+
+  ASSERT_EQ(::mkfifo(p("fifo").c_str(), 0600), 0);
+  r = blasst_limited("run --q " + p("fifo") + " --k " + p("k.npy") + " --v " + p("v.npy") + " --out " + p("o.npy"),
+                     nullptr, RLIM_INFINITY, &t);
+  expect_one_line_error(r, {"--q: " + p("fifo") + ": is a FIFO"}, "FIFO input");
+  EXPECT_LT(t, 5.0);
+  r = blasst_limited(qkv + " --config " + p("fifo"), nullptr, RLIM_INFINITY, &t);
+  expect_one_line_error(r, {"--config: " + p("fifo") + ": is a FIFO"}, "FIFO config");
+  EXPECT_LT(t, 5.0);
+  r = blasst_limited("calibrate --check " + p("fifo"), nullptr, RLIM_INFINITY, &t);
+  expect_one_line_error(r, {"--check: " + p("fifo") + ": is a FIFO"}, "FIFO --check");
+  EXPECT_LT(t, 5.0);
+}
+
+// Class 2: --threads is bounded (40000 aborted with "terminate called without an active
+// exception"); the largest accepted value runs and equals one thread bit for bit.
+TEST_F(Cli, ThreadsAreBounded) {
+  const std::int64_t L = 200, H = 2, d = 8;
+  write_f32("q.npy", randn(L * H * d, 71), {L, H, d});
+  write_f32("k.npy", randn(L * H * d, 72), {L, H, d});
+  write_f32("v.npy", randn(L * H * d, 73), {L, H, d});
+  const std::string qkv = "run --q " + p("q.npy") + " --k " + p("k.npy") + " --v " + p("v.npy") + " --vote-rows 1";
+  expect_one_line_error(blasst(qkv + " --out " + p("o.npy") + " --threads 40000"),
+                        {"--threads: must lie in [0, 1024], got 40000"}, "run");
+  expect_one_line_error(blasst(qkv + " --out " + p("o.npy") + " --threads -1"), {"--threads"}, "run -1");
+  expect_one_line_error(blasst("demo --quick --threads 40000"), {"--threads"}, "demo");
+  expect_one_line_error(blasst("calibrate --threads 40000"), {"--threads", "1024"}, "calibrate");
+  ASSERT_EQ(blasst(qkv + " --out " + p("o1.npy") + " --threads 1").rc, 0);
+  const Result r = blasst(qkv + " --out " + p("o1024.npy") + " --threads 1024");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(npy::read(p("o1024.npy")).bytes, npy::read(p("o1.npy")).bytes);
+}
+
+// Class 4: memory follows the input, not --tile-keys (4000000 on 64 x 96 took 1.5 GB; INT_MAX
+// ended in "out of memory"). Tiles longer than the input are one tile of the input.
+TEST_F(Cli, TileKeysCostOnlyTheInput) {
+  const std::int64_t L = 64, H = 1, d = 96;
+  write_f32("q.npy", randn(L * H * d, 81), {L, H, d});
+  write_f32("k.npy", randn(L * H * d, 82), {L, H, d});
+  write_f32("v.npy", randn(L * H * d, 83), {L, H, d});
+  const std::string qkv = "run --q " + p("q.npy") + " --k " + p("k.npy") + " --v " + p("v.npy");
+  ASSERT_EQ(blasst(qkv + " --tile-keys 64 --out " + p("o64.npy")).rc, 0);
+  for (const char* t : {"4000000", "2147483647"}) {
+    long rss = 0;
+    const Result r = blasst_limited(qkv + " --tile-keys " + t + " --vote-rows 2147483647 --out " + p("o.npy"), &rss);
+    ASSERT_EQ(r.rc, 0) << t << ": " << r.err;
+    EXPECT_LT(rss, 300 * 1024) << t << ": peak RSS " << rss << " kB";
+    EXPECT_EQ(npy::read(p("o.npy")).bytes, npy::read(p("o64.npy")).bytes) << t;
+  }
+  expect_one_line_error(blasst(qkv + " --tile-keys 2147483648 --out " + p("o.npy")), {"--tile-keys"}, "beyond int");
+}
+
+std::string bytes_of(const std::string& path) { return slurp(path); }
+
+// Class 5: outputs are staged and renamed into place only when all are ready; an output may be
+// neither an input nor another output.
+TEST_F(Cli, OutputsAreReplacedOnlyWhenAllAreReady) {
+  const std::int64_t L = 128, H = 2, d = 16;
+  write_f32("q.npy", randn(L * H * d, 91), {L, H, d});
+  write_f32("k.npy", randn(L * H * d, 92), {L, H, d});
+  write_f32("v.npy", randn(L * H * d, 93), {L, H, d});
+  const std::string qkv = "run --q " + p("q.npy") + " --k " + p("k.npy") + " --v " + p("v.npy");
+  ASSERT_EQ(blasst(qkv + " --out " + p("o.npy")).rc, 0);
+  const std::string good = bytes_of(p("o.npy")), q_bytes = bytes_of(p("q.npy"));
+  auto unchanged = [&](const char* what) {
+    EXPECT_EQ(bytes_of(p("o.npy")), good) << what << ": o.npy was touched";
+    EXPECT_EQ(bytes_of(p("q.npy")), q_bytes) << what << ": q.npy was touched";
+  };
+  // An unwritable --lse or --stats fails before o.npy is replaced (it used to fail after).
+  expect_one_line_error(blasst(qkv + " --causal --out " + p("o.npy") + " --lse " + p("no_dir/l.npy")),
+                        {"--lse: " + p("no_dir/l.npy"), "does not exist"}, "--lse folder");
+  unchanged("--lse");
+  expect_one_line_error(blasst(qkv + " --causal --out " + p("o.npy") + " --stats " + dir_.string()),
+                        {"--stats: " + dir_.string() + ": is a directory"}, "--stats dir");
+  unchanged("--stats");
+  // Outputs that collide with each other or with an input (also through a hard or soft link).
+  expect_one_line_error(blasst(qkv + " --out " + p("o.npy") + " --stats " + p("o.npy")),
+                        {"--stats: " + p("o.npy") + " is also the --out output"}, "stats = out");
+  unchanged("stats = out");
+  expect_one_line_error(blasst(qkv + " --out " + p("x.npy") + " --lse " + p("sub/../x.npy")),
+                        {"--lse", "is also the --out output"}, "lse = out (not yet existing)");
+  expect_one_line_error(blasst(qkv + " --out " + p("q.npy")), {"--out: " + p("q.npy") + " is also the --q input"},
+                        "out = q");
+  unchanged("out = q");
+  fs::create_hard_link(p("q.npy"), p("hard.npy"));
+  fs::create_symlink(p("k.npy"), p("soft.npy"));
+  expect_one_line_error(blasst(qkv + " --out " + p("hard.npy")), {"--out", "is also the --q input"}, "hard link");
+  expect_one_line_error(blasst(qkv + " --out " + p("o.npy") + " --lse " + p("soft.npy")),
+                        {"--lse", "is also the --k input"}, "symlink");
+  unchanged("links");
+  // A failing write (file-size limit, as on a full disk) keeps the previous o.npy whole.
+  const Result big = blasst_limited(qkv + " --causal --out " + p("o.npy"), nullptr, 16 * 1024);
+  expect_one_line_error(big, {"--out: " + p("o.npy") + ": write error", "File too large"}, "RLIMIT_FSIZE");
+  unchanged("RLIMIT_FSIZE");
+  EXPECT_EQ(npy::read(p("o.npy")).shape, (std::vector<std::int64_t>{L, H, d}));  // still loads
+  // Empty paths name their flag; /dev/null takes several outputs.
+  expect_one_line_error(blasst(qkv + " --out ''"), {"--out: '': empty path"}, "--out ''");
+  expect_one_line_error(blasst(qkv + " --out " + p("o.npy") + " --lse ''"), {"--lse: '': empty path"}, "--lse ''");
+  const Result null = blasst(qkv + " --out /dev/null --lse /dev/null --stats /dev/null");
+  EXPECT_EQ(null.rc, 0) << null.err;
+  unchanged("/dev/null");
+  // Nothing but the files this test made: no temporaries left behind.
+  std::set<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir_)) names.insert(e.path().filename().string());
+  EXPECT_EQ(names, (std::set<std::string>{"q.npy", "k.npy", "v.npy", "o.npy", "hard.npy", "soft.npy", "stdout.txt",
+                                          "stderr.txt"}));
+}
+
+// Class 6: NaN in q gives NaN in that row of O and LSE (it gave zeros and -inf, exit 0); every
+// other row is the naive fp64 attention.
+TEST_F(Cli, NanInputGivesNanRows) {
+  const std::int64_t L = 100, H = 2, d = 16;
+  auto q = randn(L * H * d, 101);
+  const auto k = randn(L * H * d, 102), v = randn(L * H * d, 103);
+  q[(37 * H + 1) * d + 4] = NAN;
+  write_f32("q.npy", q, {L, H, d});
+  write_f32("k.npy", k, {L, H, d});
+  write_f32("v.npy", v, {L, H, d});
+  const Result r = blasst("run --q " + p("q.npy") + " --k " + p("k.npy") + " --v " + p("v.npy") + " --out " +
+                          p("o.npy") + " --lse " + p("lse.npy"));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const npy::Array o = npy::read(p("o.npy")), lse = npy::read(p("lse.npy"));
+  const Naive n = naive_attention(q, k, v, 1, L, L, H, H, d, false, 1.0 / std::sqrt(double(d)));
+  for (std::int64_t i = 0; i < L; ++i)
+    for (std::int64_t h = 0; h < H; ++h) {
+      const bool nan_row = i == 37 && h == 1;
+      EXPECT_EQ(std::isnan(lse.f32()[h * L + i]), nan_row) << i << " " << h;
+      if (!nan_row) EXPECT_NEAR(lse.f32()[h * L + i], n.lse[h * L + i], 2e-5);
+      for (std::int64_t c = 0; c < d; ++c) {
+        const float x = o.f32()[(i * H + h) * d + c];
+        ASSERT_EQ(std::isnan(x), nan_row) << i << " " << h << " " << c;
+        if (!nan_row) ASSERT_NEAR(x, n.o[(i * H + h) * d + c], 2e-5);
+      }
+    }
+}
+
+// Class 7: messages name the flag or file, on one printable line, without library names.
+TEST_F(Cli, ErrorsNameTheirFlagOrFileOnOnePrintableLine) {
+  const std::int64_t L = 64, H = 2, d = 8;
+  write_f32("q.npy", randn(L * H * d, 111), {L, H, d});
+  write_f32("k.npy", randn(L * H * d, 112), {L, H, d});
+  write_f32("v.npy", randn(L * H * d, 113), {L, H, d});
+  write_f32("k4.npy", randn(L * H * d, 114), {1, L, H, d});
+  write_f32("q3h.npy", randn(L * 3 * d, 115), {1, L, 3, d});
+  write_f32("k4d.npy", randn(L * H * d, 116), {1, L, H, d});
+  write_f32("v4d.npy", randn(L * H * d, 117), {1, L, H, d});
+  const std::string io = " --out " + p("o.npy");
+  const std::string qkv = "run --q " + p("q.npy") + " --k " + p("k.npy") + " --v " + p("v.npy") + io;
+  expect_one_line_error(blasst(qkv + " --factor 5e-324"), {"--factor: lambda = 0"}, "factor underflow");
+  std::ofstream(p("overflow.json")) << R"J({"config_groups": {"g": {"threshold_scale_factor":
+      {"formula": "a * exp(b * target_sparsity)", "prefill": {"a": 1, "b": 1e300}}, "target_sparsity": 0.5}}})J";
+  expect_one_line_error(blasst(qkv + " --config " + p("overflow.json")),
+                        {"--config: " + p("overflow.json") + ": config_groups.g.threshold_scale_factor.prefill",
+                         "= inf"},
+                        "overflowing fit");
+  std::ofstream(p("nodecode.json")) << R"J({"config_groups": {"g": {"threshold_scale_factor":
+      {"formula": "a * exp(b * target_sparsity)", "prefill": {"a": 1, "b": 1}}}}})J";
+  expect_one_line_error(blasst(qkv + " --config " + p("nodecode.json") + " --phase decode"),
+                        {"--config: " + p("nodecode.json") + ": config_groups.g: no threshold_scale_factor"},
+                        "missing phase");
+  expect_one_line_error(
+      blasst("run --q " + p("q.npy") + " --k " + p("k4.npy") + " --v " + p("v.npy") + io),
+      {"--k: q, k and v must all be rank 3", "--q " + p("q.npy") + " has rank 3", "--k " + p("k4.npy") + " rank 4"},
+      "ranks");
+  expect_one_line_error(
+      blasst("run --decode --q " + p("q3h.npy") + " --k " + p("k4d.npy") + " --v " + p("v4d.npy") + io),
+      {"--k: " + p("k4d.npy") + ": 2 KV heads do not divide the 3 query heads"}, "decode heads");
+  expect_one_line_error(blasst(qkv + " --vote-heads 3"), {"--vote-heads"}, "vote heads");
+  // Names from a config: a newline and an escape sequence are escaped, 100k characters are cut.
+  std::ofstream(p("evil.json")) << R"J({"config_groups": {"g\n\u001b[2J)J" << std::string(100000, 'x')
+                                << R"J(": {"algorithm": "top\nk"}}})J";
+  expect_one_line_error(blasst(qkv + " --config " + p("evil.json")),
+                        {"--config: " + p("evil.json") + ": config_groups['g\\n\\x1b[2Jxxx", "(100006 bytes)",
+                         "unknown algorithm 'top\\nk'"},
+                        "evil group name");
+  expect_one_line_error(blasst("calibrate --check " + p("evil.json")), {"--check: " + p("evil.json")}, "check");
+  expect_one_line_error(blasst(quote("fro\nb\x1b[2J")), {"unknown command 'fro\\nb\\x1b[2J'"}, "command");
+  // A NUL in an .npy descr no longer cuts the message.
+  std::vector<unsigned char> img = npy::serialize(npy::from_f32(randn(L * H * d, 118).data(), {L, H, d}));
+  std::string bad(img.begin(), img.end());
+  bad.replace(bad.find("<f4"), 3, std::string("<f\0", 3));
+  std::ofstream(p("nul.npy"), std::ios::binary) << bad;
+  expect_one_line_error(blasst("run --q " + p("nul.npy") + " --k " + p("k.npy") + " --v " + p("v.npy") + io),
+                        {"--q: " + p("nul.npy") + ": unsupported dtype '<f\\x00' (supported:"}, "NUL descr");
 }
 
 }  // namespace
