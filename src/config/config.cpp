@@ -10,6 +10,7 @@
 #include <cctype>
 #include <cmath>
 #include <filesystem>
+#include <memory>
 #include <unordered_set>
 
 #include <nlohmann/json.hpp>
@@ -160,9 +161,14 @@ SparseAttentionConfig parse_block(const Ctx& c, const json& block, const std::st
 
 json block_json(const SparseAttentionConfig& cfg) {
   json groups = json::object();
+  // Names checked against a hash set and appended: ordered_json's own insertion searches the
+  // object linearly, which made serialising many groups quadratic.
+  auto& items = static_cast<json::object_t::Container&>(groups.get_ref<json::object_t&>());
+  std::unordered_set<std::string> names;
   for (const ConfigGroup& g : cfg.groups) {
     if (g.name.empty()) throw Error("config::to_json: a group has an empty name");
-    if (groups.contains(g.name)) throw Error("config::to_json: duplicate group name " + single_quoted(g.name));
+    if (!names.insert(g.name).second)
+      throw Error("config::to_json: duplicate group name " + single_quoted(g.name));
     json j = json::object();
     j["algorithm"] = g.algorithm;
     const ThresholdScaleFactor& t = g.threshold_scale_factor;
@@ -184,7 +190,7 @@ json block_json(const SparseAttentionConfig& cfg) {
     if (g.disabled_until_timestep) j["disabled_until_timestep"] = *g.disabled_until_timestep;
     if (!g.ignore.empty()) j["ignore"] = g.ignore;
     if (!g.layers.empty()) j["layers"] = g.layers;
-    groups[g.name] = j;
+    items.emplace_back(g.name, std::move(j));
   }
   json block = json::object();
   block["config_groups"] = groups;
@@ -193,10 +199,13 @@ json block_json(const SparseAttentionConfig& cfg) {
 
 // Builds the document from nlohmann's SAX events. json::parse into an ordered_json would do the
 // same but (1) inserts every key with a linear search of its object (quadratic in the number of
-// config groups: 200k groups took minutes) and (2) copies values recursively when an object's
-// storage grows, which overflows the stack on deep nesting. Here keys are checked against a hash
-// set and appended, and nesting stops at kMaxDepth, so a copy never recurses further than that.
-// Duplicate keys are refused: JSON leaves their meaning open, and a config must not be ambiguous.
+// config groups: 200k groups took minutes) and (2) deep-copies the members already parsed
+// whenever an object's storage grows (ordered_map's pair<const string, json> cannot be moved),
+// which recursed through deeply nested values until the stack overflowed. Here an object's
+// members are collected in a movable buffer and moved into place once, at its closing brace;
+// keys are checked for duplicates (a hash set once an object is large); and nesting stops at
+// kMaxDepth. Duplicate keys are refused: JSON leaves their meaning open, a config must not be
+// ambiguous.
 class BoundedDom final : public nlohmann::json_sax<json> {
  public:
   BoundedDom(json& root, const std::string& source) : root_(root), source_(source) {}
@@ -212,11 +221,30 @@ class BoundedDom final : public nlohmann::json_sax<json> {
   bool start_array(std::size_t) override { return open(json::array()); }
   bool key(string_t& k) override {
     Frame& f = stack_.back();
-    if (!f.keys.insert(k).second) fail(path(), "duplicate key " + single_quoted(k));
-    f.key = std::move(k);
+    // The member is appended now with a null value (insert() fills it in), so that the hash set
+    // holds indices into the members instead of copies of the keys.
+    Members& m = *f.members;
+    m.emplace_back(std::move(k), json());
+    const std::size_t n = m.size();
+    bool duplicate = false;
+    if (n <= kLinearKeys) {
+      for (std::size_t i = 0; i + 1 < n; ++i) duplicate = duplicate || m[i].first == m.back().first;
+    } else {
+      if (f.keys.empty())
+        for (std::size_t i = 0; i + 1 < n; ++i) f.keys.insert(i);
+      duplicate = !f.keys.insert(n - 1).second;
+    }
+    if (duplicate) {
+      const std::string name = m.back().first;
+      m.pop_back();
+      fail(path(), "duplicate key " + single_quoted(name));
+    }
     return true;
   }
   bool end_object() override {
+    Members& m = *stack_.back().members;
+    stack_.back().value->get_ref<json::object_t&>() =
+        json::object_t(std::make_move_iterator(m.begin()), std::make_move_iterator(m.end()));
     stack_.pop_back();
     return true;
   }
@@ -230,30 +258,46 @@ class BoundedDom final : public nlohmann::json_sax<json> {
   }
 
  private:
+  static constexpr std::size_t kLinearKeys = 16;  // up to this many members: a linear check
+  using Members = std::vector<std::pair<std::string, json>>;
+  // Member indices hashed and compared by their keys.
+  struct KeyHash {
+    const Members* m;
+    std::size_t operator()(std::size_t i) const { return std::hash<std::string>{}((*m)[i].first); }
+  };
+  struct KeyEq {
+    const Members* m;
+    bool operator()(std::size_t a, std::size_t b) const { return (*m)[a].first == (*m)[b].first; }
+  };
   struct Frame {
+    explicit Frame(json* v)
+        : value(v), members(std::make_unique<Members>()), keys(0, KeyHash{members.get()}, KeyEq{members.get()}) {}
     json* value;
-    std::string name;  // this container's member name or [index], for messages
-    std::string key;   // objects: the key of the value that comes next
-    std::unordered_set<std::string> keys;
+    std::unique_ptr<Members> members;  // objects: moved into *value at the closing brace
+    std::unordered_set<std::size_t, KeyHash, KeyEq> keys;  // objects with many members
   };
 
   [[noreturn]] void fail(const std::string& where, const std::string& what) const {
     throw Error(detail::printable(source_, 300) + ": " + where + ": " + what);
   }
+  // The JSON path of the innermost open container, built only for a message: an open child is
+  // always its parent's last member or element.
   std::string path() const {
     std::string p = "<root>";
-    for (std::size_t i = 1; i < stack_.size(); ++i) p += stack_[i].name;
+    for (std::size_t i = 1; i < stack_.size(); ++i) {
+      const Frame& parent = stack_[i - 1];
+      if (parent.value->is_object())
+        p += member("", parent.members->back().first);
+      else
+        p += "[" + std::to_string(parent.value->size() - 1) + "]";
+    }
     // 64 levels of long keys would make a 5 kB line: keep both ends.
-    if (p.size() > 240) p = detail::printable(p.substr(0, 110), 110) + " ... " + detail::printable(p.substr(p.size() - 110), 110);
+    if (p.size() > 240)
+      p = detail::printable(p.substr(0, 110), 110) + " ... " + detail::printable(p.substr(p.size() - 110), 110);
     return p;
   }
-  // The name the next value gets in the current container.
-  std::string next_name() const {
-    if (stack_.empty()) return "";
-    const Frame& f = stack_.back();
-    if (f.value->is_object()) return member("", f.key);
-    return "[" + std::to_string(f.value->size()) + "]";
-  }
+  // Stores v in the current container; the pointer stays valid while v is the open container
+  // (its parent does not grow until v is closed).
   json* insert(json&& v) {
     if (stack_.empty()) {
       root_ = std::move(v);
@@ -261,10 +305,9 @@ class BoundedDom final : public nlohmann::json_sax<json> {
     }
     Frame& f = stack_.back();
     if (f.value->is_object()) {
-      // Appended without ordered_map's linear search: key() has ruled out duplicates.
-      auto& items = static_cast<json::object_t::Container&>(f.value->get_ref<json::object_t&>());
-      items.emplace_back(std::move(f.key), std::move(v));
-      return &items.back().second;
+      json& slot = f.members->back().second;  // appended by key()
+      slot = std::move(v);
+      return &slot;
     }
     auto& items = f.value->get_ref<json::array_t&>();
     items.push_back(std::move(v));
@@ -277,9 +320,7 @@ class BoundedDom final : public nlohmann::json_sax<json> {
   bool open(json&& container) {
     if (stack_.size() >= kMaxDepth)
       fail(path(), "nested deeper than " + std::to_string(kMaxDepth) + " levels (the limit for a config)");
-    std::string name = next_name();
-    json* at = insert(std::move(container));
-    stack_.push_back(Frame{at, std::move(name), {}, {}});
+    stack_.emplace_back(insert(std::move(container)));
     return true;
   }
 
