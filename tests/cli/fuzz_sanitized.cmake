@@ -20,7 +20,10 @@ if(NOT rc EQUAL 0)
   message(FATAL_ERROR "FuzzSanitized: building the fuzz targets failed (${rc})")
 endif()
 foreach(t config npy)
-  set(work ${dir}/corpus_${t})  # libFuzzer adds what it finds here, never to the source tree
+  # libFuzzer adds what it finds here, never to the source tree; emptied so that every run starts
+  # from the same corpus and takes the same time.
+  set(work ${dir}/corpus_${t})
+  file(REMOVE_RECURSE ${work})
   file(MAKE_DIRECTORY ${work})
   execute_process(COMMAND ${SEEDS_${t}} --write-seeds ${dir}/seeds_${t} RESULT_VARIABLE rc)
   if(NOT rc EQUAL 0)
@@ -28,7 +31,7 @@ foreach(t config npy)
   endif()
   message(STATUS "FuzzSanitized: fuzz_${t} for ${SECONDS_${t}} s")
   execute_process(COMMAND ${dir}/tests/cli/fuzz_${t} ${work} ${dir}/seeds_${t} ${CORPUS}/${t}
-                          -max_total_time=${SECONDS_${t}} -max_len=400000 -timeout=10 -rss_limit_mb=2048
+                          -max_total_time=${SECONDS_${t}} -max_len=200000 -timeout=10 -rss_limit_mb=2048
                           -artifact_prefix=${dir}/ -print_final_stats=1
                   RESULT_VARIABLE rc)
   if(NOT rc EQUAL 0)

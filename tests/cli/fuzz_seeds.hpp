@@ -38,7 +38,7 @@ inline std::vector<Seed> config_seeds(bool large) {
   deep_group.append(large ? 100000 : 1000, '[');
   out.push_back({"deep_unclosed_formula", deep_group});
   // Many groups (under the 16 MiB limit): fitted groups with every field, and compact ones.
-  for (int n : large ? std::vector<int>{50000} : std::vector<int>{3000}) {
+  for (int n : large ? std::vector<int>{50000} : std::vector<int>{1000}) {
     std::string s = R"J({"sparse_attention_config": {"config_groups": {)J";
     for (int i = 0; i < n; ++i)
       s += (i ? ", " : "") + std::string("\"group_") + std::to_string(i) +
