@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -300,8 +301,10 @@ void register_demo(CLI::App& app) {
       ->check(CLI::IsMember({"natural", "max_first", "max-first"}));
   s->add_option("--seq-lens", a->seq_lens, "override the lengths, e.g. --seq-lens 1024 2048")->delimiter(',');
   s->add_option("--targets", a->targets, "target sparsities (default 0.5 0.7 0.9)")->delimiter(',');
-  s->add_option("--heads", a->heads, "query heads (default: cpu 4, cuda 32)")->check(CLI::PositiveNumber);
-  s->add_option("--head-dim", a->head_dim, "head dimension (default 128)")->check(CLI::PositiveNumber);
+  // CLI::PositiveNumber would print its bound as a 300-digit double.
+  const CLI::Range positive(std::int64_t{1}, std::numeric_limits<std::int64_t>::max());
+  s->add_option("--heads", a->heads, "query heads (default: cpu 4, cuda 32)")->check(positive);
+  s->add_option("--head-dim", a->head_dim, "head dimension (default 128)")->check(positive);
   s->add_option("--threads", a->threads, "reference threads, 0..1024 (0 = all cores)")
       ->check(CLI::Range(0, kMaxThreads));
   s->callback([a] { demo(*a); });

@@ -2,6 +2,7 @@
 // output, the LSE and the skip statistics. See docs/cli.md for the file layout and dtypes.
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -445,10 +446,12 @@ void register_run(CLI::App& app) {
   a->o_dtype = s->add_option("--dtype", a->dtype,
                              "compute dtype; bf16 also reads '<u2' inputs as bfloat16 bits (default: the files')")
                    ->check(CLI::IsMember({"f32", "f16", "bf16", "f64"}));
-  s->add_option("--tile-keys", a->tile_keys, "keys per tile (SPEC: 128)")->check(CLI::PositiveNumber);
-  s->add_option("--vote-rows", a->vote_rows, "query rows per vote group (reference)")->check(CLI::PositiveNumber);
+  // CLI::PositiveNumber would print its bound as a 300-digit double; the range of an int is 1..INT_MAX.
+  const CLI::Range positive_int(1, std::numeric_limits<int>::max());
+  s->add_option("--tile-keys", a->tile_keys, "keys per tile (SPEC: 128); beyond Lk: one tile")->check(positive_int);
+  s->add_option("--vote-rows", a->vote_rows, "query rows per vote group (reference)")->check(positive_int);
   s->add_option("--vote-heads", a->vote_heads, "query heads per vote group: 1 or a divisor of Hq/Hk")
-      ->check(CLI::PositiveNumber);
+      ->check(positive_int);
   s->add_option("--split-tiles", a->split_tiles, "split-KV layout: key tiles per split (0 = unsplit)");
   s->add_option("--order", a->order, "tile visit order (SPEC §2a)")
       ->check(CLI::IsMember({"natural", "max_first", "max-first"}));
