@@ -8,6 +8,7 @@
 
 #include "blasst/blasst.hpp"
 #include "core/hist_bin.hpp"
+#include "core/text.hpp"
 
 namespace blasst {
 
@@ -147,13 +148,7 @@ SkipConfig SkipConfig::from_calibration(Calibration cal, double target_sparsity)
   return c;
 }
 
-namespace {
-std::string num(double x) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.17g", x);
-  return buf;
-}
-}  // namespace
+using detail::num;  // the one number formatter of the messages (core/text.hpp)
 
 void validate(const SkipConfig& cfg) {
   const VoteGranularity& v = cfg.vote;

@@ -200,10 +200,18 @@ Header parse_header(const unsigned char* p, std::size_t avail, const std::string
   h.data_offset = prefix + static_cast<std::size_t>(hlen);
   DictParser dp(reinterpret_cast<const char*>(p + prefix), static_cast<std::size_t>(hlen), name);
   h = dp.parse_into(h);
-  std::uint64_t n = 1;
+  // The product of the nonzero dimensions must fit int64, even when a zero makes the array empty:
+  // then every running product of the shape (Array::numel, Tensor::numel) fits as well (the fuzzer
+  // found (3709551615, 4290967296, 0), whose first two dims overflow int64 before the zero).
+  std::uint64_t n = 1, nonzero = 1;
   for (std::int64_t dim : h.shape) {
-    if (dim != 0 && n > std::numeric_limits<std::uint64_t>::max() / static_cast<std::uint64_t>(dim))
+    if (dim == 0) {
+      n = 0;
+      continue;
+    }
+    if (nonzero > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()) / static_cast<std::uint64_t>(dim))
       fail(name, "shape product overflows");
+    nonzero *= static_cast<std::uint64_t>(dim);
     n *= static_cast<std::uint64_t>(dim);
   }
   const std::uint64_t es = elem_size(h.elem);
@@ -234,12 +242,18 @@ std::string shape_str(const std::vector<std::int64_t>& s) {
   return out + ")";
 }
 
+// As the reader's rule: the product of the nonzero dimensions fits int64.
 std::uint64_t checked_numel(const std::vector<std::int64_t>& shape, const char* what) {
-  std::uint64_t n = 1;
+  std::uint64_t n = 1, nonzero = 1;
   for (std::int64_t d : shape) {
     if (d < 0) throw Error(std::string(what) + ": negative dimension");
-    if (d != 0 && n > std::numeric_limits<std::uint64_t>::max() / static_cast<std::uint64_t>(d))
+    if (d == 0) {
+      n = 0;
+      continue;
+    }
+    if (nonzero > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()) / static_cast<std::uint64_t>(d))
       throw Error(std::string(what) + ": shape product overflows");
+    nonzero *= static_cast<std::uint64_t>(d);
     n *= static_cast<std::uint64_t>(d);
   }
   return n;

@@ -224,6 +224,16 @@ TEST_F(NpyTest, RejectsOversized) {
                 "overflows");
   expect_reject(v1_file("{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999999999999,)}", 0),
                 "overflows");
+  // Empty (a zero dimension), but the nonzero dimensions' product overflows int64: every later
+  // product of the shape would be undefined behaviour (FuzzSanitized's find, UBSan in numel).
+  expect_reject(v1_file("{'descr': '<f4', 'fortran_order': False, 'shape': (3709551615, 4290967296, 0)}", 0),
+                "overflows");
+  // Empty with a large but representable product is still an empty array.
+  {
+    const std::string p = path("big_empty.npy");
+    write_bytes(p, v1_file("{'descr': '<f4', 'fortran_order': False, 'shape': (3000000000, 3000000000, 0)}", 0));
+    EXPECT_EQ(npy::read(p).numel(), 0);
+  }
   // More than the 16 GiB default limit: refused before anything is allocated.
   expect_reject(v1_file("{'descr': '<f8', 'fortran_order': False, 'shape': (65536, 65536)}", 0), "too large");
   // A caller-chosen smaller limit.
