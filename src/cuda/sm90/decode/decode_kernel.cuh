@@ -33,6 +33,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <type_traits>
 
@@ -130,6 +131,20 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas) decode_ker
   unsigned long long* sBar = reinterpret_cast<unsigned long long*>(
       (reinterpret_cast<std::uintptr_t>(sVTile + NV) + 7) & ~std::uintptr_t{7});
   const std::uint32_t barK0 = smem_u32(sBar), barV0 = smem_u32(sBar + NK), barS0 = smem_u32(sBar + NK + NV);
+  // The offsets above are DecodeTraits::SharedStorage's layout, member by member, and end where it
+  // does (the launch sizes the dynamic shared memory from it).
+  {
+    using SS = typename Traits::SharedStorage;
+    constexpr std::size_t kRedOff = MT == 1 ? std::size_t(NK + NV) * kSlotBytes
+                                            : std::size_t(NK + NV) * kSlotBytes + std::size_t(NV) * kPStage +
+                                                  std::size_t(kRows) * D * 2 + std::size_t(NV) * kRows * 4;
+    constexpr std::size_t kVTileOff = kRedOff + std::size_t(2) * W * kRows * 4;
+    constexpr std::size_t kBarOff = (kVTileOff + std::size_t(NV) * 4 + 7) & ~std::size_t(7);
+    static_assert(offsetof(SS, v) == std::size_t(NK) * kSlotBytes && offsetof(SS, red) == kRedOff &&
+                      offsetof(SS, v_tile) == kVTileOff && offsetof(SS, bar) == kBarOff &&
+                      kBarOff + std::size_t(NK + NV + 2) * 8 == Traits::kSmemBytes,
+                  "the kernel's shared-memory offsets are SharedStorage's");
+  }
 
   const bool tma = p.tma != 0;
   if (tid == 0) {
