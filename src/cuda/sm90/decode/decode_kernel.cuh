@@ -24,9 +24,9 @@
 //     starts the running maxima there.
 // Each CTA writes a normalised fp32 partial (O, LSE); decode_merge.cu combines the splits.
 // (A split of this kernel by concern into mainloop / epilogue files on a shared-memory struct
-// computed wrong outputs in the skip instances on the H200 for a cause not found within the
-// session - see branch decode-split-wip and bench/results/decode_log.md; the decode rewrite of
-// issue 18 takes it up.)
+// computed wrong outputs in its skip instances on the H200, cause not found: commit 9a59ea1,
+// files decode_mainloop.cuh and decode_epilogue.cuh, and bench/results/decode_log.md session 5.
+// The decode rewrite of issue 18 takes it up.)
 #pragma once
 
 #include <cuda_bf16.h>
