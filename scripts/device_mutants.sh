@@ -45,7 +45,11 @@ TABLE=(
   "prefill-own-tile-minus-one|test_gpu_prefill_ref|tests/gpu_prefill/test_gpu_prefill_ref|GpuPrefillVsReference.MaxFirstSkipSets"
   "lambda-ge-1-not-dense|test_gpu_prefill|tests/gpu_prefill/test_gpu_prefill|GpuPrefill.SkipRaggedPerSequenceLambda"
   "decode-lambda-of-longest-sequence|test_gpu_decode|tests/gpu_decode/test_gpu_decode|GpuDecode.SkipMatchesReferenceFactorPerSequence"
+  "prefill-vote-nan-skips|test_gpu_nan_rule|tests/gpu_prefill/test_gpu_nan_rule|GpuNanRule.NanKeyInASkippableTile"
   "decode-seeds-not-sink-and-last-tile|test_gpu_decode|tests/gpu_decode/test_gpu_decode|GpuDecode.SeededSplitsMatchReference"
+  "prefill-nan-row-written-empty|test_gpu_nan_rule|tests/gpu_prefill/test_gpu_nan_rule|GpuNanRule.NanInOneQueryElementDense"
+  "decode-vote-nan-skips|test_gpu_nan_rule|tests/gpu_prefill/test_gpu_nan_rule|GpuNanRule.DecodeNanKeyThroughTheSplitMerge"
+  "decode-merge-nan-row-written-empty|test_gpu_nan_rule|tests/gpu_prefill/test_gpu_nan_rule|GpuNanRule.DecodeNanKeyThroughTheSplitMerge"
 )
 
 # TABLE_FILE=path: another table, same four fields per line (with MUTDIR: a dry run of this

@@ -34,6 +34,15 @@ namespace {
 
 using i64 = std::int64_t;
 
+// The running maximum of the NaN rule (docs/reference.md), as the kernels' running_max
+// (src/cuda/sm90/common/skip_policy.hpp): max with NaN propagating, for tile maxima, the running
+// max m and the group delta. (std::max drops a NaN second argument and keeps a NaN first one.)
+template <class Acc>
+Acc running_max(Acc a, Acc b) {
+  if (std::isnan(a) || std::isnan(b)) return std::numeric_limits<Acc>::quiet_NaN();
+  return a < b ? b : a;
+}
+
 // ---- addressing of every layout the two entry points accept -----------------------------------
 struct View {
   i64 batch = 0, hq = 0, hk = 0, g = 1, d = 0, dv = 0;
@@ -341,14 +350,13 @@ class Engine {
     }
     S_.assign(static_cast<size_t>(Rp * Tp), Acc(0));
     tmax_.resize(R);
-    tnan_.assign(R, 0);
     row_nan_.assign(R, 0);
     krow_.resize(std::max(d, dv));
     seed_.assign(R, ninf);
     if (seeded && n_vis > 0) {
       for (const i64 st : {i64(0), std::clamp<i64>(own, 0, n_vis - 1)}) {
         scores(t, st, T, Lk, R, Rp, Tp);
-        for (i64 ri = 0; ri < R; ++ri) seed_[ri] = std::max(seed_[ri], tmax_[ri]);
+        for (i64 ri = 0; ri < R; ++ri) seed_[ri] = running_max(seed_[ri], tmax_[ri]);
       }
       m_ = seed_;
     }
@@ -362,16 +370,11 @@ class Engine {
       }
       const i64 j0 = tile * T, nk = std::min(T, Lk - j0);
       scores(t, tile, T, Lk, R, Rp, Tp);
-      // A NaN among a row's visible scores makes delta NaN, and NaN < ln(lambda) is false: a
-      // tile holding a NaN is never skipped, so the NaN reaches the row's output (NaN rule).
+      // NaN rule: a row whose tile max or running max is NaN (it has seen a NaN score) makes
+      // delta NaN, and NaN < ln(lambda) is false: the tile is kept, so the NaN reaches the row.
       Acc delta = ninf;
-      for (i64 ri = 0; ri < R; ++ri) {
-        if (tnan_[ri]) {
-          delta = std::numeric_limits<Acc>::quiet_NaN();
-          break;
-        }
-        if (tmax_[ri] != ninf) delta = std::max(delta, tmax_[ri] - m_[ri]);  // m = -inf: +inf
-      }
+      for (i64 ri = 0; ri < R; ++ri)
+        if (tmax_[ri] != ninf) delta = running_max(delta, tmax_[ri] - m_[ri]);  // m = -inf: +inf
       // The decision uses the delta rounded to float, exactly as recorded (SPEC §5 one-pass curve).
       const float delta_f = static_cast<float>(delta);
       if (s_.stats) {
@@ -387,12 +390,12 @@ class Engine {
       const Acc* vt = v_tile(t, tile, j0, nk, Tp, dvp);
       for (i64 ri = 0; ri < R; ++ri) {
         Acc* s = &S_[ri * Tp];
-        if (tnan_[ri]) row_nan_[ri] = 1;
-        if (tmax_[ri] == ninf && !tnan_[ri]) {  // nothing visible for this row in this tile
+        if (tmax_[ri] == ninf) {  // nothing visible for this row in this tile
           for (i64 jj = 0; jj < nk; ++jj) s[jj] = Acc(0);
           continue;
         }
-        const Acc mnew = std::max(m_[ri], tmax_[ri]);
+        const Acc mnew = running_max(m_[ri], tmax_[ri]);
+        if (std::isnan(mnew)) row_nan_[ri] = 1;  // NaN rule: the whole row is NaN at the end
         const Acc alpha = m_[ri] == ninf ? Acc(0) : std::exp(m_[ri] - mnew);
         Acc sum = 0;
         for (i64 jj = 0; jj < nk; ++jj) {
@@ -436,8 +439,7 @@ class Engine {
 
  private:
   // S = scale * Q K^T for one tile, invisible keys -inf; tmax_ = each row's largest visible
-  // score that is not NaN (the running max follows the NaN-free scores), tnan_ = whether a
-  // visible score is NaN (q or k holding NaN, inf * 0, inf - inf).
+  // score, NaN when one of them is NaN (q or k holding NaN, inf * 0, inf - inf: running_max).
   void scores(const Task& t, i64 tile, i64 T, i64 Lk, i64 R, i64 Rp, i64 Tp) {
     const Acc ninf = -std::numeric_limits<Acc>::infinity();
     const Acc scale = static_cast<Acc>(v_.scale);
@@ -450,12 +452,11 @@ class Engine {
       bool nan = false;
       for (i64 jj = 0; jj < nvis; ++jj) {
         s[jj] *= scale;
-        mx = std::max(mx, s[jj]);  // a NaN s[jj] leaves mx as it was
+        mx = std::max(mx, s[jj]);  // a NaN s[jj] leaves mx as it was: flagged instead
         nan |= s[jj] != s[jj];
       }
       for (i64 jj = nvis; jj < Tp; ++jj) s[jj] = ninf;
-      tmax_[ri] = mx;
-      tnan_[ri] = nan;
+      tmax_[ri] = nan ? std::numeric_limits<Acc>::quiet_NaN() : mx;
     }
   }
 
@@ -509,7 +510,7 @@ class Engine {
   const Settings& s_;
   std::vector<Acc> Q_, S_, O_, OO_, m_, l_, M_, L_, tmax_, krow_, orow_, Kall_, Vall_, seed_;
   std::vector<i64> lim_, order_;
-  std::vector<char> k_ok_, v_ok_, tnan_, row_nan_;
+  std::vector<char> k_ok_, v_ok_, row_nan_;
   i64 cache_b_ = -1, cache_kh_ = -1;
 };
 

@@ -87,7 +87,8 @@ TEST(NanRule, NanInOneKeyReachesTheRowsThatSeeIt) {
 }
 
 // Skipping never hides a NaN: with an attention sink every tile but the first is skipped at this
-// lambda, yet the tile holding the NaN key is kept for the vote groups that see it.
+// lambda, yet the tile holding the NaN key is kept for the vote groups that see it, and so is
+// every later tile (their rows' running max is NaN from then on: delta NaN, docs/reference.md).
 TEST(NanRule, SkippingNeverHidesANaN) {
   Dense p(1, 128, 512, 2, 2, 16, 16, 2103);
   for (std::int64_t h = 0; h < 2; ++h) {
@@ -106,15 +107,21 @@ TEST(NanRule, SkippingNeverHidesANaN) {
   const std::vector<float> clean_out = p.out;
 
   // Clean deltas in task order: head 0's 4 vote groups first, 8 tiles each in natural order.
-  // How many of them skipped tile 4 (keys 256..319)?
+  // How many of them skipped tile 4 (keys 256..319), and tiles 4..7?
   RunOptions rec = opt;
   rec.record_deltas = true;
   SkipStats clean_d;
   attention(p.problem(MaskKind::full), skip, rec, &clean_d);
   const std::int64_t groups = p.Lq / skip.vote.rows, tiles = p.Lk / skip.vote.tile_keys;
-  std::int64_t tile4_skipped = 0;
+  ASSERT_EQ(tiles, 8);
+  ASSERT_EQ(static_cast<std::int64_t>(clean_d.deltas.size()), 2 * groups * tiles);
+  std::int64_t tile4_skipped = 0, tail_skipped = 0;
   for (std::int64_t g = 0; g < groups; ++g)
-    tile4_skipped += static_cast<double>(clean_d.deltas[g * tiles + 4]) < std::log(0.05) ? 1 : 0;
+    for (std::int64_t tt = 4; tt < tiles; ++tt) {
+      const bool skipped = static_cast<double>(clean_d.deltas[g * tiles + tt]) < std::log(0.05);
+      tile4_skipped += (tt == 4 && skipped) ? 1 : 0;
+      tail_skipped += skipped ? 1 : 0;
+    }
   ASSERT_GT(tile4_skipped, 0) << "the NaN must sit in a tile that would be skipped";
 
   const std::int64_t j = 300;
@@ -129,12 +136,19 @@ TEST(NanRule, SkippingNeverHidesANaN) {
       EXPECT_EQ(p.out[oi(p, 0, i, 1) + c], clean_out[oi(p, 0, i, 1) + c]);
     }
   }
-  // The NaN tile's delta is recorded as NaN (one per vote group of head 0) and is never skipped;
-  // every other decision is the clean run's.
+  // Head 0's deltas of tiles 4..7 are recorded as NaN (the NaN tile, then a NaN running max) and
+  // none of them is skipped; tiles 0..3 and head 1 decide as in the clean run, delta for delta.
+  ASSERT_EQ(st.deltas.size(), clean_d.deltas.size());
   std::int64_t nan_deltas = 0;
-  for (float d : st.deltas) nan_deltas += std::isnan(d) ? 1 : 0;
-  EXPECT_EQ(nan_deltas, groups);
-  EXPECT_EQ(st.skipped[0] + tile4_skipped, clean.skipped[0]);
+  for (std::size_t x = 0; x < st.deltas.size(); ++x) {
+    const std::int64_t g = static_cast<std::int64_t>(x) / tiles, tt = static_cast<std::int64_t>(x) % tiles;
+    const bool want_nan = g < groups && tt >= 4;
+    nan_deltas += std::isnan(st.deltas[x]) ? 1 : 0;
+    if (want_nan) EXPECT_TRUE(std::isnan(st.deltas[x])) << "group " << g << " tile " << tt;
+    else EXPECT_EQ(st.deltas[x], clean_d.deltas[x]) << "group " << g << " tile " << tt;
+  }
+  EXPECT_EQ(nan_deltas, groups * 4);
+  EXPECT_EQ(st.skipped[0] + tail_skipped, clean.skipped[0]);
   EXPECT_EQ(st.skipped[1], clean.skipped[1]);
 }
 

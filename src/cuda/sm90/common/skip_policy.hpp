@@ -65,23 +65,40 @@ inline SkipThreshold make_skip_threshold(const SkipConfig& skip) {
   return t;
 }
 
+// The running maximum of the NaN rule (docs/reference.md): max with NaN propagating, for tile
+// maxima, the running max m and the vote's group delta. A NaN visible score makes its row's tile
+// max NaN, then its m NaN, so the row's delta is NaN in that tile and in every later tile it sees
+// and the row keeps them all (row_keeps); its O and LSE come out NaN. On the device it is one
+// FMNMX.NAN, the cost of fmaxf (which drops NaN).
+BLASST_SKIP_HD float running_max(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  float d;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b));
+  return d;
+#else
+  return (a != a || b != b) ? a + b : (a < b ? b : a);
+#endif
+}
+
 // One query row's part of the vote (SPEC §2), in the kernel's score units (scale converts the
 // difference to the units of log_lambda: the softmax scale for raw scores, 1 for pre-scaled ones).
 //   row_delta: (tile_max - m) * scale; -inf when the row sees no key of the tile (it does not
-//   vote); +inf when the row has seen no key yet (m = -inf: the first tile is never skipped).
-//   row_keeps: the row asks to keep the tile, i.e. row_delta >= log_lambda for a voting row. A
-//   vote group skips the tile iff no row keeps it (NaN terms keep nothing); the caller handles
+//   vote); +inf when the row has seen no key yet (m = -inf: the first tile is never skipped);
+//   NaN when tile_max or m is NaN (running_max).
+//   row_keeps: the row asks to keep the tile, i.e. !(row_delta < log_lambda) for a voting row
+//   (a NaN delta keeps). A vote group skips the tile iff no row keeps it; the caller handles
 //   log_lambda = -inf (nothing is skipped).
+// Selects, no early return (both sit on the skip kernels' paths).
 BLASST_SKIP_D float row_delta(float tile_max, float m, float scale) {
-  if (tile_max == -INFINITY) return -INFINITY;
-  return m == -INFINITY ? INFINITY : (tile_max - m) * scale;
+  const float d = m == -INFINITY ? INFINITY : (tile_max - m) * scale;
+  return tile_max == -INFINITY ? -INFINITY : d;
 }
 // Bitwise & on purpose: the vote sits on the softmax's critical path, and a short-circuit && made
 // ptxas branch around it (BRA + BSYNC before the BAR.RED in the prefill skip kernel; +2-3 % at
 // 50-70 % sparsity on the H200, 9a59ea1) where selects are enough.
 BLASST_SKIP_D bool row_keeps(float tile_max, float m, float scale, float log_lambda) {
   const float d = m == -INFINITY ? INFINITY : (tile_max - m) * scale;
-  return (tile_max != -INFINITY) & (d >= log_lambda);
+  return (tile_max != -INFINITY) & !(d < log_lambda);
 }
 
 // SPEC §5 histogram: the host's bin rule and the kernels' buffer layout, [head][kHistSlots].

@@ -313,10 +313,10 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas) decode_ker
             float v = acc[mt][nt][hf * 2 + e] * p.scale_log2;
             v = key < row_lim[mt][hf] ? v : -INFINITY;
             acc[mt][nt][hf * 2 + e] = v;
-            mx = fmaxf(mx, v);
+            mx = running_max(mx, v);
           }
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        mx = running_max(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = running_max(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
         wmax[mt][hf] = mx;
         if ((lane & 3) == 0) red[warp * kRows + mt * 16 + hf * 8 + (lane >> 2)] = mx;
       }
@@ -356,7 +356,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas) decode_ker
     const int r = mt * 16 + hf * 8 + (lane >> 2);
     float tm = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < W; ++w) tm = fmaxf(tm, red[w * kRows + r]);
+    for (int w = 0; w < W; ++w) tm = running_max(tm, red[w * kRows + r]);
     return tm;
   };
 
@@ -421,7 +421,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas) decode_ker
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf)
-        if (seed_scores) m_run[mt][hf] = fmaxf(tile_max(seed_red, mt, hf), tile_max(seed_red + W * kRows, mt, hf));
+        if (seed_scores) m_run[mt][hf] = running_max(tile_max(seed_red, mt, hf), tile_max(seed_red + W * kRows, mt, hf));
   }
 
   trace_point(p, 3);  // prologue done
@@ -532,7 +532,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas) decode_ker
         for (int hf = 0; hf < 2; ++hf) {
           const float mx = wmax[mt][hf];
           const float dl = mx == -INFINITY ? -INFINITY : mx - m_run[mt][hf];
-          want |= dl >= thr;
+          want |= !(dl < thr);  // a NaN delta keeps (the NaN rule)
         }
       keep = __syncthreads_or(want) != 0;
     } else {
@@ -549,9 +549,9 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas) decode_ker
         for (int hf = 0; hf < 2; ++hf) {
           const float tm = tile_max(red, mt, hf);
           const float dl = tm == -INFINITY ? -INFINITY : tm - m_run[mt][hf];
-          dmax = fmaxf(dmax, dl);
+          dmax = running_max(dmax, dl);
         }
-      for (int o = 16; o > 0; o >>= 1) dmax = fmaxf(dmax, __shfl_xor_sync(0xffffffffu, dmax, o));
+      for (int o = 16; o > 0; o >>= 1) dmax = running_max(dmax, __shfl_xor_sync(0xffffffffu, dmax, o));
       if (lane == 0 && p.hist != nullptr)
         atomicAdd(p.hist + static_cast<std::int64_t>(h) * kHistSlots + hist_bin(static_cast<double>(dmax) * 0.6931471805599453), 1ull);
     }
@@ -572,7 +572,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas) decode_ker
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
           const float m_old = m_run[mt][hf];
-          const float m_new = fmaxf(m_old, tile_max(red, mt, hf));
+          const float m_new = running_max(m_old, tile_max(red, mt, hf));
           // Rows with nothing visible yet keep m = -inf; exp2 against 0 keeps their P at 0.
           const float m_use = m_new == -INFINITY ? 0.f : m_new;
           const float alpha = exp2f(m_old - m_use);  // 0 when m_old = -inf
@@ -682,7 +682,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas) decode_ker
         l += lred[w * kRows + r];
         o += sO[(w * 16 + r) * D + c];
       }
-      p.o_part[(part_row0 + r) * D + c] = l > 0.f ? o / l : 0.f;
+      p.o_part[(part_row0 + r) * D + c] = l != 0.f ? o / l : 0.f;  // l = 0: nothing seen; NaN: NaN
     }
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
@@ -691,7 +691,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas) decode_ker
         float l = 0.f;
 #pragma unroll
         for (int w = 0; w < W; ++w) l += lred[w * kRows + r];
-        p.lse_part[part_row0 + r] = l > 0.f ? (m_run[0][hf] + log2f(l)) * 0.69314718055994531f : -INFINITY;
+        p.lse_part[part_row0 + r] = l != 0.f ? (m_run[0][hf] + log2f(l)) * 0.69314718055994531f : -INFINITY;
       }
     }
   } else {
@@ -705,7 +705,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas) decode_ker
           float l = 0.f;
 #pragma unroll
           for (int w = 0; w < W; ++w) l += lred[w * kRows + r];
-          const bool empty = !(l > 0.f);
+          const bool empty = l == 0.f;  // nothing seen (a NaN l stays NaN: the NaN rule)
           const float inv = empty ? 0.f : 1.f / l;
           float* dst = p.o_part + (part_row0 + r) * D + warp * (D / W) + 2 * (lane & 3);
 #pragma unroll

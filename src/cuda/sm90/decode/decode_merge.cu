@@ -31,8 +31,9 @@ __global__ void __launch_bounds__(128) merge_kernel(const __grid_constant__ Merg
   // a 45 us B = 1, 32k call, H200 ncu vs eager timing, 9337138).
   const std::int64_t base = (static_cast<std::int64_t>(b) * p.hk + h) * p.num_splits;
   float mx = -INFINITY;
-  for (int s = lane; s < p.num_splits; s += 32) mx = fmaxf(mx, p.lse_part[(base + s) * p.rows + r]);
-  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  // NaN propagating (running_max): a NaN partial (NaN rule) makes every weight, O and LSE NaN.
+  for (int s = lane; s < p.num_splits; s += 32) mx = running_max(mx, p.lse_part[(base + s) * p.rows + r]);
+  for (int o = 16; o > 0; o >>= 1) mx = running_max(mx, __shfl_xor_sync(0xffffffffu, mx, o));
 
   const int per_lane = p.dv / 32;  // 2 or 4
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
@@ -52,7 +53,7 @@ __global__ void __launch_bounds__(128) merge_kernel(const __grid_constant__ Merg
         float w[kUnroll];
 #pragma unroll
         for (int u = 0; u < kUnroll; ++u) {
-          // Past cnt: weight 0 and a load of split s0 (in range; every partial is finite).
+          // Past cnt: weight 0 and a load of split s0 (in range; finite unless the row is NaN).
           const bool in = j0 + u < cnt;
           const int j = in ? j0 + u : 0;
           w[u] = __shfl_sync(0xffffffffu, w_lane, j);
@@ -72,7 +73,7 @@ __global__ void __launch_bounds__(128) merge_kernel(const __grid_constant__ Merg
       }
     }
   }
-  const float inv = wsum > 0.f ? 1.f / wsum : 0.f;  // fully masked row: O = 0, LSE = -inf
+  const float inv = wsum != 0.f ? 1.f / wsum : 0.f;  // fully masked row: O = 0, LSE = -inf
   const std::int64_t o_off = b * p.o_sb + qi * p.o_st + hq * p.o_sh + lane * per_lane;
 #pragma unroll
   for (int e = 0; e < 4; ++e) {
@@ -86,7 +87,7 @@ __global__ void __launch_bounds__(128) merge_kernel(const __grid_constant__ Merg
     }
   }
   if (p.lse != nullptr && lane == 0) {
-    const float lse = wsum > 0.f ? mx + logf(wsum) : -INFINITY;
+    const float lse = wsum != 0.f ? mx + logf(wsum) : -INFINITY;
     const std::int64_t l_off = b * p.l_sb + hq * p.l_sh + qi * p.l_st;
     if (p.lse_dtype == DType::f64) static_cast<double*>(p.lse)[l_off] = lse;
     else static_cast<float*>(p.lse)[l_off] = lse;

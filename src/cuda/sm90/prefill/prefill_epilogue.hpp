@@ -31,7 +31,9 @@ __device__ __forceinline__ void epilogue(KernelParams<Traits> const& kp, Prefill
   CUTLASS_PRAGMA_UNROLL
   for (int mi = 0; mi < kRows; ++mi) {
     const float l = quad_sum(sm.l[mi]);
-    const bool empty = !(l > 0.f);  // nothing visible (or every weight underflowed)
+    // l = 0 only when the row saw nothing (the row maximum's weight is 1); a NaN l (NaN rule)
+    // makes O and LSE NaN.
+    const bool empty = l == 0.f;
     const float inv = empty ? 0.f : 1.f / l;
     const int row = row0 + int(get<0>(tOcO_rc(mi, 0)));
     if (row >= w.q_len) continue;

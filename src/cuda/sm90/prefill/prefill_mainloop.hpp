@@ -182,12 +182,12 @@ __device__ __forceinline__ void consumer_mainloop(KernelParams<Traits> const& kp
   // The tile of step n into the histogram (warp 0 of the warpgroup), when visible.
   auto hist_flush = [&](int n, bool visible) {
     const float4 v = *reinterpret_cast<const float4*>(hslot + (n & 1) * 4);
-    const int bin = hist_bin(fmaxf(fmaxf(v.x, v.y), fmaxf(v.z, v.w)));
+    const int bin = hist_bin(running_max(running_max(v.x, v.y), running_max(v.z, v.w)));
     if (lane == 0 && visible) atomicAdd(hist + std::size_t(w.h) * kHistSlots + bin, 1ull);
   };
   float d_prev = -INFINITY;  // this thread's delta of the previous tile (histogram only)
-  // This warp's maximum of step n's tile into its slot (never NaN: thread_delta and warp_delta
-  // take fmaxf from -inf, which drops NaN terms).
+  // This warp's maximum of step n's tile into its slot (NaN when a row's delta is NaN: the top
+  // bin, as on the host).
   auto hist_store = [&](int n) {
     const float d = warp_delta(d_prev);
     if (lane == 0) hslot[(n & 1) * 4 + wg_warp] = d;

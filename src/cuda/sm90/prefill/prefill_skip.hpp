@@ -9,24 +9,25 @@
 namespace blasst::sm90::prefill {
 
 // delta_G = max over the group's rows r of (tile_max_r - m_r) * scale, in natural-log units,
-// over this thread's voting rows (rows past the sequence end do not vote); -inf when none votes.
-// m must be the running max before the tile is folded in.
+// over this thread's voting rows (rows past the sequence end do not vote); -inf when none votes,
+// NaN when a voting row's delta is NaN (running_max: the histogram's top bin). m must be the
+// running max before the tile is folded in.
 template <int kRows>
 __device__ __forceinline__ float thread_delta(float const (&tmax)[kRows], float const (&m)[kRows],
                                               int const (&row)[kRows], int q_len, float scale) {
   float d = -INFINITY;
   CUTLASS_PRAGMA_UNROLL
   for (int i = 0; i < kRows; ++i) {
-    if (row[i] < q_len) d = fmaxf(d, row_delta(tmax[i], m[i], scale));
+    d = running_max(d, row[i] < q_len ? row_delta(tmax[i], m[i], scale) : -INFINITY);
   }
   return d;
 }
 
 // Warp maximum of thread_delta (the 4 lanes of a quad hold the same rows: xor 4, 8, 16).
 __device__ __forceinline__ float warp_delta(float d) {
-  d = fmaxf(d, __shfl_xor_sync(0xffffffffu, d, 4));
-  d = fmaxf(d, __shfl_xor_sync(0xffffffffu, d, 8));
-  return fmaxf(d, __shfl_xor_sync(0xffffffffu, d, 16));
+  d = running_max(d, __shfl_xor_sync(0xffffffffu, d, 4));
+  d = running_max(d, __shfl_xor_sync(0xffffffffu, d, 8));
+  return running_max(d, __shfl_xor_sync(0xffffffffu, d, 16));
 }
 
 // This thread's share of "do not skip": one of its voting rows keeps the tile. The OR of this

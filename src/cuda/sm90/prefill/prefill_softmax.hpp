@@ -1,5 +1,6 @@
 // Internal: the streaming softmax of one thread's rows (SPEC §1): running max m (raw scores),
-// running denominator l, and the rescale of O when m grows. Exponentials are exp2 with
+// running denominator l, and the rescale of O when m grows. Maxima propagate NaN (running_max, the
+// NaN rule of docs/reference.md): a NaN score makes m, P, l and O of its row NaN. Exponentials are exp2 with
 // scale*log2(e) folded into one FFMA.
 #pragma once
 
@@ -21,7 +22,7 @@ __device__ __forceinline__ float exp2_ftz(float x) {
 template <int W>
 __device__ __forceinline__ void tree_max(float* t) {
   CUTLASS_PRAGMA_UNROLL
-  for (int i = 0; i < W; ++i) t[i] = fmaxf(t[i], t[i + W]);
+  for (int i = 0; i < W; ++i) t[i] = running_max(t[i], t[i + W]);
   if constexpr (W > 1) tree_max<W / 2>(t);
 }
 
@@ -55,7 +56,7 @@ struct OnlineSoftmax {
       } else {
         x = s(mi, 0);
         CUTLASS_PRAGMA_UNROLL
-        for (int ni = 1; ni < kCols; ++ni) x = fmaxf(x, s(mi, ni));
+        for (int ni = 1; ni < kCols; ++ni) x = running_max(x, s(mi, ni));
       }
       tmax[mi] = quad_max(x);
     }
@@ -68,7 +69,7 @@ struct OnlineSoftmax {
                                          float (&alpha)[kRows]) {
     CUTLASS_PRAGMA_UNROLL
     for (int mi = 0; mi < kRows; ++mi) {
-      const float m_new = fmaxf(m[mi], tmax[mi]);
+      const float m_new = running_max(m[mi], tmax[mi]);
       // A row with nothing visible yet keeps m = -inf: use 0 so that exp2(-inf - 0) = 0.
       const float m_scaled = (m_new == -INFINITY) ? 0.f : m_new * scale_log2;
       alpha[mi] = exp2_ftz(m[mi] * scale_log2 - m_scaled);  // m = -inf -> 0 (O and l are 0 anyway)

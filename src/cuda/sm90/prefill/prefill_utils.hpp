@@ -5,6 +5,7 @@
 #include <cutlass/numeric_conversion.h>
 
 #include "cuda/sm90/common/ptx.hpp"
+#include "cuda/sm90/common/skip_policy.hpp"
 #include "cuda/sm90/prefill/prefill_traits.hpp"
 
 namespace blasst::sm90::prefill {
@@ -65,9 +66,10 @@ __device__ __forceinline__ auto convert_frag(Frag const& f) {
   return out;
 }
 
+// The row maximum over the 4 threads of a quad, NaN propagating (running_max: the NaN rule).
 __device__ __forceinline__ float quad_max(float x) {
-  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+  x = running_max(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return running_max(x, __shfl_xor_sync(0xffffffffu, x, 2));
 }
 __device__ __forceinline__ float quad_sum(float x) {
   x += __shfl_xor_sync(0xffffffffu, x, 1);
