@@ -224,10 +224,14 @@ struct DecodeData {
     std::vector<float> qf(std::size_t(kDHq * kD)), kf(std::size_t(kDL * kDHk * kD)), vf(kf.size());
     for (auto* x : {&qf, &kf, &vf})
       for (float& e : *x) e = nd(g);
-    if (sink)  // every head leans on key 0: most tiles fall below ln(lambda)
+    // Every head leans on key 0: its score ~ 8 * 60 / sqrt(128) = 42 puts every other tile's
+    // delta far below ln(lambda) in each of the 4 heads of a vote group (with q0 + 4 and k = 40,
+    // as in the prefill cases, one head of group 0 had deltas near -2 at this seed: nothing
+    // skippable once group 1 keeps everything).
+    if (sink)
       for (std::int64_t h = 0; h < kDHk; ++h) {
-        for (std::int64_t hq = h * kDg; hq < (h + 1) * kDg; ++hq) qf[std::size_t(hq * kD)] += 4.0f;
-        kf[std::size_t(h * kD)] = 40.0f;
+        for (std::int64_t hq = h * kDg; hq < (h + 1) * kDg; ++hq) qf[std::size_t(hq * kD)] += 8.0f;
+        kf[std::size_t(h * kD)] = 60.0f;
       }
     for (float x : qf) q.push_back(float_to_bf16(x));
     for (float x : kf) k.push_back(float_to_bf16(x));
