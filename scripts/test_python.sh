@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Python package test (called by scripts/test.sh): `pip install .` into a venv at build/pyenv
 # (PyPI only), then pytest tests/python. The venv gets tests/python/requirements.txt: pytest,
-# numpy and the pinned torch and transformers, so the torch and transformers tests run on CPU
-# tensors (reference engine) here; tests/python/conftest.py turns a skip of those suites into a
-# failure (BLASST_REQUIRE_TORCH=1, set below). On a machine without a GPU the extension is built
+# numpy and the pinned torch, transformers and diffusers, so the torch, transformers and diffusers
+# tests run on CPU tensors (reference engine) here; tests/python/conftest.py turns a skip of those
+# suites into a failure (BLASST_REQUIRE_TORCH=1, set below). On a machine without a GPU the extension is built
 # without the CUDA kernels to keep CI fast; BLASST_PY_CUDA=ON|OFF overrides the choice.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,7 +16,7 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PYTHON" -m venv "$VENV"
 fi
 PY="$VENV/bin/python"
-echo "test_python: pip install -r tests/python/requirements.txt (pytest, numpy, torch, transformers)"
+echo "test_python: pip install -r tests/python/requirements.txt (pytest, numpy, torch, transformers, diffusers)"
 "$PY" -m pip install -q --disable-pip-version-check -r tests/python/requirements.txt
 t_req=$(date +%s)
 

@@ -7,12 +7,15 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))  # oracle.py
 
 # Suites that must run, not skip, wherever their frameworks are importable, and always with
-# BLASST_REQUIRE_TORCH=1 (scripts/test_python.sh installs torch and transformers and sets it):
+# BLASST_REQUIRE_TORCH=1 (scripts/test_python.sh installs torch, transformers and diffusers and
+# sets it):
 # their CPU tests run on CPU tensors through the reference engine, so a skip there hides a broken
 # install or a broken import, not a missing GPU. GPU tests (marker "gpu") inside them may skip on a
 # machine without a GPU; with BLASST_REQUIRE_GPU=1 (scripts/device_python.sh, device_all.sh) a
 # skipped GPU test anywhere is a failure.
-REQUIRED_SUITES = {"test_torch.py": ("torch",), "test_transformers.py": ("torch", "transformers")}
+REQUIRED_SUITES = {"test_torch.py": ("torch",), "test_transformers.py": ("torch", "transformers"),
+                   "test_diffusers_cpu.py": ("torch", "diffusers"),
+                   "test_diffusers_gpu.py": ("torch", "diffusers")}
 REQUIRE_TORCH = os.environ.get("BLASST_REQUIRE_TORCH") == "1"
 REQUIRE_GPU = os.environ.get("BLASST_REQUIRE_GPU") == "1"
 
@@ -33,7 +36,8 @@ def _suite_required(filename: str) -> bool:
 
 def _why_required(filename: str) -> str:
     if REQUIRE_TORCH:
-        return "BLASST_REQUIRE_TORCH=1: scripts/test_python.sh installs torch and transformers"
+        return ("BLASST_REQUIRE_TORCH=1: scripts/test_python.sh installs torch, transformers and "
+                "diffusers")
     return f"{' and '.join(REQUIRED_SUITES[filename])} importable here"
 
 

@@ -1,0 +1,527 @@
+"""diffusers integration: run a pipeline's (or a model's) self-attention through blasst.
+
+    import blasst.diffusers
+    blasst.diffusers.enable(pipe, config="/path/to/Wan2.2-T2V-A14B-Diffusers")
+    video = pipe(prompt, num_inference_steps=40).frames[0]    # the loop is unchanged
+    blasst.diffusers.disable(pipe)
+
+Each attention module of a denoiser component (``transformer``, ``transformer_2``, ``unet``...)
+whose processor calls diffusers' attention dispatcher is pointed at a blasst backend
+(blasst._diffusers_registry registers it). Settings are per component and per layer:
+
+* ``config``: a SPEC §7 sparse_attention_config per component: a pipeline folder (read with
+  blasst.load_model_configs: transformer/config.json, transformer_2/config.json, ...), one
+  config.json / dict / SparseAttentionConfig (then it applies to every component), or a dict
+  {component: config}. None: the component's own config.json when the model was loaded from a
+  local folder. A component without a block stays dense (its processors are left alone).
+  Layer names are the module paths inside the component (``blocks.0.attn1``, ``blocks.0.attn2``),
+  matched against the config's ignore patterns; ignored layers run diffusers' own backend.
+  Phase: prefill. ``target_sparsity`` (a number or {component: number}) overrides the target of
+  calibrated configs.
+* ``skip``: a blasst.SkipSoftmax for components without a config block, with ``ignore`` patterns
+  (fnmatch, default: cross-attention, ``*attn2*`` and ``*cross_attn*``).
+
+Timestep gating (SPEC §4) needs no change to the loop: a forward pre-hook on each component whose
+layers carry disabled_until_timestep reads the ``timestep`` argument of its forward and publishes
+t = max(timestep) / num_train_timesteps through blasst.diffusion (num_train_timesteps: the
+pipeline scheduler's, else 1000; give 1 for pipelines that pass sigma in [0, 1], e.g. Flux).
+
+Calls blasst cannot serve run diffusers' own backend for that processor (the one it had before,
+or the dispatcher's active one), counted per reason in ``Enabled.fallbacks``: attention masks,
+dropout, context parallelism, inputs that need gradients (no blasst autograd), unsupported dtypes,
+head dims or devices, mixed head counts without enable_gqa. Nothing is silently wrong.
+"""
+from __future__ import annotations
+
+import atexit
+import contextlib
+import fnmatch
+import inspect
+import os
+import threading
+import weakref
+from collections import Counter
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+from . import _api, _calls, _diffusers_registry as _registry
+from . import diffusion as _diffusion
+from ._skip import SkipSoftmax, SparseAttentionConfig, check_skip, load_config, load_model_configs
+
+DEFAULT_IGNORE = ("*attn2*", "*cross_attn*")
+DEFAULT_NUM_TRAIN_TIMESTEPS = 1000
+CUDA_HEAD_DIMS = (64, 128)          # the sm_90a kernels (docs/python.md)
+_ATTR = "_blasst_diffusers"         # the Enabled handle, on each component it routes
+
+_recorders: List["StatsRecorder"] = []
+_lock = threading.Lock()
+_current_layer = [""]               # set by the attention modules' pre-hooks while recording
+_handles: "weakref.WeakSet[Enabled]" = weakref.WeakSet()
+
+
+@atexit.register
+def _release_settings() -> None:
+    # Settings are C++ objects: drop those that models still hold before blasst._core goes away.
+    for handle in list(_handles):
+        handle.layers.clear()
+
+
+# -- statistics ---------------------------------------------------------------------------------
+class StatsRecorder:
+    """Per-layer and per-denoise-step statistics of the calls made while it is active (each call
+    then collects blasst statistics: a device sync per call on CUDA)."""
+
+    def __init__(self):
+        self.layers: Dict[str, Dict[str, int]] = {}
+        self.steps: List[Dict[str, Any]] = []  # one per component forward (denoise step)
+        self.fallbacks: Counter = Counter()
+
+    def _layer(self, name: str) -> Dict[str, int]:
+        return self.layers.setdefault(name, {"calls": 0, "blasst": 0, "gated": 0, "fallback": 0,
+                                             "visited": 0, "skipped": 0})
+
+    def _step(self) -> Dict[str, Any]:
+        if not self.steps:
+            self._begin_step("", None)
+        return self.steps[-1]
+
+    def _begin_step(self, component: str, t: Optional[float]) -> None:
+        self.steps.append({"component": component, "t": t, "blasst": 0, "gated": 0,
+                           "fallback": 0, "visited": 0, "skipped": 0})
+
+    def _add(self, layer: str, stats: Optional[dict], reason: Optional[str]) -> None:
+        entry, step = self._layer(layer), self._step()
+        entry["calls"] += 1
+        if reason is not None:
+            entry["fallback"] += 1
+            step["fallback"] += 1
+            self.fallbacks[reason] += 1
+            return
+        entry["blasst"] += 1
+        step["blasst"] += 1
+        gated = int(bool(stats["gated"]))
+        for d in (entry, step):
+            d["gated"] += gated
+            d["visited"] += int(stats["visited"])
+            d["skipped"] += int(stats["skipped"])
+
+    def sparsity(self) -> float:
+        v = sum(e["visited"] for e in self.layers.values())
+        return sum(e["skipped"] for e in self.layers.values()) / v if v else 0.0
+
+    def __repr__(self) -> str:
+        return (f"StatsRecorder(steps={len(self.steps)}, layers={len(self.layers)}, "
+                f"sparsity={self.sparsity():.4f}, fallbacks={dict(self.fallbacks)})")
+
+
+@contextlib.contextmanager
+def record_stats():
+    """Collect per-layer and per-step statistics while the block runs (eager mode only)."""
+    rec = StatsRecorder()
+    with _lock:
+        _recorders.append(rec)
+    try:
+        yield rec
+    finally:
+        with _lock:
+            _recorders.remove(rec)
+
+
+def _compiling() -> bool:
+    import torch
+    return torch.compiler.is_compiling()
+
+
+# -- routes: one registered backend per distinct setting ----------------------------------------
+class _Route:
+    """What the layers routed to one backend share: the component, the blasst settings (None: the
+    layer is dense by its config, e.g. ignored, and runs diffusers' backend) and the backend the
+    processor had (the fallback). Layers with equal settings share a route, so identical blocks
+    carry the same backend value (torch.compile of repeated blocks does not recompile per block)."""
+
+    __slots__ = ("component", "skip", "native", "dense_reason", "member", "handle")
+
+    def __init__(self, component, skip, native, dense_reason, handle):
+        self.component = component
+        self.skip = skip
+        self.native = native
+        self.dense_reason = dense_reason
+        self.handle = handle
+        self.member = None
+
+
+_route_index: Dict[Tuple, int] = {}
+
+
+def _route_member(route: _Route):
+    # One member per enable() call and setting: a second enable() (another pipeline) never takes
+    # over the backend, and so the counters, of a first one that is still in use.
+    key = (id(route.handle), route.component,
+           None if route.skip is None else route.skip.fields(),
+           None if route.native is None else str(getattr(route.native, "value", route.native)),
+           route.dense_reason)
+    index = _route_index.setdefault(key, len(_route_index))
+    member = _registry.member(index)
+    _registry.register(member, _backend_fn(route))
+    route.member = member
+    return member
+
+
+def unsupported_reason(query, key, value, attn_mask=None, dropout_p=0.0, enable_gqa=False,
+                       parallel_config=None) -> Optional[str]:
+    """Why blasst cannot serve a dispatcher call (None: it can)."""
+    import torch
+    if parallel_config is not None:
+        return "context_parallel"
+    if attn_mask is not None:
+        return "attn_mask"
+    if dropout_p:
+        return "dropout"
+    ts = (query, key, value)
+    if not all(isinstance(x, torch.Tensor) for x in ts) or any(x.dim() != 4 for x in ts):
+        return "shape"
+    if torch.is_grad_enabled() and any(x.requires_grad for x in ts):
+        return "autograd"
+    if query.dtype != key.dtype or query.dtype != value.dtype:
+        return "dtype"
+    if query.device != key.device or query.device != value.device:
+        return "device"
+    (b, _, hq, d), (bk, lk, hk, dk), (bv, lv, hv, dv) = query.shape, key.shape, value.shape
+    if b != bk or b != bv or lk != lv or hk != hv or d != dk:
+        return "shape"
+    if hq != hk and not (enable_gqa and hk > 0 and hq % hk == 0):
+        return "heads"
+    if query.device.type == "cuda":
+        if not _calls.cuda_available():
+            return "device"
+        if query.dtype not in (torch.bfloat16, torch.float16):
+            return "dtype"
+        if d not in CUDA_HEAD_DIMS or dv != d:
+            return "head_dim"
+        if any(x.stride(-1) != 1 for x in ts):
+            return "layout"
+    elif query.device.type == "cpu":
+        if query.dtype not in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
+            return "dtype"
+    else:
+        return "device"
+    return None
+
+
+def _backend_fn(route: _Route):
+    def blasst_attention(query, key, value, attn_mask=None, dropout_p: float = 0.0,
+                         is_causal: bool = False, scale: Optional[float] = None,
+                         enable_gqa: bool = False, return_lse: bool = False,
+                         _parallel_config=None):
+        reason = route.dense_reason or unsupported_reason(query, key, value, attn_mask,
+                                                          dropout_p, enable_gqa, _parallel_config)
+        compiling = _compiling()
+        recording = bool(_recorders) and not compiling
+        if reason is not None:
+            if not compiling:
+                route.handle.fallbacks[reason] += 1
+            if recording:
+                _record(None, reason)
+            ad = _registry.check()
+            return ad.dispatch_attention_fn(
+                query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
+                is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
+                attention_kwargs={"return_lse": True} if return_lse else None,
+                backend=_registry.native_backend(route.native), parallel_config=_parallel_config)
+        stats = {} if recording else None
+        res = _api.attention(query, key, value, causal=bool(is_causal), scale=scale,
+                             skip=route.skip, return_lse=bool(return_lse), stats=stats)
+        if not compiling:
+            route.handle.blasst_calls[route.component] += 1
+        if recording:
+            _record(stats, None)
+        return res  # out [B, S, H, dv]; with return_lse (out, lse [B, H, S]) like the flash backend
+
+    return blasst_attention
+
+
+def _record(stats, reason):
+    with _lock:
+        for rec in _recorders:
+            rec._add(_current_layer[0], stats, reason)
+
+
+# -- configuration per component ------------------------------------------------------------------
+def _is_config_like(x) -> bool:
+    if isinstance(x, (SparseAttentionConfig, str, os.PathLike)):
+        return True
+    return isinstance(x, Mapping) and ("sparse_attention_config" in x or "config_groups" in x)
+
+
+def _parse(x) -> Optional[SparseAttentionConfig]:
+    if x is None:
+        return None
+    parsed = load_config(x)
+    return parsed if parsed.present else None
+
+
+def _own_config(module) -> Optional[SparseAttentionConfig]:
+    """The block in the config.json a model was loaded from (diffusers drops unknown keys from
+    model.config, so the file is read again)."""
+    path = getattr(getattr(module, "config", None), "_name_or_path", None)
+    if isinstance(path, str) and os.path.isfile(os.path.join(path, "config.json")):
+        return _parse(path)
+    return None
+
+
+def _component_configs(components: Dict[str, Any], config, pipe_path: Optional[str]):
+    if config is None:
+        found = {}
+        if pipe_path and os.path.isdir(pipe_path):
+            found = load_model_configs(pipe_path)
+        return {n: found.get(n) or _own_config(m) for n, m in components.items()}
+    if isinstance(config, (str, os.PathLike)) and os.path.isdir(config) and \
+            not os.path.isfile(os.path.join(config, "config.json")):
+        found = load_model_configs(config)  # a pipeline folder: one subfolder per component
+        if not found:
+            raise ValueError(f"config: {os.fspath(config)!r} holds no component folder with a "
+                             "sparse_attention_config (transformer/config.json, ...)")
+        return {n: found.get(n) for n in components}
+    if _is_config_like(config):
+        parsed = _parse(config)
+        if parsed is None:
+            raise ValueError(f"config: {config!r} has no sparse_attention_config block")
+        return {n: parsed for n in components}
+    if isinstance(config, Mapping):
+        unknown = sorted(set(config) - set(components))
+        if unknown:
+            raise ValueError(f"config: no component named {unknown} here (components: "
+                             f"{sorted(components)})")
+        return {n: _parse(config.get(n)) for n in components}
+    raise TypeError("config: expected a pipeline folder, a config.json path, a dict, a "
+                    "blasst.SparseAttentionConfig or {component: config}, got "
+                    f"{type(config).__name__}")
+
+
+def _per_component(value, components, name):
+    if value is None or isinstance(value, (int, float)) and not isinstance(value, bool):
+        return {n: None if value is None else float(value) for n in components}
+    if isinstance(value, Mapping):
+        unknown = sorted(set(value) - set(components))
+        if unknown:
+            raise ValueError(f"{name}: no component named {unknown} here")
+        return {n: None if value.get(n) is None else float(value[n]) for n in components}
+    raise TypeError(f"{name}: expected a number or {{component: number}}, got "
+                    f"{type(value).__name__}")
+
+
+def _is_pipeline(x) -> bool:
+    return isinstance(getattr(x, "components", None), dict) and hasattr(x, "config")
+
+
+def _components_of(target, components: Optional[Sequence[str]]) -> Dict[str, Any]:
+    import torch
+    if _is_pipeline(target):
+        mods = {n: m for n, m in target.components.items() if isinstance(m, torch.nn.Module)}
+        if components is None:
+            names = [n for n in mods if n.startswith(("transformer", "unet", "prior"))]
+        else:
+            names = list(components)
+            missing = [n for n in names if n not in mods]
+            if missing:
+                raise ValueError(f"components: {missing} not in this pipeline (its models: "
+                                 f"{sorted(mods)})")
+        if not names:
+            raise ValueError("blasst.diffusers: this pipeline has no denoiser component "
+                             f"(transformer*, unet*); its models: {sorted(mods)}")
+        return {n: mods[n] for n in names}
+    if isinstance(target, torch.nn.Module):
+        if components is not None and len(components) != 1:
+            raise ValueError("components: a single model is one component; give one name")
+        return {components[0] if components else "transformer": target}
+    raise TypeError("blasst.diffusers.enable: expected a diffusers pipeline or model "
+                    f"(torch.nn.Module), got {type(target).__name__}")
+
+
+def _attention_modules(module):
+    """(name, module) of the attention modules whose processor uses the dispatcher."""
+    return [(n, m) for n, m in module.named_modules()
+            if n and hasattr(getattr(m, "processor", None), "_attention_backend")]
+
+
+def _timestep_index(module) -> Optional[int]:
+    try:
+        params = list(inspect.signature(module.forward).parameters)
+    except (TypeError, ValueError):
+        return None
+    return params.index("timestep") if "timestep" in params else None
+
+
+# -- enable / disable -------------------------------------------------------------------------------
+class Enabled:
+    """What enable() did: per component and layer the settings in force, and counters of the
+    calls (eager calls only): ``blasst_calls`` per component, ``fallbacks`` per reason."""
+
+    def __init__(self, num_train_timesteps: float):
+        self.num_train_timesteps = float(num_train_timesteps)
+        self.layers: Dict[str, Dict[str, Any]] = {}   # "component/layer" -> settings
+        self.components: Dict[str, str] = {}          # component -> "routed" / "dense (...)"
+        self.blasst_calls: Counter = Counter()
+        self.fallbacks: Counter = Counter()
+        self._undo: List[Any] = []
+
+    def skip_for(self, component: str, layer: str) -> Optional[SkipSoftmax]:
+        entry = self.layers.get(f"{component}/{layer}")
+        return None if entry is None else entry["skip"]
+
+    def __repr__(self) -> str:
+        return (f"blasst.diffusers.Enabled(components={self.components}, "
+                f"blasst_calls={dict(self.blasst_calls)}, fallbacks={dict(self.fallbacks)})")
+
+
+def _make_timestep_hook(handle: Enabled, component: str, index: Optional[int], gated: bool):
+    import torch
+
+    def pre_hook(module, args, kwargs):
+        recording = bool(_recorders)
+        if not gated and not recording:
+            return None
+        ts = kwargs.get("timestep")
+        if ts is None and index is not None and len(args) > index:
+            ts = args[index]
+        t = None
+        if ts is not None:
+            top = ts.max() if isinstance(ts, torch.Tensor) else max(ts) if \
+                isinstance(ts, (list, tuple)) else ts
+            t = _diffusion.record_denoise_step(top, handle.num_train_timesteps)  # one host sync
+        if recording:
+            with _lock:
+                for rec in _recorders:
+                    rec._begin_step(component, t)
+        return None
+
+    # Runs eagerly under torch.compile too (a graph break at the component's entry): the published
+    # t is read by each blasst call at run time, never baked into a traced graph.
+    return torch.compiler.disable(pre_hook)
+
+
+def _layer_hook(label: str):
+    def pre_hook(module, args):
+        if _recorders:
+            _current_layer[0] = label
+        return None
+    return pre_hook
+
+
+def enable(pipe_or_model, config=None, *, target_sparsity=None,
+           skip: Optional[SkipSoftmax] = None, ignore: Sequence[str] = DEFAULT_IGNORE,
+           components: Optional[Sequence[str]] = None,
+           num_train_timesteps: Optional[float] = None) -> Enabled:
+    """Route the self-attention of a diffusers pipeline's denoisers (or of one model) through
+    blasst. Returns an Enabled handle (also stored on each component); see the module docstring
+    for config, target_sparsity, skip and ignore. ``components`` picks pipeline components by
+    name (default: transformer*, unet*). Calling enable again replaces the previous settings."""
+    check_skip(skip)
+    if isinstance(ignore, str) or not all(isinstance(p, str) for p in ignore):
+        raise TypeError(f"ignore: expected a sequence of fnmatch patterns, got {ignore!r}")
+    _registry.check()
+    mods = _components_of(pipe_or_model, components)
+    if num_train_timesteps is None:
+        sched = getattr(pipe_or_model, "scheduler", None)
+        num_train_timesteps = getattr(getattr(sched, "config", None), "num_train_timesteps",
+                                      None) or DEFAULT_NUM_TRAIN_TIMESTEPS
+    if not float(num_train_timesteps) > 0:
+        raise ValueError(f"num_train_timesteps: must be > 0, got {num_train_timesteps!r}")
+    pipe_path = getattr(pipe_or_model, "name_or_path", None) if _is_pipeline(pipe_or_model) \
+        else None
+    configs = _component_configs(mods, config, pipe_path)
+    targets = _per_component(target_sparsity, mods, "target_sparsity")
+    if skip is None and not any(configs.values()):
+        raise ValueError(
+            "blasst.diffusers.enable: no sparse_attention_config found for "
+            f"{sorted(mods)} and no skip= given; pass config= (a pipeline folder, a config.json, "
+            "a dict) or skip=blasst.SkipSoftmax(...)")
+    for m in mods.values():
+        disable(m)
+    handle = Enabled(num_train_timesteps)
+    _handles.add(handle)
+    routes: Dict[Tuple, _Route] = {}
+    for comp, module in mods.items():
+        attn = _attention_modules(module)
+        cfg = configs[comp]
+        if cfg is None and skip is None:
+            handle.components[comp] = "dense (no sparse_attention_config)"
+            continue
+        if not attn:
+            raise ValueError(f"blasst.diffusers: component {comp!r} ({type(module).__name__}) "
+                             "has no attention module that uses diffusers' attention dispatcher")
+        gated = False
+        for name, am in attn:
+            if cfg is not None:
+                layer_skip = cfg.skip_softmax(layer=name, phase="prefill",
+                                              target_sparsity=targets[comp])
+                dense_reason = None if layer_skip.enabled else "ignored"
+            else:
+                ignored = any(fnmatch.fnmatchcase(name, p) for p in ignore)
+                layer_skip = skip
+                dense_reason = "ignored" if ignored else None
+            if dense_reason is not None:
+                layer_skip = None
+            gated = gated or (layer_skip is not None and
+                              layer_skip.disabled_until_timestep is not None)
+            proc = am.processor
+            native = getattr(proc, "_attention_backend", None)
+            rkey = (comp, None if layer_skip is None else layer_skip.fields(), id(native),
+                    dense_reason)
+            route = routes.get(rkey)
+            if route is None:
+                route = routes[rkey] = _Route(comp, layer_skip, native, dense_reason, handle)
+                _route_member(route)
+            _set_backend(handle, am, route.member)
+            handle._undo.append(am.register_forward_pre_hook(_layer_hook(f"{comp}/{name}")))
+            handle.layers[f"{comp}/{name}"] = {"skip": layer_skip, "dense": dense_reason,
+                                               "backend": route.member.value}
+        hook = _make_timestep_hook(handle, comp, _timestep_index(module), gated)
+        handle._undo.append(module.register_forward_pre_hook(hook, with_kwargs=True))
+        setattr(module, _ATTR, handle)
+        handle._undo.append(lambda m=module: delattr(m, _ATTR) if hasattr(m, _ATTR) else None)
+        handle.components[comp] = "routed" + (" (timestep-gated)" if gated else "")
+    return handle
+
+
+def _set_backend(handle: Enabled, module, member) -> None:
+    proc = module.processor
+    if _registry.is_ours(getattr(proc, "_attention_backend", None)):
+        # A processor shared with a layer routed already: give this layer its own copy.
+        import copy
+        mine = copy.copy(proc)
+        module.processor = mine
+        handle._undo.append(lambda m=module, p=proc: setattr(m, "processor", p))
+        proc = mine
+    had = "_attention_backend" in vars(proc)
+    old = vars(proc).get("_attention_backend")
+    proc._attention_backend = member
+
+    def undo(p=proc, had=had, old=old):
+        if had:
+            p._attention_backend = old
+        elif "_attention_backend" in vars(p):
+            del p._attention_backend
+    handle._undo.append(undo)
+
+
+def disable(pipe_or_model) -> None:
+    """Undo enable(): every routed processor gets its backend back, the hooks are removed."""
+    if _is_pipeline(pipe_or_model):
+        targets = [m for m in pipe_or_model.components.values() if hasattr(m, _ATTR)]
+    elif hasattr(pipe_or_model, "modules"):
+        targets = [pipe_or_model] if hasattr(pipe_or_model, _ATTR) else []
+    else:
+        raise TypeError("blasst.diffusers.disable: expected a diffusers pipeline or model, got "
+                        f"{type(pipe_or_model).__name__}")
+    for module in targets:
+        handle = getattr(module, _ATTR, None)
+        if handle is None:
+            continue
+        for undo in reversed(handle._undo):
+            (undo.remove if hasattr(undo, "remove") else undo)()
+        handle._undo.clear()
+
+
+def enabled(module) -> Optional[Enabled]:
+    """The Enabled handle of a component, or None."""
+    return getattr(module, _ATTR, None)

@@ -1,0 +1,101 @@
+"""blasst.diffusers on the GPU: a few denoise steps of a random-weight Wan-style transformer at
+16,384 tokens (bf16, head dim 128, the sm_90a kernels). Skips without a usable GPU (a failure with
+BLASST_REQUIRE_GPU=1). The dense reference is diffusers' native backend (torch SDPA) on the same
+model and inputs.
+
+    BLASST_REQUIRE_GPU=1 python -m pytest tests/python/test_diffusers_gpu.py -q
+"""
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+diffusers = pytest.importorskip("diffusers")
+
+import blasst  # noqa: E402
+import blasst.diffusers as bd  # noqa: E402
+from diffusers import WanTransformer3DModel  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+LATENT = (1, 4, 4, 128, 128)   # 4 x 64 x 64 = 16,384 tokens after the 1x2x2 patch
+TEXT = (1, 16, 64)
+UNTIL = 0.5
+TIMESTEPS = (999, 800, 450, 200)   # two gated (dense) steps, then two skipping steps
+
+
+def _gpu_problem():
+    if not torch.cuda.is_available():
+        return "torch sees no CUDA device"
+    if not blasst.built_with_cuda():
+        return "blasst was built without the CUDA kernels"
+    if not blasst.cuda_available():
+        return "blasst sees no usable sm_90 GPU"
+    return None
+
+
+@pytest.fixture
+def cuda():
+    problem = _gpu_problem()
+    if problem is not None:
+        if os.environ.get("BLASST_REQUIRE_GPU") == "1":
+            pytest.fail(f"BLASST_REQUIRE_GPU=1 but {problem}")
+        pytest.skip(f"GPU test: {problem}")
+    return torch.device("cuda")
+
+
+def wan(device):
+    """Random weights with DiT-like locality (keys share the queries' projection, q and k scaled
+    up; see test_diffusers_cpu.tiny_wan)."""
+    torch.manual_seed(0)
+    m = WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=128,
+                              in_channels=4, out_channels=4, text_dim=64, freq_dim=64,
+                              ffn_dim=512, num_layers=2, rope_max_seq_len=1024).eval()
+    with torch.no_grad():
+        for blk in m.blocks:
+            a = blk.attn1
+            a.to_k.weight.copy_(a.to_q.weight)
+            a.to_k.bias.copy_(a.to_q.bias)
+            a.norm_q.weight.mul_(4.0)
+            a.norm_k.weight.copy_(a.norm_q.weight)
+    return m.to(device=device, dtype=torch.bfloat16)
+
+
+def latents(device):
+    g = torch.Generator().manual_seed(7)
+    low = torch.randn(LATENT[0], LATENT[1], 2, 8, 8, generator=g)
+    x = torch.nn.functional.interpolate(low, size=LATENT[2:], mode="trilinear", align_corners=True)
+    x = x + 0.1 * torch.randn(*LATENT, generator=g)
+    return x.to(device, torch.bfloat16), torch.randn(*TEXT, generator=g).to(device, torch.bfloat16)
+
+
+def test_gpu_wan_denoise_steps_gate_then_skip(cuda):
+    model = wan(cuda)
+    x, enc = latents(cuda)
+
+    def step(t):
+        with torch.no_grad():
+            return model(x, torch.tensor([t], device=cuda), enc, return_dict=False)[0].float()
+
+    dense = {t: step(t) for t in TIMESTEPS}        # diffusers' native backend
+    cfg = {"sparse_attention_config": {"config_groups": {"g": {
+        "algorithm": "skip_softmax", "threshold_scale_factor": 0.05 * 16384,
+        "disabled_until_timestep": UNTIL, "ignore": ["*attn2*"]}}}}
+    h = bd.enable(model, config=cfg)
+    try:
+        with bd.record_stats() as rec:
+            outs = {t: step(t) for t in TIMESTEPS}
+    finally:
+        bd.disable(model)
+    assert [s["t"] for s in rec.steps] == [t / 1000 for t in TIMESTEPS]
+    assert [s["blasst"] for s in rec.steps] == [2] * 4 and h.fallbacks == {"ignored": 8}
+    gated = [t / 1000 > UNTIL for t in TIMESTEPS]
+    for s, g in zip(rec.steps, gated):
+        assert (s["gated"] == 2) == g
+        assert (s["skipped"] == 0) == g, s           # dense steps, then sparse ones
+    print("per-step:", rec.steps, "sparsity:", rec.sparsity())
+    for t, g in zip(TIMESTEPS, gated):
+        ref, out = dense[t], outs[t]
+        rel = ((out - ref).norm() / ref.norm()).item()
+        assert torch.isfinite(out).all()
+        assert rel < (2e-2 if g else 6e-2), (t, rel)  # bf16 kernels vs SDPA; skips add a little
