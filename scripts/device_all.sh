@@ -4,7 +4,8 @@
 # cp.async load path, the Python GPU tests and examples, compute-sanitizer (memcheck, racecheck) on
 # the small sanitizer suites, and, when a baseline tree sits in .baseline/, the before/after
 # benchmark. Logs under $OUT; a short table last. Full benchmarks: scripts/device_{prefill,decode}.sh.
-# Carry .deps/cutlass, .deps/include and .deps/googletest (scripts/bootstrap.sh makes them).
+# Carry .deps/cutlass, .deps/include and .deps/googletest (scripts/bootstrap.sh makes them), and
+# .deps/wheels for the diffusers tests.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/device_all}
@@ -28,6 +29,18 @@ timeout ${CTEST_TIMEOUT:-240} ctest --test-dir "$BUILD" -j 4 --output-on-failure
 rc=$?
 SUMMARY+=("ctest: rc=$rc ($(( $(date +%s) - t0 )) s): $(grep -E 'tests passed' "$OUT/ctest.log")")
 SUMMARY+=("  skipped: $(grep -c '(Skipped)' "$OUT/ctest.log")  failed: $(grep -E '\(Failed\)|\(Timeout\)|Exception' "$OUT/ctest.log" | tr '\n' ' ')")
+
+# Python wheels the GPU machine lacks (it has no network): carried in .deps/wheels (made here with
+# `pip download --no-deps diffusers==<pin> importlib_metadata zipp pillow -d .deps/wheels`), each
+# installed only when its module is missing.
+if [ -d .deps/wheels ]; then
+  for w in .deps/wheels/*.whl; do
+    mod=$(basename "$w" | cut -d- -f1 | tr 'A-Z' 'a-z'); [ "$mod" = pillow ] && mod=PIL
+    python3 -c "import $mod" 2>/dev/null ||
+      python3 -m pip install -q --no-deps --no-index "$w" >> "$OUT/wheels.log" 2>&1
+  done
+  SUMMARY+=("wheels: $(python3 -c 'import diffusers; print("diffusers", diffusers.__version__)' 2>&1 | tail -1)")
+fi
 
 t0=$(date +%s)
 export PYTHONPATH="$PWD/$BUILD/python${PYTHONPATH:+:$PYTHONPATH}" BLASST_REQUIRE_GPU=1

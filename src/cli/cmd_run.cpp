@@ -151,8 +151,9 @@ npy::Array to_file(const HostBuffer& b, npy::Elem e, std::vector<std::int64_t> s
 }
 
 void check_args(const RunArgs& a) {
-  if (a.o_threshold->count() && !(a.threshold > 0 && a.threshold < 1))
-    bad_arg("--threshold", "lambda must lie in (0, 1), got " + num(a.threshold));
+  // SPEC §3: lambda >= 1 runs dense (counted as such), as in the library and the Python package.
+  if (a.o_threshold->count() && !(std::isfinite(a.threshold) && a.threshold > 0))
+    bad_arg("--threshold", "lambda must be a finite number > 0 (>= 1 runs dense), got " + num(a.threshold));
   if (a.o_factor->count() && !(std::isfinite(a.factor) && a.factor > 0))
     bad_arg("--factor", "must be a finite number > 0, got " + num(a.factor));
   if (a.o_target->count() && !(a.target >= 0 && a.target <= 1))
@@ -431,7 +432,7 @@ void register_run(CLI::App& app) {
   a->o_stats = s->add_option("--stats", a->stats, "write skip statistics (JSON)");
   s->add_flag("--causal", a->causal, "causal mask (bottom-right aligned); default: full");
   s->add_flag("--decode", a->decode, "decode: q [B, q_len, Hq, d] against contiguous caches k/v [B, Lmax, Hk, d]");
-  a->o_threshold = s->add_option("--threshold", a->threshold, "lambda itself, in (0, 1)");
+  a->o_threshold = s->add_option("--threshold", a->threshold, "lambda itself, > 0 (>= 1: dense, SPEC §3)");
   a->o_factor = s->add_option("--factor", a->factor, "raw threshold_scale_factor: lambda = factor / Lk");
   a->o_config = s->add_option("--config", a->config, "config.json with a sparse_attention_config block")
                     ->check(CLI::ExistingFile);

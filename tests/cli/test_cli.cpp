@@ -222,6 +222,36 @@ TEST_F(Cli, DenseRunMatchesNaiveFp64) {
   }
 }
 
+// SPEC §3: a threshold lambda >= 1 runs dense (counted as such), as the library and Python do:
+// on data where lambda = 0.05 skips, --threshold 1.5 gives the dense run's bytes and skips none.
+TEST_F(Cli, ThresholdAtLeastOneRunsDense) {
+  const std::int64_t L = 384, H = 2, d = 32;
+  auto q = randn(L * H * d, 61), k = randn(L * H * d, 62), v = randn(L * H * d, 63);
+  for (std::int64_t h = 0; h < H; ++h) {  // an attention sink: logit ~ 6 * 16 / sqrt(32) = 17
+    for (std::int64_t i = 0; i < L; ++i) q[(i * H + h) * d] += 6.0f;
+    k[h * d] = 16.0f;
+  }
+  write_f32("q.npy", q, {L, H, d});
+  write_f32("k.npy", k, {L, H, d});
+  write_f32("v.npy", v, {L, H, d});
+  const std::string qkv = "run --q " + p("q.npy") + " --k " + p("k.npy") + " --v " + p("v.npy");
+  auto run = [&](const std::string& extra, const std::string& out) {
+    const Result r = blasst(qkv + " --out " + p(out) + " --stats " + p("s.json") + extra);
+    EXPECT_EQ(r.rc, 0) << extra << ": " << r.err;
+    return json::parse(slurp(p("s.json")));
+  };
+  const json sparse = run(" --threshold 0.05", "o_sparse.npy");
+  ASSERT_GT(sparse["total_skipped"].get<long>(), 0) << "the sink must make lambda = 0.05 skip";
+  run("", "o_dense.npy");
+  for (const char* lam : {"1", "1.5", "1e300"}) {
+    const json s = run(std::string(" --threshold ") + lam, "o_ge1.npy");
+    EXPECT_EQ(s["total_skipped"], 0) << lam;
+    EXPECT_GT(s["total_visited"].get<long>(), 0) << lam;
+    EXPECT_EQ(slurp(p("o_ge1.npy")), slurp(p("o_dense.npy"))) << "--threshold " << lam << " must equal the dense run";
+  }
+  EXPECT_NE(slurp(p("o_sparse.npy")), slurp(p("o_dense.npy")));
+}
+
 // Skip run: bit-for-bit the in-process reference with the same settings; statistics agree.
 TEST_F(Cli, SkipRunMatchesInProcessReference) {
   const std::int64_t B = 2, L = 384, H = 2, d = 32;
@@ -400,7 +430,8 @@ TEST_F(Cli, BadArgumentsExit2NamingTheArgument) {
   const std::string qkv = "run --q " + p("q.npy") + " --k " + p("k.npy") + " --v " + p("v.npy") + " --out " + p("o.npy");
   expect_usage_error(qkv + " --threshold 0.1 --factor 3", {"--threshold", "--factor"});
   expect_usage_error(qkv + " --factor 3 --config " + p("q.npy"), {"--factor", "--config"});
-  expect_usage_error(qkv + " --threshold 1.5", {"--threshold", "(0, 1)"});
+  expect_usage_error(qkv + " --threshold inf", {"--threshold", "finite"});
+  expect_usage_error(qkv + " --threshold -0.5", {"--threshold", "> 0"});
   expect_usage_error(qkv + " --threshold 0", {"--threshold"});
   expect_usage_error(qkv + " --threshold nan", {"--threshold"});
   expect_usage_error(qkv + " --threshold abc", {"--threshold"});

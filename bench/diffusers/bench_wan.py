@@ -1,0 +1,137 @@
+"""Transformer-level speed of blasst.diffusers on a Wan-style DiT (issue 16), against diffusers'
+native backend (torch SDPA) on the same model, inputs and GPU in the same run.
+
+Model: WanTransformer3DModel with random weights at a Wan 2.1 1.3B-like width (12 heads x 128,
+ffn 8960) and NUM_LAYERS blocks; latents of 21 x 60 x 104 (480p, 81 frames) -> 21 x 30 x 52 =
+32,760 tokens after the 1x2x2 patch. Random weights give no natural attention locality, so keys
+share the queries' projection and q, k are scaled up (as tests/python/test_diffusers_gpu.py);
+the sparsity each threshold reaches is measured, not assumed, and reported with the output error
+against the native step.
+
+Per configuration: median ms of one transformer forward (one denoise step, timestep past the
+gate), interleaved rounds. Attention share: the native step's time spent in self-attention,
+measured by timing torch SDPA alone on the step's q, k, v shapes (layers x calls).
+
+    python3 bench/diffusers/bench_wan.py [--layers 4] [--rounds 5] [--out DIR]
+"""
+import argparse
+import json
+import os
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+import blasst
+import blasst.diffusers as bd
+from diffusers import WanTransformer3DModel
+
+HEADS, HEAD_DIM = 12, 128
+LATENT = (1, 16, 21, 60, 104)
+TEXT = (1, 512, 4096)
+
+
+def model(layers, device):
+    torch.manual_seed(0)
+    m = WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=HEADS, attention_head_dim=HEAD_DIM,
+                              in_channels=16, out_channels=16, text_dim=4096, freq_dim=256, ffn_dim=8960,
+                              num_layers=layers).eval()
+    with torch.no_grad():
+        for blk in m.blocks:
+            a = blk.attn1
+            a.to_k.weight.copy_(a.to_q.weight)
+            a.to_k.bias.copy_(a.to_q.bias)
+            a.norm_q.weight.mul_(4.0)
+            a.norm_k.weight.copy_(a.norm_q.weight)
+    return m.to(device=device, dtype=torch.bfloat16)
+
+
+def inputs(device):
+    g = torch.Generator().manual_seed(7)
+    low = torch.randn(LATENT[0], LATENT[1], 6, 8, 8, generator=g)
+    x = F.interpolate(low, size=LATENT[2:], mode="trilinear", align_corners=True)
+    x = x + 0.1 * torch.randn(*LATENT, generator=g)
+    return x.to(device, torch.bfloat16), torch.randn(*TEXT, generator=g).to(device, torch.bfloat16)
+
+
+def timed(fn, n=3):
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / n * 1e3
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--thresholds", default="1e-3,1e-2,5e-2,1e-1")
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    m = model(args.layers, dev)
+    x, enc = inputs(dev)
+    t_step = torch.tensor([500.0], device=dev)
+    tokens = LATENT[2] * (LATENT[3] // 2) * (LATENT[4] // 2)
+
+    def step():
+        with torch.no_grad():
+            return m(x, t_step, enc, return_dict=False)[0]
+
+    ref = step().float()
+    lams = [float(s) for s in args.thresholds.split(",")]
+    configs = [("native", None), ("blasst dense", "dense")] + [(f"skip lambda {lam:g}", lam) for lam in lams]
+    rows = {}
+    for name, lam in configs:  # sparsity and error once per configuration (statistics on)
+        if lam is None:
+            rows[name] = dict(sparsity=0.0, rel_err=0.0)
+            continue
+        skip = blasst.SkipSoftmax.dense() if lam == "dense" else blasst.SkipSoftmax(threshold=lam, order="max_first")
+        bd.enable(m, skip=skip)
+        try:
+            with bd.record_stats() as rec:
+                out = step().float()
+            rows[name] = dict(sparsity=rec.sparsity(), rel_err=((out - ref).norm() / ref.norm()).item(),
+                              fallbacks=dict(rec.fallbacks))
+        finally:
+            bd.disable(m)
+    times = {name: [] for name, _ in configs}
+    for _ in range(args.rounds):  # interleaved: each round times every configuration once
+        for name, lam in configs:
+            if lam is not None:
+                skip = blasst.SkipSoftmax.dense() if lam == "dense" else blasst.SkipSoftmax(threshold=lam, order="max_first")
+                bd.enable(m, skip=skip)
+            step()
+            times[name].append(timed(step))
+            if lam is not None:
+                bd.disable(m)
+    # Attention share of the native step: SDPA alone on the self-attention shapes, x layers.
+    q = torch.randn(1, HEADS, tokens, HEAD_DIM, device=dev, dtype=torch.bfloat16)
+    sdpa = timed(lambda: F.scaled_dot_product_attention(q, q, q), 5)
+    for name in rows:
+        rows[name]["ms"] = statistics.median(times[name])
+        rows[name]["ms_rounds"] = times[name]
+    native = rows["native"]["ms"]
+    lines = [f"# blasst.diffusers step time, WanTransformer3DModel random weights, {args.layers} layers, "
+             f"{HEADS} x {HEAD_DIM}, {tokens} tokens, bf16, {torch.cuda.get_device_name()}", "",
+             f"native self-attention (torch SDPA alone, x {args.layers} layers): {sdpa * args.layers:.2f} ms "
+             f"= {100 * sdpa * args.layers / native:.1f} % of the native step", "",
+             "| configuration | step ms (median of rounds) | x native | sparsity | rel. error vs native |",
+             "|---|---|---|---|---|"]
+    for name in rows:
+        r = rows[name]
+        lines.append(f"| {name} | {r['ms']:.2f} | {native / r['ms']:.3f} | {r['sparsity']:.3f} | {r['rel_err']:.2e} |")
+    text = "\n".join(lines)
+    print(text)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "bench_wan.md"), "w") as f:
+        f.write(text + "\n")
+    with open(os.path.join(args.out, "bench_wan.json"), "w") as f:
+        json.dump(dict(rows=rows, sdpa_ms=sdpa, layers=args.layers, tokens=tokens), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
