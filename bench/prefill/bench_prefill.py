@@ -21,8 +21,6 @@ import json
 import math
 import os
 import statistics
-import subprocess
-import sys
 import time
 
 import torch
@@ -297,16 +295,6 @@ def main():
     write_results(args.out, "bench_prefill.json", meta, rows, lines)
 
 
-# Bench-only kernel variants (A/B of loop structures) were retired with the kernel table
-# (issue 13); these stay empty so that the quick suite's tables keep their layout.
-SKIP_VARIANTS = {}
-DENSE_VARIANTS = {}
-
-
-def knob(vid):
-    return vid << 8
-
-
 MAX_FIRST = 1 << 30  # prefill_bench_lib.cpp: SkipConfig.vote.order = max_first
 
 
@@ -361,14 +349,10 @@ def quick_main(args, lib):
     """Reduced suite for the skip variant (bf16): d128 at 16k and 32k, causal and full, and d64
     16k causal (random only). GPU warmed up first; every comparison timed interleaved.
     random: dense, cuDNN, the skip kernel at 0 % (lambda off) as the library builds it, with
-    statistics + histogram on, and every bench-only variant (when built: SKIP_VARIANTS,
-    DENSE_VARIANTS). llm: dense, skip at 50/70/90 % (library and every bench-only variant; their
-    outputs compared with the library's: same decisions)."""
+    statistics + histogram on, and max-first. llm: dense, skip at 50/70/90 % in both visit
+    orders, each at the lambda of its own one-pass curve."""
     dev = torch.cuda.get_device_name()
     commit = os.environ.get("BLASST_COMMIT", "unknown")
-    built = False
-    sv = SKIP_VARIANTS if built else {}
-    dv = DENSE_VARIANTS if built else {}
     rows = []
     warm_up(lib)
     configs = [(L, causal, 128) for L in (16384, 32768) for causal in (True, False)]
@@ -383,19 +367,11 @@ def quick_main(args, lib):
             tf = lambda ms: fl / (ms * 1e-3) / 1e12
             r = dict(workload=kind, L=L, d=d, mask="causal" if causal else "full")
             names, fns = ["dense"], [lambda: ours()]
-            if d == 128:
-                for vid in dv:
-                    names.append(f"dense_v{vid}")
-                    fns.append(lambda vid=vid: ours(0.0, 0, None, knob(vid)))
             if kind == "random":
                 cnt = ours.counters(True)
                 names += ["skip0", "skip0_stats", "skip0_maxfirst"]
                 fns += [lambda: ours(0.0, 1), lambda: ours(0.0, 1, cnt),
                         lambda: ours(0.0, 1, None, MAX_FIRST)]
-                if d == 128:
-                    for vid in sv:
-                        names.append(f"skip0_v{vid}")
-                        fns.append(lambda vid=vid: ours(0.0, 1, None, knob(vid)))
                 try:
                     sdpa(q, k, v, causal, SDPBackend.CUDNN_ATTENTION)
                     names.append("cudnn")
@@ -435,25 +411,12 @@ def quick_main(args, lib):
                         torch.cuda.synchronize()
                         e["achieved"] = c2[1].sum().item() / max(1, c2[0].sum().item())
                         e["err"] = ((ours.o.float() - o_dense).norm() / o_dense.norm()).item()
-                        o_lib = ours.o.clone()
-                        e["bitwise_equal_to_library"] = {}
-                        for vid in sv:
-                            ours(lam, 0, None, knob(vid))
-                            torch.cuda.synchronize()
-                            e["bitwise_equal_to_library"][vid] = bool(torch.equal(o_lib, ours.o))
-                        del o_lib
                         names.append(f"lib{lam}")
                         fns.append(lambda lam=lam: ours(lam))
-                        for vid in sv:
-                            names.append(f"v{vid}_{lam}")
-                            fns.append(lambda lam=lam, vid=vid: ours(lam, 0, None, knob(vid)))
                     r["skip"].append(e)
             res = dict(zip(names, interleaved_ms(fns, args.iters, args.warmup)))
             r["dense_ms"], r["dense_spread"] = res["dense"]
             r["dense_tflops"] = tf(r["dense_ms"])
-            for vid in dv:
-                if f"dense_v{vid}" in res:
-                    r[f"dense_v{vid}_speedup"] = r["dense_ms"] / res[f"dense_v{vid}"][0]
             if kind == "random":
                 for n in names:
                     if n.startswith("skip0"):
@@ -469,43 +432,35 @@ def quick_main(args, lib):
                     e["speedup"] = r["dense_ms"] / res[f"lib{lam}"][0]
                     if e.get("lambda_maxfirst") is not None:
                         e["speedup_maxfirst"] = r["dense_ms"] / res[f"mf{e['lambda_maxfirst']}"][0]
-                    for vid in sv:
-                        e[f"speedup_v{vid}"] = r["dense_ms"] / res[f"v{vid}_{lam}"][0]
             rows.append(r)
             print(json.dumps(r), flush=True)
             del q, k, v, ours
             torch.cuda.empty_cache()
     meta = dict(date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), commit=commit, gpu=dev,
                 torch=torch.__version__, iters=args.iters, warmup=args.warmup, suite="quick",
-                timing="interleaved rounds after a 2 s warm-up", bench_variants_built=built,
-                skip_variants=sv, dense_variants=dv)
+                timing="interleaved rounds after a 2 s warm-up")
     pc = lambda x: "-" if x is None else f"{100 * x:+.1f}%"
-    vl = ", ".join(f"v{k} = {n}" for k, n in {**sv, **dv}.items())
     lines = [f"# prefill quick benchmark  {meta['date']}  commit {commit}  {dev}", "",
-             f"Interleaved timing after a 2 s warm-up. Bench-only variants: {vl}.", "",
+             "Interleaved timing after a 2 s warm-up.", "",
              "random inputs: skip kernels at 0 % sparsity, time over dense; lib = library skip kernel, "
              "stats = library with statistics + histogram", "",
-             "| L | d | mask | dense TF/s | ours/cuDNN | " + " | ".join(["lib", "stats"] + [f"v{k}" for k in sv])
-             + " | " + " | ".join(f"v{k} (x dense)" for k in dv) + " |",
-             "|" + "---|" * (6 + len(sv) + len(dv))]
+             "| L | d | mask | dense TF/s | ours/cuDNN | lib | stats |",
+             "|" + "---|" * 7]
     for r in rows:
         if r["workload"] == "random":
-            cells = [pc(r.get("skip0_ovh")), pc(r.get("skip0_stats_ovh"))] + [pc(r.get(f"skip0_v{k}_ovh")) for k in sv]
-            cells += [f"{r[f'dense_v{k}_speedup']:.3f}x" if f"dense_v{k}_speedup" in r else "-" for k in dv]
+            cells = [pc(r.get("skip0_ovh")), pc(r.get("skip0_stats_ovh"))]
             lines.append(f"| {r['L']} | {r['d']} | {r['mask']} | {r['dense_tflops']:.0f} | "
                          f"{r.get('ratio_vs_cudnn', float('nan')):.3f} | " + " | ".join(cells) + " |")
-    lines += ["", "llm inputs, d128: speedup over dense (achieved sparsity: library, then each variant)", "",
-              "| L | mask | dense TF/s | s | lib | " + " | ".join(f"v{k}" for k in sv) + " |",
-              "|" + "---|" * (5 + len(sv))]
+    lines += ["", "llm inputs, d128: speedup over dense at the achieved sparsity s (library, natural order)", "",
+              "| L | mask | dense TF/s | s | lib |",
+              "|" + "---|" * 5]
     for r in rows:
         if r["workload"] == "llm":
             for e in r["skip"]:
                 if "speedup" not in e:
                     continue
-                diff = [k for k, eq in e.get("bitwise_equal_to_library", {}).items() if not eq]
-                cells = [f"{e['speedup']:.3f}x"] + [f"{e[f'speedup_v{k}']:.3f}x" for k in sv]
                 lines.append(f"| {r['L']} | {r['mask']} | {r['dense_tflops']:.0f} | {e['achieved']:.2f} | "
-                             + " | ".join(cells) + " |" + (f" not bitwise: {diff}" if diff else ""))
+                             f"{e['speedup']:.3f}x |")
     lines += ["", "Visit order (SPEC §2a): natural vs max-first, each at the lambda of its own one-pass curve "
               "(equal sparsity); speedup over dense, rel. L2 error vs dense; skip kernel at 0 % with max-first "
               "vs natural (random inputs)", "",
