@@ -34,16 +34,15 @@ head dims or devices, mixed head counts without enable_gqa. Nothing is silently 
 from __future__ import annotations
 
 import atexit
-import contextlib
 import fnmatch
 import inspect
 import os
 import threading
 import weakref
 from collections import Counter
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from . import _api, _calls, _diffusers_registry as _registry
+from . import _api, _calls, _diffusers_registry as _registry, _recording
 from . import diffusion as _diffusion
 from ._skip import SkipSoftmax, SparseAttentionConfig, check_skip, load_config, load_model_configs
 
@@ -113,17 +112,10 @@ class StatsRecorder:
                 f"sparsity={self.sparsity():.4f}, fallbacks={dict(self.fallbacks)})")
 
 
-@contextlib.contextmanager
 def record_stats():
-    """Collect per-layer and per-step statistics while the block runs (eager mode only)."""
-    rec = StatsRecorder()
-    with _lock:
-        _recorders.append(rec)
-    try:
-        yield rec
-    finally:
-        with _lock:
-            _recorders.remove(rec)
+    """Collect per-layer and per-step statistics while the block runs (eager mode only):
+    ``with blasst.diffusers.record_stats() as rec: ...``."""
+    return _recording.active(_recorders, _lock, StatsRecorder())
 
 
 def _compiling() -> bool:

@@ -14,11 +14,10 @@ static caches) are delegated to transformers' SDPA implementation, which handles
 """
 from __future__ import annotations
 
-import contextlib
 import threading
 from typing import Dict, Optional
 
-from . import _api, _calls
+from . import _api, _calls, _recording
 from ._skip import SkipSoftmax, load_config
 
 NAME = "blasst"
@@ -62,17 +61,10 @@ class StatsRecorder:
                 f"layers={len(self.layers)})")
 
 
-@contextlib.contextmanager
 def record_stats():
-    """Collect per-layer sparsity while the block runs (costs a device sync per call)."""
-    rec = StatsRecorder()
-    with _lock:
-        _recorders.append(rec)
-    try:
-        yield rec
-    finally:
-        with _lock:
-            _recorders.remove(rec)
+    """Collect per-layer sparsity while the block runs (costs a device sync per call):
+    ``with blasst.transformers.record_stats() as rec: ...``."""
+    return _recording.active(_recorders, _lock, StatsRecorder())
 
 
 def _layer_name(module) -> str:
