@@ -238,3 +238,48 @@ TEST(Workloads, LlmDecodeGroupedAndPerHeadUndershoot) {
   EXPECT_GT(compared, 0);
   EXPECT_GT(under, 0);
 }
+
+// SPEC §6 finite-size term: f0(L), the share of visited pairs no lambda can skip (the first
+// visited tile of every vote group), from the closed form in the library against (1) hand counts,
+// (2) a direct loop over the vote groups here, and (3) the reference: the +inf deltas of an exact
+// curve are exactly the first visited tiles (m = -inf before them), in both visit orders.
+TEST(FiniteSize, UnskippableFractionMatchesCountsAndTheReference) {
+  auto loop = [](MaskKind mask, std::int64_t L, int R, int T) {
+    const std::int64_t tiles = (L + T - 1) / T, groups = (L + R - 1) / R;
+    std::int64_t visited = 0;
+    for (std::int64_t g = 0; g < groups; ++g)
+      visited += mask == MaskKind::full ? tiles : std::min(L - 1, (g + 1) * R - 1) / T + 1;
+    return static_cast<double>(groups) / static_cast<double>(visited);
+  };
+  // Hand counts: causal L = 4096, 64 x 128: 64 groups visit 1, 1, 2, 2, ..., 32, 32 tiles.
+  EXPECT_EQ(unskippable_fraction({MaskKind::causal, 64, 128}, 4096), 64.0 / 1056.0);
+  EXPECT_EQ(unskippable_fraction({MaskKind::full, 64, 128}, 4096), 1.0 / 32.0);
+  EXPECT_EQ(unskippable_fraction({MaskKind::causal, 64, 128}, 1), 1.0);
+  EXPECT_EQ(unskippable_fraction({MaskKind::full, 64, 128}, 129), 0.5);
+  for (MaskKind m : {MaskKind::causal, MaskKind::full})
+    for (std::int64_t L : {1, 63, 64, 65, 1000, 4096, 32768, 1000003})
+      for (auto [R, T] : {std::pair{64, 128}, std::pair{16, 32}, std::pair{100, 7}, std::pair{1, 1}, std::pair{128, 64}})
+        EXPECT_DOUBLE_EQ(unskippable_fraction({m, R, T}, L), loop(m, L, R, T))
+            << to_string(m) << " L=" << L << " R=" << R << " T=" << T;
+  EXPECT_THROW(unskippable_fraction({MaskKind::causal, 64, 128}, 0), Error);
+  EXPECT_THROW(unskippable_fraction({MaskKind::causal, 0, 128}, 10), Error);
+
+  const Case c{WorkloadKind::llm, MaskKind::causal, VisitOrder::natural, 2, 2, 16, {}};
+  const Workload w = make(c, 700, 3);
+  for (MaskKind m : {MaskKind::causal, MaskKind::full})
+    for (VisitOrder o : {VisitOrder::natural, VisitOrder::max_first})
+      for (auto [L, R, T] : {std::tuple{700, 16, 32}, std::tuple{513, 5, 7}, std::tuple{256, 64, 128}}) {
+        auto g = default_prefill_granularity(o);
+        g.rows = R;
+        g.tile_keys = T;
+        Case cm = c;
+        cm.mask = m;
+        const SparsityCurve curve = measure_prefill(input(w, cm, L), g).layer;
+        const auto& d = curve.sorted_deltas();
+        const auto inf = std::count_if(d.begin(), d.end(), [](float x) { return std::isinf(x) && x > 0; });
+        EXPECT_DOUBLE_EQ(static_cast<double>(inf) / static_cast<double>(curve.visited()),
+                         unskippable_fraction({m, R, T}, L))
+            << to_string(m) << " " << to_string(o) << " L=" << L;
+        EXPECT_EQ(curve.visited() % 2, 0u);  // two heads, same geometry
+      }
+}
