@@ -598,13 +598,35 @@ SkipConfig resolve(const SparseAttentionConfig& cfg, const std::string& layer_na
   const std::string where = member("config_groups", g->name);
   SkipConfig out;
   out.enabled = true;
+  const bool pre = phase == Phase::prefill;
+  const BlasstExtension* ext = g->blasst ? &*g->blasst : nullptr;
+  if (ext) {
+    // The calibration's visit order (absent: natural, SPEC §2a) and the phase's vote granularity.
+    const auto& vote = pre ? ext->vote_prefill : ext->vote_decode;
+    if (vote) out.vote = *vote;
+    out.vote.order = ext->visit_order.value_or(VisitOrder::natural);
+  }
   if (g->threshold_scale_factor.scalar) {  // a raw factor wins over any target (SPEC §7)
     out.factor = *g->threshold_scale_factor.scalar;
     return out;
   }
-  const bool pre = phase == Phase::prefill;
   const std::string phase_name = pre ? "prefill" : "decode";
   const auto& fit = pre ? g->threshold_scale_factor.prefill : g->threshold_scale_factor.decode;
+  const auto* form = ext ? (pre ? &ext->prefill : &ext->decode) : nullptr;
+  if (form && *form) {  // the richer form of the extension wins over the interop fit
+    const auto& file_target = pre ? g->target_sparsity_prefill : g->target_sparsity_decode;
+    if (!target_sparsity && !file_target)
+      throw Error(where + ": no target_sparsity for the " + phase_name + " phase; give one (--target-sparsity)");
+    out.piecewise = **form;
+    out.target_sparsity = target_sparsity ? *target_sparsity : *file_target;
+    // Checked here, where the group is known, for the knots' own target (the per-sequence
+    // finite-size conversion is checked by resolve_lambda).
+    const double factor = std::exp((*form)->log_factor(out.target_sparsity));
+    if (!std::isfinite(factor) || !(factor > 0.0))
+      throw Error(where + ".blasst.threshold_scale_factor." + phase_name + ": exp(log_factor(" +
+                  num(out.target_sparsity) + ")) = " + num(factor) + " is not a finite positive factor");
+    return out;
+  }
   if (!fit)
     throw Error(where + ": no threshold_scale_factor for the " + phase_name + " phase (layer " +
                 single_quoted(layer_name) + ")");

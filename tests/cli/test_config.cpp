@@ -637,3 +637,119 @@ TEST(ConfigExtension, WriteReadRoundTripIsBitExact) {
   cfg.groups[0].blasst->decode->log_factors[1] = -1.0;
   EXPECT_THROW(config::to_json(cfg), Error);
 }
+
+TEST(ConfigExtension, ResolveUsesTheFormOrderAndVote) {
+  const auto cfg = *config::parse(with_ext(kGoodExt), "cfg.json");
+  // Prefill: the piecewise form with its finite-size term, max-first, the prefill vote.
+  const blasst::SkipConfig s = config::resolve(cfg, "any", Phase::prefill);
+  ASSERT_TRUE(s.piecewise);
+  EXPECT_FALSE(s.factor);
+  EXPECT_EQ(s.vote.order, blasst::VisitOrder::max_first);
+  EXPECT_EQ(s.vote.rows, 64);
+  EXPECT_EQ(s.vote.heads, 1);
+  EXPECT_EQ(s.target_sparsity, 0.5);
+  // Hand computation (float64, formulas of SPEC §6): L = 4096, 64 x 128 causal: f0 = 64 / 1056,
+  // s' = 0.5 / (1 - f0), on the segment (0.5, 4.25) - (0.8, 6.0).
+  for (std::int64_t L : {4096, 8192}) {
+    const double G = L / 64.0, visited = (L / 128.0) * (L / 128.0 + 1.0);  // 2 * (1 + ... + L/128)
+    const double s1 = 0.5 / (1.0 - G / visited);
+    const double expect = std::exp(4.25 + (6.0 - 4.25) / 0.3 * (s1 - 0.5)) / static_cast<double>(L);
+    EXPECT_NEAR(blasst::resolve_lambda(s, L), expect, 1e-14 * expect) << L;
+  }
+  // A target on a knot, and a target below the knots (end slope 6.25, flagged by the form).
+  auto t = config::resolve(cfg, "any", Phase::decode, 0.3);
+  EXPECT_EQ(t.vote.heads, 4);
+  EXPECT_EQ(t.vote.rows, 1);
+  EXPECT_EQ(t.vote.split_tiles, 16);
+  EXPECT_EQ(t.vote.order, blasst::VisitOrder::max_first);
+  EXPECT_DOUBLE_EQ(blasst::resolve_lambda(t, 1000), std::exp(0.0) / 1000.0);  // decode: no length term
+  t = config::resolve(cfg, "any", Phase::decode, 0.1);
+  EXPECT_TRUE(t.piecewise->extrapolates(0.1));
+  EXPECT_NEAR(blasst::resolve_lambda(t, 1000), std::exp(-0.2 * 4.0 / 0.6) / 1000.0, 1e-15);
+  // A raw factor still wins; the extension's order and vote still apply.
+  auto raw = config::parse(group(R"J({"threshold_scale_factor": 9.5, "blasst": {"visit_order": "max_first"}})J"));
+  const auto r = config::resolve(*raw, "x", Phase::prefill);
+  EXPECT_EQ(*r.factor, 9.5);
+  EXPECT_FALSE(r.piecewise);
+  EXPECT_EQ(r.vote.order, blasst::VisitOrder::max_first);
+  // An extension with an order only: the interop fit, in that order.
+  auto order_only = config::parse(with_ext(R"J({"visit_order": "max_first"})J"));
+  const auto o = config::resolve(*order_only, "x", Phase::prefill);
+  ASSERT_TRUE(o.calibration);
+  EXPECT_FALSE(o.piecewise);
+  EXPECT_EQ(o.vote.order, blasst::VisitOrder::max_first);
+  EXPECT_DOUBLE_EQ(blasst::resolve_lambda(o, 4096), 4.0 * std::exp(5.0 * 0.5) / 4096.0);
+  // A form without the interop fit resolves (our writer always writes both).
+  auto form_only = config::parse(group(R"J({"target_sparsity": 0.4, "blasst": {"threshold_scale_factor":
+      {"form": "piecewise_linear_log_factor", "prefill": {"target_sparsity": [0.2, 0.6], "log_factor": [1, 3]}}}})J"));
+  EXPECT_NEAR(blasst::resolve_lambda(config::resolve(*form_only, "x", Phase::prefill), 100), std::exp(2.0) / 100, 1e-15);
+  EXPECT_THROW(config::resolve(*form_only, "x", Phase::decode), Error);  // no decode fit or form
+  // A form whose factor overflows at the target: the group and the form are named.
+  auto huge = config::parse(group(R"J({"target_sparsity": 1.0, "blasst": {"threshold_scale_factor":
+      {"form": "piecewise_linear_log_factor", "prefill": {"target_sparsity": [0.0, 0.5], "log_factor": [0, 800]}}}})J"));
+  try {
+    config::resolve(*huge, "x", Phase::prefill);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("config_groups.group_0.blasst.threshold_scale_factor.prefill"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(ConfigExtension, WithoutTheExtensionResolveIsUnchanged) {
+  // The interop config: no piecewise form, the default granularity in natural order, and
+  // lambda = a * exp(b * s) / L exactly as before (float64 formula here).
+  const auto cfg = *config::parse(kSpecExample);
+  for (Phase ph : {Phase::prefill, Phase::decode}) {
+    const blasst::SkipConfig s = config::resolve(cfg, "blocks.1.attn1", ph);
+    EXPECT_FALSE(s.piecewise);
+    const blasst::VoteGranularity def;
+    EXPECT_EQ(s.vote.order, blasst::VisitOrder::natural);
+    EXPECT_EQ(s.vote.tile_keys, def.tile_keys);
+    EXPECT_EQ(s.vote.rows, def.rows);
+    EXPECT_EQ(s.vote.heads, def.heads);
+    EXPECT_EQ(s.vote.split_tiles, def.split_tiles);
+    const double a = ph == Phase::prefill ? 1443.49 : 0.119, b = ph == Phase::prefill ? 4.3037 : 9.86;
+    for (std::int64_t L : {4096, 32768}) EXPECT_EQ(blasst::resolve_lambda(s, L), a * std::exp(b * 0.5) / L);
+  }
+}
+
+TEST(ConfigExtension, WriteReadApplyGivesTheSameLambdasToTheLastBit) {
+  // Knots with full-precision values (seeded), written, read back and applied: every lambda of
+  // the re-read config equals the in-memory one bit for bit.
+  std::mt19937_64 rng(5);
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  config::ConfigGroup g;
+  g.name = "group_0";
+  g.threshold_scale_factor.prefill = blasst::Calibration{u(rng) * 10, u(rng) * 8};
+  g.threshold_scale_factor.decode = blasst::Calibration{u(rng), u(rng) * 8};
+  g.target_sparsity_prefill = u(rng);
+  g.target_sparsity_decode = u(rng);
+  g.blasst = config::BlasstExtension{};
+  g.blasst->visit_order = blasst::VisitOrder::natural;
+  for (auto* form : {&g.blasst->prefill, &g.blasst->decode}) {
+    config::PiecewiseLogFactor f;
+    double y = std::log(u(rng));
+    for (double s = 0.3; s < 0.95; s += 0.1) {
+      f.targets.push_back(s + u(rng) * 1e-3);
+      f.log_factors.push_back(y += u(rng));
+    }
+    *form = f;
+  }
+  g.blasst->prefill->finite_size = blasst::FiniteSizeTerm{blasst::MaskKind::causal, 64, 128};
+  config::SparseAttentionConfig cfg;
+  cfg.groups = {g};
+  const auto back = config::parse(config::to_json(cfg), "back");
+  ASSERT_TRUE(back);
+  int compared = 0;
+  for (Phase ph : {Phase::prefill, Phase::decode})
+    for (double t : {0.05, 0.3, 0.5, 0.77, 0.9, 0.99}) {
+      const auto a = config::resolve(cfg, "l", ph, t), b = config::resolve(*back, "l", ph, t);
+      for (std::int64_t L : {1, 128, 1000, 4096, 12345, 65536, 1 << 20}) {
+        const double la = blasst::resolve_lambda(a, L), lb = blasst::resolve_lambda(b, L);
+        EXPECT_EQ(std::memcmp(&la, &lb, sizeof la), 0) << to_string(ph) << " s=" << t << " L=" << L;
+        ++compared;
+      }
+    }
+  EXPECT_EQ(compared, 84);
+}
