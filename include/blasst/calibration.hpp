@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <map>
 #include <optional>
 #include <ostream>
@@ -158,9 +159,10 @@ struct FitOptions {
   std::vector<double> targets = default_targets();  // each in [0.1, 0.9] unless allow_any_target
   bool allow_any_target = false;                      // accept targets in (0, 1)
   bool per_layer = false;  // also one fit per (component, phase, layer)
-  // The mask of the prefill samples (Lq = Lk). When set and finite_size is true, the prefill
-  // fits' richer form gets the SPEC §6 finite-size term (FiniteSizeTerm with the samples' rows and
-  // tile_keys): knots over skippable pairs, s' = s / (1 - f0(L)) per length. Decode fits never
+  // The mask of the prefill samples (Lq = Lk). When set and finite_size is true, the prefill fits'
+  // richer form is also fitted with the SPEC §6 finite-size term (FiniteSizeTerm with the samples'
+  // rows and tile_keys: knots over skippable pairs, s' = s / (1 - f0(L)) per length), and the
+  // variant with the smaller in-sample error is kept (PhaseFit::curve_error_*). Decode fits never
   // get it (docs/calibration.md: no finite-size offset is measured there).
   std::optional<MaskKind> prefill_mask;
   bool finite_size = true;
@@ -223,6 +225,12 @@ struct PhaseFit {
   // the finite-size term: reaches u * (1 - f0(L)), u the knot's target over skippable pairs).
   // Outside [range_lo, range_hi] it extrapolates with the end slopes (flagged: extrapolates(s)).
   config::PiecewiseLogFactor curve;
+  // In-sample max |achieved - target| of curve over the lengths and in-range targets. For prefill
+  // fits with FitOptions::prefill_mask both variants are fitted and the one with the smaller error
+  // kept (curve.finite_size tells which); their errors are kept here too (NaN when not fitted).
+  double curve_error = 0.0;
+  double curve_error_plain = std::numeric_limits<double>::quiet_NaN();
+  double curve_error_finite_size = std::numeric_limits<double>::quiet_NaN();
 
   bool extrapolates(double s) const { return s < range_lo - 1e-12 || s > range_hi + 1e-12; }
   double factor(double s) const;                  // a * exp(b * s)

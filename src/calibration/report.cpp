@@ -92,7 +92,15 @@ std::string report_markdown(const CalibrationResult& r, const ValidationReport& 
           "ln factor):";
     for (std::size_t i = 0; i < f.curve.targets.size(); ++i)
       md << (i ? "," : "") << " (" << fmt(f.curve.targets[i]) << ", " << fmt(f.curve.log_factors[i], 6) << ")";
-    md << "; end slopes outside the knots (extrapolation).\n\n";
+    md << "; end slopes outside the knots (extrapolation).";
+    if (f.curve.finite_size)
+      md << " Finite-size term: targets over skippable pairs, s' = s / (1 - f0(L)) with f0 the share "
+            "of never-skipped first tiles (" << to_string(f.curve.finite_size->mask) << ", "
+         << f.curve.finite_size->rows << " rows x " << f.curve.finite_size->tile_keys << "-key tiles).";
+    if (!std::isnan(f.curve_error_finite_size))
+      md << " Fitted with and without that term: in-sample max error " << fix(f.curve_error_finite_size)
+         << " / " << fix(f.curve_error_plain) << "; the smaller is used.";
+    md << "\n\n";
     md << "Observed range: targets " << fmt(f.range_lo) << " .. " << fmt(f.range_hi)
        << " are reached with lambda < 1 at every length. Largest sparsity with lambda < 1:";
     for (std::size_t i = 0; i < f.lengths.size(); ++i)

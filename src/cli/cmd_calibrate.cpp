@@ -317,9 +317,13 @@ void calibrate_cmd(CalibrateArgs a) {
                 to_string(f.phase), f.component.c_str(),
                 f.layer.empty() ? "" : (" layer " + f.layer).c_str(), f.fit.ab.a, f.fit.ab.b,
                 f.fit.r2, f.range_lo, f.range_hi, join(f.lengths).c_str(), e, ef);
-    std::printf("    richer form: ln factor piecewise linear over %zu knots [%.2f, %.2f], "
+    std::printf("    richer form: ln factor piecewise linear over %zu knots [%.2f, %.2f]%s, "
                 "max |achieved - target| %.3f\n",
-                f.curve.targets.size(), f.curve.targets.front(), f.curve.targets.back(), ec);
+                f.curve.targets.size(), f.curve.targets.front(), f.curve.targets.back(),
+                f.curve.finite_size ? " with the finite-size term" : "", ec);
+    if (!std::isnan(f.curve_error_finite_size))
+      std::printf("      (fitted both ways: finite-size term %.3f, without %.3f; the smaller is written)\n",
+                  f.curve_error_finite_size, f.curve_error_plain);
     if (dense > 0)
       std::printf("    %d in-range (length, target) pairs get lambda >= 1 from the fit and run dense; "
                   "max error elsewhere %.3f\n", dense, e_live);

@@ -2,7 +2,9 @@
 // range and extrapolation flags, the inverse law, validation tables and the SPEC §7 output.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
 
 #include "blasst/calibration.hpp"
@@ -224,13 +226,24 @@ TEST(Fit, GroupsPhasesComponentsLayersAndRefusesMixedGranularity) {
   EXPECT_FALSE(c1.groups[1].threshold_scale_factor.decode.has_value());
   const auto back = config::parse(config::to_json(c1));
   ASSERT_TRUE(back.has_value());
+  // The interop fits are written as before; beside them the blasst extension carries the
+  // richer form, which is what resolve() now applies (SPEC §7 revised).
+  ASSERT_TRUE(back->groups[1].threshold_scale_factor.prefill.has_value());
+  EXPECT_NEAR(back->groups[1].threshold_scale_factor.prefill->a, l1->fit.ab.a, 1e-9 * l1->fit.ab.a);
+  EXPECT_NEAR(back->groups[2].threshold_scale_factor.prefill->b, pooled->fit.ab.b, 1e-9);
   const SkipConfig sc = config::resolve(*back, "model.layers.1.self_attn", Phase::prefill);
-  ASSERT_TRUE(sc.calibration.has_value());
-  EXPECT_NEAR(sc.calibration->a, l1->fit.ab.a, 1e-9 * l1->fit.ab.a);
+  ASSERT_TRUE(sc.piecewise.has_value());
+  EXPECT_EQ(sc.piecewise->log_factors, l1->curve.log_factors);
   EXPECT_DOUBLE_EQ(sc.target_sparsity, 0.6);
   const SkipConfig other = config::resolve(*back, "model.layers.9.self_attn", Phase::prefill);
-  ASSERT_TRUE(other.calibration.has_value());
-  EXPECT_NEAR(other.calibration->b, pooled->fit.ab.b, 1e-9);
+  ASSERT_TRUE(other.piecewise.has_value());
+  EXPECT_EQ(other.piecewise->log_factors, pooled->curve.log_factors);
+  // Without the extension (a reader that does not know it) the interop fit applies, as before.
+  auto plain = *back;
+  for (auto& grp : plain.groups) grp.blasst.reset();
+  const SkipConfig interop = config::resolve(plain, "model.layers.1.self_attn", Phase::prefill);
+  ASSERT_TRUE(interop.calibration.has_value());
+  EXPECT_NEAR(interop.calibration->a, l1->fit.ab.a, 1e-9 * l1->fit.ab.a);
   co.layer_pattern = "no placeholder";
   EXPECT_THROW(to_configs(r, co), Error);
 
@@ -405,4 +418,125 @@ TEST(PiecewiseForm, FollowsConvexCurvesTheExponentialMisses) {
   const auto md = report_markdown(r, v, samples);
   EXPECT_NE(md.find("Error achieved - target per length"), std::string::npos);
   EXPECT_NE(md.find("max error (richer form)"), std::string::npos);
+}
+
+namespace {
+// A causal-prefill curve at the default vote (64 rows x 128-key tiles) with the geometry's true
+// first-tile share: G of the V visited pairs never skipped (+inf; G and V counted here by a loop
+// over the vote groups) and the other V - G following the power law over skippable pairs,
+// u = 1 - c / (lambda L). Over all pairs the target at L is u (1 - G / V): a finite-size offset.
+SparsityCurve causal_power_law(double c, std::int64_t L) {
+  const std::int64_t G = (L + 63) / 64;
+  std::int64_t V = 0;
+  for (std::int64_t g = 0; g < G; ++g) V += std::min(L - 1, (g + 1) * 64 - 1) / 128 + 1;
+  std::vector<float> d(static_cast<std::size_t>(V), HUGE_VALF);
+  const std::int64_t n = V - G;
+  for (std::int64_t i = 1; i <= n; ++i) {
+    const double u = (i - 0.5) / n;
+    d[i - 1] = static_cast<float>(std::log(c) - std::log(1.0 - u) - std::log(double(L)));
+  }
+  return SparsityCurve::from_deltas(d, {});
+}
+}  // namespace
+
+// The finite-size variant is kept where it fits better. Expected errors of both variants from
+// the closed form of causal_power_law (float64, here): over skippable pairs u = 1 - c / factor,
+// over all pairs u (V - G) / V; the plain knots are the mean over lengths of ln c - ln(1 - s V/(V-G)),
+// the finite-size knots ln c - ln(1 - u); both read by linear interpolation with end slopes.
+TEST(PiecewiseForm, FiniteSizeVariantChosenByItsError) {
+  const double c = 7.0;
+  const std::vector<std::int64_t> lengths = {2048, 4096, 16384};
+  const std::vector<double> targets = {0.3, 0.4, 0.5, 0.6, 0.7};
+  std::vector<CurveSample> samples;
+  std::vector<double> share;  // (V - G) / V per length
+  for (std::int64_t L : lengths) {
+    samples.push_back(sample(L, causal_power_law(c, L)));
+    const std::int64_t G = (L + 63) / 64;
+    std::int64_t V = 0;
+    for (std::int64_t g = 0; g < G; ++g) V += std::min(L - 1, (g + 1) * 64 - 1) / 128 + 1;
+    share.push_back(static_cast<double>(V - G) / static_cast<double>(V));
+  }
+  auto interp = [&](const std::vector<double>& y, double t) {
+    std::size_t i = 0;
+    while (i + 2 < targets.size() && t > targets[i + 1]) ++i;
+    return y[i] + (y[i + 1] - y[i]) / (targets[i + 1] - targets[i]) * (t - targets[i]);
+  };
+  auto all_pairs = [&](double log_factor, std::size_t li) {
+    return std::clamp(1.0 - c / std::exp(log_factor), 0.0, 1.0) * share[li];
+  };
+  std::vector<double> y_fs, y_plain;
+  for (double t : targets) {
+    y_fs.push_back(std::log(c) - std::log(1.0 - t));
+    double m = 0;
+    for (double sh : share) m += (std::log(c) - std::log(1.0 - t / sh)) / share.size();
+    y_plain.push_back(m);
+  }
+  double e_fs = 0, e_plain = 0;
+  for (std::size_t li = 0; li < lengths.size(); ++li)
+    for (double t : targets) {
+      e_fs = std::max(e_fs, std::abs(all_pairs(interp(y_fs, std::min(t / share[li], 1.0)), li) - t));
+      e_plain = std::max(e_plain, std::abs(all_pairs(interp(y_plain, t), li) - t));
+    }
+  std::printf("finite-size variant: expected max error %.4f, plain %.4f\n", e_fs, e_plain);
+  ASSERT_LT(e_fs, e_plain);  // the premise of the case
+
+  FitOptions fo;
+  fo.targets = targets;
+  fo.prefill_mask = MaskKind::causal;
+  const auto r = calibrate(samples, fo);
+  const auto& f = r.fits[0];
+  const double pair = 2.0 / 240;  // two pairs of the 240 skippable ones at 2k (float deltas, midpoints)
+  EXPECT_NEAR(f.curve_error_finite_size, e_fs, pair);
+  EXPECT_NEAR(f.curve_error_plain, e_plain, pair);
+  ASSERT_TRUE(f.curve.finite_size.has_value());
+  EXPECT_EQ(f.curve.finite_size->mask, MaskKind::causal);
+  EXPECT_EQ(f.curve_error, f.curve_error_finite_size);
+  for (std::size_t i = 0; i < targets.size(); ++i) EXPECT_NEAR(f.curve.log_factors[i], y_fs[i], 0.02) << i;
+  // finite_size off: only the plain form is fitted.
+  fo.finite_size = false;
+  const auto plain = calibrate(samples, fo);
+  EXPECT_FALSE(plain.fits[0].curve.finite_size.has_value());
+  EXPECT_TRUE(std::isnan(plain.fits[0].curve_error_finite_size));
+  EXPECT_EQ(plain.fits[0].curve_error, f.curve_error_plain);
+  // Curves without an unskippable share (power_law): the plain form wins.
+  std::vector<CurveSample> flat;
+  for (std::int64_t L : lengths) flat.push_back(sample(L, power_law(c, L)));
+  fo.finite_size = true;
+  EXPECT_FALSE(calibrate(flat, fo).fits[0].curve.finite_size.has_value());
+}
+
+// What calibrate writes is what the runtime applies: to_configs -> to_json -> parse -> resolve ->
+// resolve_lambda gives, for every calibration length and target, the lambda the validation used
+// for the richer form (here with its finite-size term), to the last bit; the interop fit beside
+// it is the exponential's.
+TEST(PiecewiseForm, WrittenConfigAppliesTheValidatedLambdas) {
+  std::vector<CurveSample> samples;
+  for (std::int64_t L : {1000, 3000, 9000}) samples.push_back(sample(L, causal_power_law(7.0, L)));
+  FitOptions fo;
+  fo.targets = {0.3, 0.5, 0.7, 0.9};
+  fo.prefill_mask = MaskKind::causal;
+  const auto r = calibrate(samples, fo);
+  const auto& f = r.fits[0];
+  ASSERT_TRUE(f.curve.finite_size.has_value());
+  EXPECT_EQ(f.curve.finite_size->rows, VoteGranularity{}.rows);
+  const auto cfgs = to_configs(r);
+  const auto back = config::parse(config::to_json(cfgs.at("default")), "written");
+  ASSERT_TRUE(back.has_value());
+  const auto v = validate(r, samples, {0.3, 0.4, 0.5, 0.6, 0.7, 0.9});
+  int compared = 0;
+  for (const auto& row : v.rows) {
+    const SkipConfig sc = config::resolve(*back, "any", Phase::prefill, row.target);
+    ASSERT_TRUE(sc.piecewise.has_value());
+    const double lam = resolve_lambda(sc, row.length);
+    EXPECT_EQ(std::memcmp(&lam, &row.lambda_curve, sizeof lam), 0) << row.length << " " << row.target;
+    ++compared;
+  }
+  EXPECT_EQ(compared, 18);
+  auto plain = *back;
+  plain.groups[0].blasst.reset();  // a reader without the extension
+  const SkipConfig ex = config::resolve(plain, "any", Phase::prefill, 0.5);
+  ASSERT_TRUE(ex.calibration.has_value());
+  EXPECT_EQ(ex.calibration->a, f.fit.ab.a);
+  EXPECT_EQ(ex.calibration->b, f.fit.ab.b);
+  EXPECT_EQ(resolve_lambda(ex, 3000), f.lambda(0.5, 3000));
 }

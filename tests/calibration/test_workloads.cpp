@@ -28,9 +28,9 @@ using namespace blasst::calibration;
 #define DIT_PREFILL_GAP 0.0815
 #define LLM_DECODE_GAP 0.0725
 // The richer form (piecewise-linear ln factor; prefill with the finite-size term), same cases,
-// measured 2026-12-01: 0.0352 / 0.0653 / 0.0433 (rounded up in the last digit as above).
+// measured 2026-12-01: 0.0352 / 0.0613 / 0.0433 (rounded up in the last digit as above).
 #define LLM_PREFILL_GAP_CURVE 0.0355
-#define DIT_PREFILL_GAP_CURVE 0.0655
+#define DIT_PREFILL_GAP_CURVE 0.0615
 #define LLM_DECODE_GAP_CURVE 0.0435
 
 namespace {
