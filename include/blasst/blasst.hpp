@@ -99,6 +99,46 @@ struct Calibration {
   double b = 0.0;
 };
 
+// SPEC §6 richer form, finite-size term: in prefill with Lq = Lk = L, vote groups of `rows`
+// consecutive query rows and `tile_keys`-key tiles, the first visited tile of every vote group is
+// never skipped (unseeded: natural order, and max-first, whose first tile is the sink tile), so a
+// fraction f0(L) of the visited pairs is unskippable:
+//   full:   f0 = 1 / ceil(L / T)
+//   causal: f0 = G / sum_{g < G} (floor(min(L - 1, (g + 1) R - 1) / T) + 1),  G = ceil(L / R)
+// A form with this term reads its target as a fraction of the skippable pairs and converts per
+// sequence: s' = s / (1 - f0(L)), clipped below 1.
+struct FiniteSizeTerm {
+  MaskKind mask = MaskKind::causal;
+  int rows = 64;
+  int tile_keys = 128;
+};
+// f0(L) above (exact integer counts, then one division). Error on L < 1, rows or tile_keys < 1.
+double unskippable_fraction(const FiniteSizeTerm& t, std::int64_t L);
+
+// SPEC §6 richer form (curvature): ln(factor) as a monotone (non-decreasing) piecewise-linear
+// function of the target sparsity s, with knots at the calibrated targets. Between knots: linear
+// interpolation; outside [targets.front(), targets.back()]: the end segment's slope, flagged by
+// extrapolates(). With a finite-size term the target is converted per sequence first (s').
+// lambda = factor / Lk as for every factor.
+struct PiecewiseLogFactor {
+  std::vector<double> targets;      // knots s_i, strictly increasing, each in [0, 1]
+  std::vector<double> log_factors;  // ln(factor) at s_i: finite, non-decreasing
+  std::optional<FiniteSizeTerm> finite_size;
+  static constexpr std::size_t kMaxKnots = 256;
+
+  double log_factor(double s) const;  // the piecewise-linear function itself
+  // The target the knots are read at for a sequence of L keys: s, or s / (1 - f0(L)) clipped
+  // below 1 with the finite-size term.
+  double effective_target(double s, std::int64_t L) const;
+  // exp(log_factor(effective_target(s, L))): the factor for a sequence of L keys.
+  double factor(double s, std::int64_t L) const;
+  bool extrapolates(double s) const;  // s outside the knots
+};
+// Throws Error (message without a source: callers prefix it) unless the form is usable: 2 to
+// kMaxKnots knots, equal sizes, targets finite in [0, 1] and strictly increasing, log factors
+// finite and non-decreasing, finite-size rows and tile_keys >= 1.
+void validate(const PiecewiseLogFactor& f);
+
 // How tiles are grouped for the skip vote (SPEC §2). The reference takes these as parameters;
 // each kernel reports the granularity it actually used in SkipStats.
 struct VoteGranularity {
@@ -116,6 +156,9 @@ struct SkipConfig {
   std::optional<double> threshold;          // lambda itself
   std::optional<double> factor;             // raw threshold_scale_factor: lambda = factor / Lk
   std::optional<Calibration> calibration;   // factor = a * exp(b * target_sparsity)
+  // The richer form (SPEC §6, a config's "blasst" extension): factor(target_sparsity, Lk) per
+  // sequence. Wins over calibration (a config that carries both resolves to this one).
+  std::optional<PiecewiseLogFactor> piecewise;
   double target_sparsity = 0.5;
   // Vote granularity for the reference; kernels use their own documented one (rows/heads) but
   // honour tile_keys, split_tiles and order where they support them.
@@ -125,6 +168,7 @@ struct SkipConfig {
   static SkipConfig from_threshold(double lambda);
   static SkipConfig from_factor(double factor);
   static SkipConfig from_calibration(Calibration c, double target_sparsity);
+  static SkipConfig from_piecewise(PiecewiseLogFactor f, double target_sparsity);
 };
 
 // Throws Error unless the configuration is usable (NaN/inf/<=0 threshold or factor, target

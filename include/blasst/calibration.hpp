@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <map>
 #include <optional>
 #include <ostream>
@@ -158,6 +159,13 @@ struct FitOptions {
   std::vector<double> targets = default_targets();  // each in [0.1, 0.9] unless allow_any_target
   bool allow_any_target = false;                      // accept targets in (0, 1)
   bool per_layer = false;  // also one fit per (component, phase, layer)
+  // The mask of the prefill samples (Lq = Lk). When set and finite_size is true, the prefill fits'
+  // richer form is also fitted with the SPEC §6 finite-size term (FiniteSizeTerm with the samples'
+  // rows and tile_keys: knots over skippable pairs, s' = s / (1 - f0(L)) per length), and the
+  // variant with the smaller in-sample error is kept (PhaseFit::curve_error_*). Decode fits never
+  // get it (docs/calibration.md: no finite-size offset is measured there).
+  std::optional<MaskKind> prefill_mask;
+  bool finite_size = true;
 };
 
 // Least squares of y = log(factor) = log(a) + b * s. r2 = 1 - SS_res / SS_tot (1 when both are
@@ -168,6 +176,13 @@ struct LogLinearFit {
   int n = 0;
 };
 LogLinearFit fit_log_linear(const std::vector<double>& s, const std::vector<double>& factor);
+
+// SPEC §6 richer form from per-target values: knots (s_i, y_i) with s strictly increasing, y_i the
+// per-target ln(factor) (calibrate() takes the mean over lengths of ln(lambda_s * L), i.e. ln a'
+// of the inverse law). Made non-decreasing by pool-adjacent-violators (equal weights: every
+// in-range target has one value per length): each run of knots that decreases is replaced by its
+// mean, which is the least-squares non-decreasing fit. Error on < 2 knots, unsorted s, NaN/inf.
+config::PiecewiseLogFactor fit_piecewise(const std::vector<double>& s, const std::vector<double>& y);
 
 struct FitPoint {
   std::int64_t length = 0;
@@ -205,9 +220,23 @@ struct PhaseFit {
   std::vector<InverseLawFit> inverse;
   std::vector<std::string> warnings;
 
+  // The richer form (SPEC §6): knots at the in-range targets, fit_piecewise of the mean over the
+  // lengths of ln(lambda * L), lambda where each length's curve reaches the knot's target (with
+  // the finite-size term: reaches u * (1 - f0(L)), u the knot's target over skippable pairs).
+  // Outside [range_lo, range_hi] it extrapolates with the end slopes (flagged: extrapolates(s)).
+  config::PiecewiseLogFactor curve;
+  // In-sample max |achieved - target| of curve over the lengths and in-range targets. For prefill
+  // fits with FitOptions::prefill_mask both variants are fitted and the one with the smaller error
+  // kept (curve.finite_size tells which); their errors are kept here too (NaN when not fitted).
+  double curve_error = 0.0;
+  double curve_error_plain = std::numeric_limits<double>::quiet_NaN();
+  double curve_error_finite_size = std::numeric_limits<double>::quiet_NaN();
+
   bool extrapolates(double s) const { return s < range_lo - 1e-12 || s > range_hi + 1e-12; }
   double factor(double s) const;                  // a * exp(b * s)
   double lambda(double s, std::int64_t L) const;  // factor(s) / L
+  double curve_factor(double s, std::int64_t L) const;  // curve.factor(s, L)
+  double curve_lambda(double s, std::int64_t L) const;  // curve_factor(s, L) / L
 };
 
 struct CalibrationResult {
@@ -232,6 +261,8 @@ struct ValidationRow {
   double achieved = 0.0;        // sparsity of the sample's curve at that lambda
   double lambda_fixed = 0.0;    // fixed-lambda baseline (calibrated at the middle length)
   double achieved_fixed = 0.0;
+  double lambda_curve = 0.0;    // from the richer (piecewise-linear) form
+  double achieved_curve = 0.0;
   bool in_range = true;         // target inside the fit's observed range
 };
 
@@ -240,7 +271,9 @@ struct ValidationReport {
   std::vector<ValidationRow> rows;
   double max_error = 0.0;        // max |achieved - target| over in-range rows
   double max_error_fixed = 0.0;  // the same for the fixed-lambda baseline
-  bool ok() const { return max_error <= tolerance; }
+  double max_error_curve = 0.0;  // the same for the richer form (PhaseFit::curve)
+  bool ok() const { return max_error <= tolerance; }  // the exponential (interop) form
+  bool curve_ok() const { return max_error_curve <= tolerance; }
 };
 
 // Apply the fits back to the samples (their curves are exact one-pass measurements, so

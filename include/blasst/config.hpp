@@ -3,6 +3,7 @@
 // file and the JSON path of the problem (e.g. "cfg.json: config_groups.group_0.threshold_scale_factor.prefill.a: expected a number").
 #pragma once
 
+#include <cstddef>
 #include <optional>
 #include <string>
 #include <vector>
@@ -13,11 +14,29 @@ namespace blasst::config {
 
 // The only formula understood; any other string is rejected, never guessed.
 inline constexpr const char* kFormula = "a * exp(b * target_sparsity)";
+// The only richer form of the "blasst" extension (blasst.threshold_scale_factor.form).
+inline constexpr const char* kPiecewiseForm = "piecewise_linear_log_factor";
 
 struct ThresholdScaleFactor {
   std::optional<double> scalar;            // raw factor; wins over target_sparsity
   std::optional<Calibration> prefill;      // factor = a * exp(b * s)
   std::optional<Calibration> decode;
+};
+
+// The SPEC §6 richer form (blasst.hpp: SkipConfig carries it).
+using blasst::FiniteSizeTerm;
+using blasst::PiecewiseLogFactor;
+using blasst::validate;
+
+// Project extensions of a config group (SPEC §7 revised): the one sub-object "blasst". Readers
+// that do not know it still find the interop form (threshold_scale_factor) unchanged.
+struct BlasstExtension {
+  // Visit order the calibration used; absent in the file means natural (SPEC §2a).
+  std::optional<VisitOrder> visit_order;
+  // Vote granularity the calibration was counted at, per phase (its order field is visit_order).
+  std::optional<VoteGranularity> vote_prefill, vote_decode;
+  // The richer form per phase; when present it is what resolve() uses for that phase.
+  std::optional<PiecewiseLogFactor> prefill, decode;
 };
 
 struct ConfigGroup {
@@ -31,6 +50,8 @@ struct ConfigGroup {
   // blasst extension for per-layer calibration: fnmatch patterns of the layers this group applies
   // to (empty = every layer). Groups are tried in file order; the first that applies wins.
   std::vector<std::string> layers;
+  // The "blasst" sub-object; absent: the group behaves exactly as an interop config.
+  std::optional<BlasstExtension> blasst;
 };
 
 struct SparseAttentionConfig {
@@ -54,6 +75,9 @@ void write_into(const std::string& config_json_path, const SparseAttentionConfig
 // The skip settings for one layer and phase. target overrides the file's target_sparsity. A layer
 // matched by an ignore pattern, or by no group, gets SkipConfig{} (dense). Throws Error when the
 // applicable group lacks what the phase needs (no scalar factor and no fit for that phase).
+// With a "blasst" extension: the visit order and the phase's vote granularity come from it, and a
+// richer form for the phase gives the factor (SkipConfig::factor = exp(log_factor(target))) in
+// place of a * exp(b * target). Without it: the interop fit, natural order, default granularity.
 SkipConfig resolve(const SparseAttentionConfig& cfg, const std::string& layer_name, Phase phase,
                    std::optional<double> target_sparsity = std::nullopt);
 // The disabled_until_timestep of the group that applies to the layer (nullopt: no gating).

@@ -160,15 +160,28 @@ class SkipSoftmax:
         if self._key is None:
             c = self._cfg
             cal = c.calibration
+            pw = c.piecewise
+            if pw is not None:  # the richer form of a config's blasst extension (SPEC §6)
+                pw = (tuple(float(x) for x in pw[0]), tuple(float(x) for x in pw[1]),
+                      None if pw[2] is None else (str(pw[2][0]), int(pw[2][1]), int(pw[2][2])))
             self._key = (bool(c.enabled), c.threshold, c.factor, None if cal is None else tuple(cal),
                          float(c.target_sparsity), int(c.tile_keys), int(c.vote_rows),
-                         int(c.vote_heads), int(c.split_tiles), str(c.order), self._disabled_until)
+                         int(c.vote_heads), int(c.split_tiles), str(c.order), self._disabled_until,
+                         pw)
         return self._key
 
     @classmethod
     def from_fields(cls, fields: Tuple) -> "SkipSoftmax":
         (enabled, threshold, factor, cal, target, tile_keys, vote_rows, vote_heads, split_tiles,
-         order, disabled_until) = fields
+         order, disabled_until, piecewise) = fields
+        if enabled and piecewise is not None and threshold is None and factor is None:
+            targets, log_factors, finite_size = piecewise
+            cfg = _core.SkipConfig.from_piecewise(
+                (list(targets), list(log_factors),
+                 None if finite_size is None else tuple(finite_size)), float(target))
+            self = cls.__new__(cls)
+            self._init(cfg, tile_keys, vote_rows, vote_heads, split_tiles, order, disabled_until)
+            return self
         if not enabled:
             self = cls.dense()
             self._disabled_until = disabled_until
@@ -201,6 +214,8 @@ class SkipSoftmax:
             src = f"threshold={c.threshold!r}"
         elif c.factor is not None:
             src = f"factor={c.factor!r}"
+        elif c.piecewise is not None:
+            src = f"piecewise={self.fields()[11]!r}, target_sparsity={c.target_sparsity!r}"
         else:
             src = f"calibration={c.calibration!r}, target_sparsity={c.target_sparsity!r}"
         extra = f", disabled_until_timestep={self._disabled_until!r}" if self._disabled_until is not None else ""

@@ -7,11 +7,13 @@
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -197,6 +199,33 @@ nb::ndarray<nb::numpy, T, nb::ndim<1>> numpy_copy(const std::vector<T>& v) {
 
 }  // namespace
 
+namespace {
+using FiniteSizeTuple = std::tuple<std::string, int, int>;
+using PiecewiseTuple = std::tuple<std::vector<double>, std::vector<double>, std::optional<FiniteSizeTuple>>;
+
+PiecewiseTuple piecewise_tuple(const blasst::PiecewiseLogFactor& f) {
+  std::optional<FiniteSizeTuple> fs;
+  if (f.finite_size)
+    fs = FiniteSizeTuple{blasst::to_string(f.finite_size->mask), f.finite_size->rows, f.finite_size->tile_keys};
+  return {f.targets, f.log_factors, fs};
+}
+
+blasst::PiecewiseLogFactor piecewise_from(const PiecewiseTuple& t) {
+  blasst::PiecewiseLogFactor f;
+  f.targets = std::get<0>(t);
+  f.log_factors = std::get<1>(t);
+  if (const auto& fs = std::get<2>(t)) {
+    const std::string& mask = std::get<0>(*fs);
+    if (mask != "causal" && mask != "full")
+      throw blasst::Error("piecewise: finite_size mask must be 'causal' or 'full', got '" + mask + "'");
+    f.finite_size = blasst::FiniteSizeTerm{mask == "full" ? blasst::MaskKind::full : blasst::MaskKind::causal,
+                                           std::get<1>(*fs), std::get<2>(*fs)};
+  }
+  blasst::validate(f);
+  return f;
+}
+}  // namespace
+
 NB_MODULE(_core, m) {
   m.doc() = "blasst C++ core (Skip-Softmax sparse attention)";
   m.attr("__version__") = BLASST_VERSION;
@@ -225,6 +254,19 @@ NB_MODULE(_core, m) {
             if (ab) c.calibration = blasst::Calibration{ab->first, ab->second};
             else c.calibration.reset();
           })
+      // The richer calibration form (SPEC §6, a config's "blasst" extension) as
+      // (targets, log_factors, finite_size or None), finite_size = (mask, rows, tile_keys).
+      .def_prop_rw(
+          "piecewise",
+          [](const blasst::SkipConfig& c) -> std::optional<PiecewiseTuple> {
+            if (!c.piecewise) return std::nullopt;
+            return piecewise_tuple(*c.piecewise);
+          },
+          [](blasst::SkipConfig& c, std::optional<PiecewiseTuple> t) {
+            if (t) c.piecewise = piecewise_from(*t);
+            else c.piecewise.reset();
+          },
+          nb::arg("value").none())
       .def_rw("target_sparsity", &blasst::SkipConfig::target_sparsity)
       .def_prop_rw(
           "tile_keys", [](const blasst::SkipConfig& c) { return c.vote.tile_keys; },
@@ -246,6 +288,12 @@ NB_MODULE(_core, m) {
           })
       .def_static("from_threshold", &blasst::SkipConfig::from_threshold, "lam"_a)
       .def_static("from_factor", &blasst::SkipConfig::from_factor, "factor"_a)
+      .def_static(
+          "from_piecewise",
+          [](const PiecewiseTuple& form, double target) {
+            return blasst::SkipConfig::from_piecewise(piecewise_from(form), target);
+          },
+          "form"_a, "target_sparsity"_a)
       .def_static(
           "from_calibration",
           [](double a, double b, double target) {

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <tuple>
@@ -97,6 +98,15 @@ InverseLawFit inverse_law(double target, const std::vector<std::int64_t>& L,
   f.exponent = sxx > 0 ? -sxy / sxx : kNaN;
   return f;
 }
+// max |achieved - target| of a form over every length and the given targets (exact curves:
+// achieved is what a run at that lambda skips).
+double form_error(const config::PiecewiseLogFactor& form, const ByLength& bylen,
+                  const std::vector<double>& targets) {
+  double e = 0;
+  for (const auto& [L, c] : bylen)
+    for (double t : targets) e = std::max(e, std::abs(c.sparsity_at(form.factor(t, L) / static_cast<double>(L)) - t));
+  return e;
+}
 }  // namespace
 
 LogLinearFit fit_log_linear(const std::vector<double>& s, const std::vector<double>& factor) {
@@ -140,6 +150,48 @@ LogLinearFit fit_log_linear(const std::vector<double>& s, const std::vector<doub
   return f;
 }
 
+config::PiecewiseLogFactor fit_piecewise(const std::vector<double>& s, const std::vector<double>& y) {
+  if (s.size() != y.size())
+    throw Error("calibration: piecewise form: " + std::to_string(s.size()) + " targets but " +
+                std::to_string(y.size()) + " values");
+  if (s.size() < 2) throw Error("calibration: piecewise form: need at least 2 knots, got " + std::to_string(s.size()));
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    if (!std::isfinite(s[i]) || !std::isfinite(y[i]))
+      throw Error("calibration: piecewise form: knot " + std::to_string(i) + " is not finite");
+    if (i > 0 && !(s[i] > s[i - 1]))
+      throw Error("calibration: piecewise form: targets must be strictly increasing");
+  }
+  // Pool adjacent violators: blocks of (sum, count); a block whose mean falls below the one
+  // before it is merged with it until the means are non-decreasing.
+  struct Block {
+    double sum;
+    std::size_t count;
+    double mean() const { return sum / static_cast<double>(count); }
+  };
+  std::vector<Block> blocks;
+  for (double v : y) {
+    blocks.push_back({v, 1});
+    while (blocks.size() > 1 && blocks[blocks.size() - 2].mean() > blocks.back().mean()) {
+      blocks[blocks.size() - 2].sum += blocks.back().sum;
+      blocks[blocks.size() - 2].count += blocks.back().count;
+      blocks.pop_back();
+    }
+  }
+  config::PiecewiseLogFactor f;
+  f.targets = s;
+  for (const Block& b : blocks) f.log_factors.insert(f.log_factors.end(), b.count, b.count == 1 ? b.sum : b.mean());
+  config::validate(f);
+  return f;
+}
+
+double PhaseFit::curve_factor(double s, std::int64_t L) const {
+  if (L < 1) throw Error("calibration: lambda: L must be >= 1");
+  return curve.factor(s, L);
+}
+double PhaseFit::curve_lambda(double s, std::int64_t L) const {
+  return curve_factor(s, L) / static_cast<double>(L);
+}
+
 double PhaseFit::factor(double s) const { return fit.ab.a * std::exp(fit.ab.b * s); }
 double PhaseFit::lambda(double s, std::int64_t L) const {
   if (L < 1) throw Error("calibration: lambda: L must be >= 1");
@@ -177,6 +229,11 @@ CalibrationResult calibrate(const std::vector<CurveSample>& samples, const FitOp
         f.max_sparsity.push_back(c.max_sparsity());
       }
       std::vector<double> xs, ys;
+      std::vector<double> knot_s, knot_y;  // the richer form: mean ln factor per in-range target
+      std::optional<FiniteSizeTerm> fs;
+      if (f.phase == Phase::prefill && opt.prefill_mask && opt.finite_size)
+        fs = FiniteSizeTerm{*opt.prefill_mask, f.granularity.rows, f.granularity.tile_keys};
+      std::vector<double> knot_y_fs;  // the same knots over skippable pairs (finite-size term)
       double lo = kNaN, hi = kNaN;
       for (double t : res.targets) {
         std::vector<FitPoint> pts;
@@ -207,6 +264,18 @@ CalibrationResult calibrate(const std::vector<CurveSample>& samples, const FitOp
         if (all) {
           if (std::isnan(lo)) lo = t;
           hi = t;
+          double sum = 0, sum_fs = 0;
+          for (const auto& p : pts) {
+            sum += std::log(p.factor);
+            if (!fs) continue;
+            // Target t over skippable pairs: this length's curve at t * (1 - f0(L)).
+            const double s_all = t * (1.0 - unskippable_fraction(*fs, p.length));
+            const double lam = lambda_for_sparsity(bylen.at(p.length), s_all);
+            sum_fs += std::log(lam * static_cast<double>(p.length));
+          }
+          knot_s.push_back(t);
+          knot_y.push_back(sum / static_cast<double>(pts.size()));
+          knot_y_fs.push_back(sum_fs / static_cast<double>(pts.size()));
         } else {
           std::string miss;
           for (const auto& p : pts)
@@ -233,6 +302,22 @@ CalibrationResult calibrate(const std::vector<CurveSample>& samples, const FitOp
         throw Error(o.str());
       }
       f.fit = fit_log_linear(xs, ys);
+      f.curve = fit_piecewise(knot_s, knot_y);
+      f.curve_error = form_error(f.curve, bylen, knot_s);
+      if (fs) {
+        // Both variants are fitted; the one whose in-sample error (max |achieved - target| over
+        // the lengths and in-range targets) is smaller is kept, the plain one on a tie. Measured:
+        // the term helps causal prefill (the never-skipped first tile is 6 % of the pairs at 4k)
+        // and can hurt full attention, whose short lengths err the other way (docs/calibration.md).
+        config::PiecewiseLogFactor with = fit_piecewise(knot_s, knot_y_fs);
+        with.finite_size = fs;
+        f.curve_error_plain = f.curve_error;
+        f.curve_error_finite_size = form_error(with, bylen, knot_s);
+        if (f.curve_error_finite_size < f.curve_error) {
+          f.curve = std::move(with);
+          f.curve_error = f.curve_error_finite_size;
+        }
+      }
       if (f.lengths.size() < 2)
         f.warnings.push_back("only one length (L = " + std::to_string(f.lengths.front()) +
                              "): the length scaling lambda = factor / L is assumed, not measured");
@@ -273,6 +358,8 @@ ValidationReport validate(const CalibrationResult& result, const std::vector<Cur
         r.target = t;
         r.lambda = f.lambda(t, L);
         r.achieved = c.sparsity_at(r.lambda);
+        r.lambda_curve = f.curve_lambda(t, L);
+        r.achieved_curve = c.sparsity_at(r.lambda_curve);
         if (mid_it != bylen.end()) {
           r.lambda_fixed = lambda_for_sparsity(mid_it->second, t);
           r.achieved_fixed =
@@ -283,6 +370,7 @@ ValidationReport validate(const CalibrationResult& result, const std::vector<Cur
         r.in_range = !f.extrapolates(t) && L >= f.lengths.front() && L <= f.lengths.back();
         if (r.in_range) {
           rep.max_error = std::max(rep.max_error, std::abs(r.achieved - t));
+          rep.max_error_curve = std::max(rep.max_error_curve, std::abs(r.achieved_curve - t));
           if (!std::isnan(r.achieved_fixed))
             rep.max_error_fixed = std::max(rep.max_error_fixed, std::abs(r.achieved_fixed - t));
         }
@@ -303,12 +391,27 @@ std::map<std::string, config::SparseAttentionConfig> to_configs(const Calibratio
   std::map<std::string, std::map<std::string, config::ConfigGroup>> groups;
   for (const auto& f : r.fits) {
     auto& g = groups[f.component][f.layer];
+    // SPEC §7 revised: the interop fit always, and beside it the blasst extension with the order
+    // and vote granularity the curves were counted at and the richer form.
+    if (!g.blasst) {
+      g.blasst = config::BlasstExtension{};
+      g.blasst->visit_order = f.granularity.order;
+    } else if (g.blasst->visit_order != f.granularity.order) {
+      throw Error("calibration: config: component '" + f.component + "'" +
+                  (f.layer.empty() ? "" : ", layer '" + f.layer + "'") +
+                  ": prefill and decode were calibrated in different visit orders; a config group "
+                  "holds one (calibrate both phases with the same --order)");
+    }
     if (f.phase == Phase::prefill) {
       g.threshold_scale_factor.prefill = f.fit.ab;
       g.target_sparsity_prefill = opt.target_prefill;
+      g.blasst->vote_prefill = f.granularity;
+      g.blasst->prefill = f.curve;
     } else {
       g.threshold_scale_factor.decode = f.fit.ab;
       g.target_sparsity_decode = opt.target_decode;
+      g.blasst->vote_decode = f.granularity;
+      g.blasst->decode = f.curve;
     }
     g.disabled_until_timestep = opt.disabled_until_timestep;
     g.ignore = opt.ignore;

@@ -57,13 +57,15 @@ std::string report_markdown(const CalibrationResult& r, const ValidationReport& 
         "lambda gives), beside a fixed lambda calibrated at the middle length.\n\n";
 
   md << "## Summary\n\n| phase | component | layer | a | b | R^2 | points | lengths | observed range | "
-        "max error (fit) | max error (fixed lambda) |\n|---|---|---|---|---|---|---|---|---|---|---|\n";
+        "max error (fit) | max error (richer form) | max error (fixed lambda) |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (const auto& f : r.fits) {
-    double e_fit = 0, e_fix = 0;
+    double e_fit = 0, e_fix = 0, e_curve = 0;
     for (const auto& row : v.rows)
       if (row.component == f.component && row.layer == f.layer && row.phase == f.phase &&
           row.in_range) {
         e_fit = std::max(e_fit, std::abs(row.achieved - row.target));
+        e_curve = std::max(e_curve, std::abs(row.achieved_curve - row.target));
         if (!std::isnan(row.achieved_fixed))
           e_fix = std::max(e_fix, std::abs(row.achieved_fixed - row.target));
       }
@@ -72,11 +74,12 @@ std::string report_markdown(const CalibrationResult& r, const ValidationReport& 
        << fmt(f.fit.ab.b, 6) << " | " << fix(f.fit.r2, 4) << " | " << f.fit.n << " | ";
     for (std::size_t i = 0; i < f.lengths.size(); ++i) md << (i ? "," : "") << f.lengths[i];
     md << " | [" << fmt(f.range_lo) << ", " << fmt(f.range_hi) << "] | " << fix(e_fit) << " | "
-       << fix(e_fix) << " |\n";
+       << fix(e_curve) << " | " << fix(e_fix) << " |\n";
   }
   md << "\nGoal: |achieved - target| <= " << v.tolerance << " at every calibration length for "
      << "targets inside the observed range. Overall max error: fit " << fix(v.max_error)
-     << (v.ok() ? " (met)" : " (NOT met)") << ", fixed lambda " << fix(v.max_error_fixed)
+     << (v.ok() ? " (met)" : " (NOT met)") << ", richer form " << fix(v.max_error_curve)
+     << (v.curve_ok() ? " (met)" : " (NOT met)") << ", fixed lambda " << fix(v.max_error_fixed)
      << ".\n\n";
 
   for (const auto& f : r.fits) {
@@ -85,6 +88,19 @@ std::string report_markdown(const CalibrationResult& r, const ValidationReport& 
     md << "Fit: factor = a * exp(b * s), a = " << fmt(f.fit.ab.a, 6) << ", b = "
        << fmt(f.fit.ab.b, 6) << ", R^2 = " << fix(f.fit.r2, 5) << " (log space, " << f.fit.n
        << " points).\n\n";
+    md << "Richer form (SPEC §6 curvature): ln factor piecewise linear in s, non-decreasing, knots (s, "
+          "ln factor):";
+    for (std::size_t i = 0; i < f.curve.targets.size(); ++i)
+      md << (i ? "," : "") << " (" << fmt(f.curve.targets[i]) << ", " << fmt(f.curve.log_factors[i], 6) << ")";
+    md << "; end slopes outside the knots (extrapolation).";
+    if (f.curve.finite_size)
+      md << " Finite-size term: targets over skippable pairs, s' = s / (1 - f0(L)) with f0 the share "
+            "of never-skipped first tiles (" << to_string(f.curve.finite_size->mask) << ", "
+         << f.curve.finite_size->rows << " rows x " << f.curve.finite_size->tile_keys << "-key tiles).";
+    if (!std::isnan(f.curve_error_finite_size))
+      md << " Fitted with and without that term: in-sample max error " << fix(f.curve_error_finite_size)
+         << " / " << fix(f.curve_error_plain) << "; the smaller is used.";
+    md << "\n\n";
     md << "Observed range: targets " << fmt(f.range_lo) << " .. " << fmt(f.range_hi)
        << " are reached with lambda < 1 at every length. Largest sparsity with lambda < 1:";
     for (std::size_t i = 0; i < f.lengths.size(); ++i)
@@ -146,6 +162,30 @@ std::string report_markdown(const CalibrationResult& r, const ValidationReport& 
             md << " " << (bad ? "**" : "") << fix(row.achieved) << (bad ? "**" : "")
                << (row.lambda >= 1.0 ? " (lambda >= 1: dense)" : "") << " / "
                << fix(row.achieved_fixed) << (row.in_range ? "" : " (out of range)") << " |";
+          }
+      md << "\n";
+    }
+    // Both forms side by side, as signed errors (achieved - target).
+    md << "\n### Error achieved - target per length: exponential a * exp(b * s) / richer form "
+          "(piecewise-linear ln factor, knots";
+    for (double k : f.curve.targets) md << " " << k;
+    md << ")\n\nIn-range misses of the goal in bold; (extrap.) marks targets outside the knots.\n\n| target |";
+    for (auto L : vl) md << " L=" << L << " |";
+    md << "\n|---|";
+    for (std::size_t i = 0; i < vl.size(); ++i) md << "---|";
+    md << "\n";
+    auto signed_err = [](double e) { return (e >= 0 ? "+" : "") + fix(e); };
+    for (double t : vt) {
+      md << "| " << t << (f.curve.extrapolates(t) ? " (extrap.)" : "") << " |";
+      for (auto L : vl)
+        for (const auto& row : v.rows)
+          if (row.component == f.component && row.layer == f.layer && row.phase == f.phase &&
+              row.length == L && row.target == t) {
+            const double e = row.achieved - t, ec = row.achieved_curve - t;
+            const bool bad = row.in_range && std::abs(e) > v.tolerance;
+            const bool bad_c = row.in_range && std::abs(ec) > v.tolerance;
+            md << " " << (bad ? "**" : "") << signed_err(e) << (bad ? "**" : "") << " / "
+               << (bad_c ? "**" : "") << signed_err(ec) << (bad_c ? "**" : "") << " |";
           }
       md << "\n";
     }

@@ -57,6 +57,7 @@ struct CalibrateArgs {
   int threads = 0;
   bool no_plots = false;
   bool histogram = false;
+  bool no_finite_size = false;
 };
 
 [[noreturn]] void bad(const std::string& opt, const std::string& msg) {
@@ -288,6 +289,8 @@ void calibrate_cmd(CalibrateArgs a) {
   cal::FitOptions fo;
   fo.targets = a.targets;
   fo.per_layer = a.per_layer;
+  fo.prefill_mask = mask;  // prefill samples are self-attention (Lq = Lk): finite-size term
+  fo.finite_size = !a.no_finite_size;
   const auto result = cal::calibrate(samples, fo);
   const auto validation = cal::validate(result, samples, result.targets);
 
@@ -297,11 +300,12 @@ void calibrate_cmd(CalibrateArgs a) {
               to_string(mask), static_cast<long long>(hq), static_cast<long long>(hk),
               static_cast<long long>(d), a.device.c_str());
   for (const auto& f : result.fits) {
-    double e = 0, ef = 0, e_live = 0;
+    double e = 0, ef = 0, e_live = 0, ec = 0;
     int dense = 0;
     for (const auto& r : validation.rows)
       if (r.component == f.component && r.layer == f.layer && r.phase == f.phase && r.in_range) {
         e = std::max(e, std::abs(r.achieved - r.target));
+        ec = std::max(ec, std::abs(r.achieved_curve - r.target));
         if (r.lambda >= 1.0)
           ++dense;
         else
@@ -313,14 +317,22 @@ void calibrate_cmd(CalibrateArgs a) {
                 to_string(f.phase), f.component.c_str(),
                 f.layer.empty() ? "" : (" layer " + f.layer).c_str(), f.fit.ab.a, f.fit.ab.b,
                 f.fit.r2, f.range_lo, f.range_hi, join(f.lengths).c_str(), e, ef);
+    std::printf("    richer form: ln factor piecewise linear over %zu knots [%.2f, %.2f]%s, "
+                "max |achieved - target| %.3f\n",
+                f.curve.targets.size(), f.curve.targets.front(), f.curve.targets.back(),
+                f.curve.finite_size ? " with the finite-size term" : "", ec);
+    if (!std::isnan(f.curve_error_finite_size))
+      std::printf("      (fitted both ways: finite-size term %.3f, without %.3f; the smaller is written)\n",
+                  f.curve_error_finite_size, f.curve_error_plain);
     if (dense > 0)
       std::printf("    %d in-range (length, target) pairs get lambda >= 1 from the fit and run dense; "
                   "max error elsewhere %.3f\n", dense, e_live);
     for (double t : f.extrapolated)
       std::printf("    warning: target %.2f is outside the observed range (extrapolation)\n", t);
   }
-  std::printf("  goal |achieved - target| <= %.2f: %s (max %.3f)\n", validation.tolerance,
-              validation.ok() ? "met" : "NOT met", validation.max_error);
+  std::printf("  goal |achieved - target| <= %.2f: exponential %s (max %.3f), richer form %s (max %.3f)\n",
+              validation.tolerance, validation.ok() ? "met" : "NOT met", validation.max_error,
+              validation.curve_ok() ? "met" : "NOT met", validation.max_error_curve);
 
   if (!a.out.empty()) {
     cal::ConfigOptions co;
@@ -411,6 +423,8 @@ void register_calibrate(CLI::App& app) {
   s->add_option("--threads", a->threads, "reference threads, 0..1024 (0 = all cores)");
   s->add_flag("--no-plots", a->no_plots, "report.md only");
   s->add_flag("--histogram", a->histogram, "cpu: use delta histograms instead of exact delta lists");
+  s->add_flag("--no-finite-size", a->no_finite_size,
+              "richer prefill form without the finite-size term (targets over all pairs)");
   s->callback([a] { calibrate_cmd(*a); });
 }
 

@@ -32,7 +32,8 @@ struct RunArgs {
   // Which optional options were given.
   CLI::Option *o_threshold = nullptr, *o_factor = nullptr, *o_config = nullptr, *o_target = nullptr,
               *o_scale = nullptr, *o_timestep = nullptr, *o_phase = nullptr, *o_dtype = nullptr,
-              *o_lse = nullptr, *o_stats = nullptr;
+              *o_lse = nullptr, *o_stats = nullptr, *o_tile_keys = nullptr, *o_vote_rows = nullptr,
+              *o_vote_heads = nullptr, *o_split_tiles = nullptr, *o_order = nullptr;
 };
 
 [[noreturn]] void bad_arg(const std::string& opt, const std::string& what) { throw Error(opt + ": " + what); }
@@ -104,7 +105,7 @@ constexpr LibraryName kLibraryNames[] = {
     throw Error(std::string(n.flag) + ": " + (n.file ? shown(file_of(n.flag)) + ": " : "") + what);
   }
   // SPEC §3 lambda problems belong to whatever set the threshold.
-  for (const char* prefix : {"resolve_lambda: ", "skip.calibration", "skip.target_sparsity"})
+  for (const char* prefix : {"resolve_lambda: ", "skip.calibration", "skip.piecewise", "skip.target_sparsity"})
     if (m.rfind(prefix, 0) == 0) {
       if (m.rfind("resolve_lambda: ", 0) == 0) m.erase(0, 16);
       throw Error(threshold_source + ": " + m);
@@ -311,11 +312,15 @@ void run(RunArgs& a) {
     skip = SkipConfig{};
     source += gate.current() ? " (gated: t > disabled_until_timestep, dense)" : " (gated: no --timestep, dense)";
   }
-  skip.vote.tile_keys = a.tile_keys;
-  skip.vote.rows = a.vote_rows;
-  skip.vote.heads = a.vote_heads;
-  skip.vote.split_tiles = a.split_tiles;
-  skip.vote.order = parse_visit_order(a.order);
+  // A config's "blasst" extension sets the visit order and vote granularity its calibration used
+  // (config::resolve); flags given explicitly override it. Without the extension resolve leaves
+  // the defaults, which are the flags' defaults: the same as before.
+  const bool from_config = a.o_config->count() > 0;
+  if (!from_config || a.o_tile_keys->count()) skip.vote.tile_keys = a.tile_keys;
+  if (!from_config || a.o_vote_rows->count()) skip.vote.rows = a.vote_rows;
+  if (!from_config || a.o_vote_heads->count()) skip.vote.heads = a.vote_heads;
+  if (!from_config || a.o_split_tiles->count()) skip.vote.split_tiles = a.split_tiles;
+  if (!from_config || a.o_order->count()) skip.vote.order = parse_visit_order(a.order);
   const std::string threshold_flag = a.o_threshold->count() ? "--threshold"
                                      : a.o_factor->count()  ? "--factor"
                                                             : "--config: " + shown(a.config);
@@ -449,13 +454,18 @@ void register_run(CLI::App& app) {
                    ->check(CLI::IsMember({"f32", "f16", "bf16", "f64"}));
   // CLI::PositiveNumber would print its bound as a 300-digit double; the range of an int is 1..INT_MAX.
   const CLI::Range positive_int(1, std::numeric_limits<int>::max());
-  s->add_option("--tile-keys", a->tile_keys, "keys per tile (SPEC: 128); beyond Lk: one tile")->check(positive_int);
-  s->add_option("--vote-rows", a->vote_rows, "query rows per vote group (reference)")->check(positive_int);
-  s->add_option("--vote-heads", a->vote_heads, "query heads per vote group: 1 or a divisor of Hq/Hk")
-      ->check(positive_int);
-  s->add_option("--split-tiles", a->split_tiles, "split-KV layout: key tiles per split (0 = unsplit)");
-  s->add_option("--order", a->order, "tile visit order (SPEC §2a)")
-      ->check(CLI::IsMember({"natural", "max_first", "max-first"}));
+  a->o_tile_keys = s->add_option("--tile-keys", a->tile_keys, "keys per tile (SPEC: 128); beyond Lk: one tile")
+                       ->check(positive_int);
+  a->o_vote_rows = s->add_option("--vote-rows", a->vote_rows, "query rows per vote group (reference)")
+                       ->check(positive_int);
+  a->o_vote_heads = s->add_option("--vote-heads", a->vote_heads, "query heads per vote group: 1 or a divisor of Hq/Hk")
+                        ->check(positive_int);
+  a->o_split_tiles =
+      s->add_option("--split-tiles", a->split_tiles, "split-KV layout: key tiles per split (0 = unsplit)");
+  a->o_order = s->add_option("--order", a->order,
+                             "tile visit order (SPEC §2a; default natural, or the order a config's blasst "
+                             "extension names)")
+                   ->check(CLI::IsMember({"natural", "max_first", "max-first"}));
   s->add_option("--device", a->device, "cpu (reference), cuda, or auto")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   s->add_option("--threads", a->threads, "reference threads, 0..1024 (0 = all cores; the reference uses at most 4 per core)");
   a->o_timestep = s->add_option("--timestep", a->timestep, "diffusion: scheduler timestep of this step");

@@ -98,6 +98,177 @@ Calibration calibration(const Ctx& c, const json& j, const std::string& path) {
 
 bool present(const json& obj, const char* key) { return obj.contains(key) && !obj[key].is_null(); }
 
+// An integer in [lo, hi] (JSON integers only: 64.0 or 6.4e1 is a float, refused).
+int integer(const Ctx& c, const json& j, const std::string& path, long long lo, long long hi) {
+  const auto range = [&] {
+    c.fail(path, "must lie in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " + j.dump());
+  };
+  if (j.is_number_unsigned()) {  // nlohmann: every non-negative integer
+    const unsigned long long v = j.get<unsigned long long>();
+    if (v > static_cast<unsigned long long>(hi) || static_cast<long long>(v) < lo) range();
+    return static_cast<int>(v);
+  }
+  if (j.is_number_integer()) {
+    const long long v = j.get<long long>();
+    if (v < lo || v > hi) range();
+    return static_cast<int>(v);
+  }
+  c.fail(path, "expected an integer, got " +
+                   (j.is_number() ? "the non-integer number " + j.dump() : type_name(j)));
+}
+
+std::vector<double> number_list(const Ctx& c, const json& j, const std::string& path) {
+  if (!j.is_array()) c.fail(path, "expected a list of numbers, got " + type_name(j));
+  if (j.size() > PiecewiseLogFactor::kMaxKnots)
+    c.fail(path, "has " + std::to_string(j.size()) + " entries; the limit is " +
+                     std::to_string(PiecewiseLogFactor::kMaxKnots));
+  std::vector<double> out;
+  for (std::size_t i = 0; i < j.size(); ++i) out.push_back(number(c, j[i], path + "[" + std::to_string(i) + "]"));
+  return out;
+}
+
+constexpr long long kIntMax = 2147483647;
+
+VoteGranularity vote_granularity(const Ctx& c, const json& j, const std::string& path) {
+  if (!j.is_object()) c.fail(path, "expected an object {\"tile_keys\", \"rows\", \"heads\", \"split_tiles\"}, got " + type_name(j));
+  VoteGranularity v;
+  for (const char* key : {"tile_keys", "rows", "heads", "split_tiles"})
+    if (!present(j, key)) c.fail(path + "." + key, "missing");
+  v.tile_keys = integer(c, j["tile_keys"], path + ".tile_keys", 1, kIntMax);
+  v.rows = integer(c, j["rows"], path + ".rows", 1, kIntMax);
+  v.heads = integer(c, j["heads"], path + ".heads", 1, kIntMax);
+  v.split_tiles = integer(c, j["split_tiles"], path + ".split_tiles", 0, kIntMax);
+  return v;
+}
+
+MaskKind mask_kind(const Ctx& c, const json& j, const std::string& path) {
+  if (!j.is_string()) c.fail(path, "expected \"causal\" or \"full\", got " + type_name(j));
+  const std::string m = j.get<std::string>();
+  if (m == "causal") return MaskKind::causal;
+  if (m == "full") return MaskKind::full;
+  c.fail(path, "unknown mask " + single_quoted(m) + " (supported: causal, full)");
+}
+
+PiecewiseLogFactor piecewise(const Ctx& c, const json& j, const std::string& path, bool prefill) {
+  if (!j.is_object())
+    c.fail(path, "expected an object {\"target_sparsity\": [...], \"log_factor\": [...]}, got " + type_name(j));
+  if (!present(j, "target_sparsity")) c.fail(path + ".target_sparsity", "missing");
+  if (!present(j, "log_factor")) c.fail(path + ".log_factor", "missing");
+  PiecewiseLogFactor f;
+  f.targets = number_list(c, j["target_sparsity"], path + ".target_sparsity");
+  f.log_factors = number_list(c, j["log_factor"], path + ".log_factor");
+  if (present(j, "finite_size")) {
+    const std::string p = path + ".finite_size";
+    const json& t = j["finite_size"];
+    if (!prefill) c.fail(p, "is defined for the prefill phase only (Lq = Lk)");
+    if (!t.is_object()) c.fail(p, "expected an object {\"mask\", \"rows\", \"tile_keys\"}, got " + type_name(t));
+    for (const char* key : {"mask", "rows", "tile_keys"})
+      if (!present(t, key)) c.fail(p + "." + key, "missing");
+    f.finite_size = FiniteSizeTerm{mask_kind(c, t["mask"], p + ".mask"), integer(c, t["rows"], p + ".rows", 1, kIntMax),
+                                   integer(c, t["tile_keys"], p + ".tile_keys", 1, kIntMax)};
+  }
+  try {
+    validate(f);  // sizes, ranges, strictly increasing targets, non-decreasing log factors
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    // validate() names the list it found wrong first ("target_sparsity[2] ..."): make it a path.
+    if (m.rfind("target_sparsity", 0) == 0 || m.rfind("log_factor", 0) == 0) c.fail(path + "." + m.substr(0, m.find(' ')), m.substr(m.find(' ') + 1));
+    c.fail(path, m);
+  }
+  return f;
+}
+
+BlasstExtension extension(const Ctx& c, const json& j, const std::string& path) {
+  if (!j.is_object()) c.fail(path, "expected an object, got " + type_name(j));
+  BlasstExtension ext;
+  if (present(j, "visit_order")) {
+    const json& o = j["visit_order"];
+    if (!o.is_string()) c.fail(path + ".visit_order", "expected \"max_first\" or \"natural\", got " + type_name(o));
+    const std::string v = o.get<std::string>();
+    if (v == "max_first")
+      ext.visit_order = VisitOrder::max_first;
+    else if (v == "natural")
+      ext.visit_order = VisitOrder::natural;
+    else
+      c.fail(path + ".visit_order", "unknown visit order " + single_quoted(v) + " (supported: max_first, natural)");
+  }
+  if (present(j, "vote")) {
+    const std::string p = path + ".vote";
+    const json& v = j["vote"];
+    if (!v.is_object()) c.fail(p, "expected an object {\"prefill\": ..., \"decode\": ...}, got " + type_name(v));
+    if (present(v, "prefill")) ext.vote_prefill = vote_granularity(c, v["prefill"], p + ".prefill");
+    if (present(v, "decode")) ext.vote_decode = vote_granularity(c, v["decode"], p + ".decode");
+    const VisitOrder order = ext.visit_order.value_or(VisitOrder::natural);
+    if (ext.vote_prefill) ext.vote_prefill->order = order;
+    if (ext.vote_decode) ext.vote_decode->order = order;
+  }
+  if (present(j, "threshold_scale_factor")) {
+    const std::string p = path + ".threshold_scale_factor";
+    const json& t = j["threshold_scale_factor"];
+    if (!t.is_object()) c.fail(p, "expected an object (form + per-phase knots), got " + type_name(t));
+    if (!present(t, "form")) c.fail(p + ".form", std::string("missing (expected \"") + kPiecewiseForm + "\")");
+    if (!t["form"].is_string()) c.fail(p + ".form", "expected a string, got " + type_name(t["form"]));
+    const std::string form = t["form"].get<std::string>();
+    if (form != kPiecewiseForm)
+      c.fail(p + ".form", "unknown form " + single_quoted(form) + " (supported: \"" + kPiecewiseForm + "\")");
+    if (present(t, "prefill")) ext.prefill = piecewise(c, t["prefill"], p + ".prefill", true);
+    if (present(t, "decode")) ext.decode = piecewise(c, t["decode"], p + ".decode", false);
+    if (!ext.prefill && !ext.decode) c.fail(p, "needs a \"prefill\" or \"decode\" form");
+  }
+  return ext;
+}
+
+json vote_json(const VoteGranularity& v) {
+  json j = json::object();
+  j["tile_keys"] = v.tile_keys;
+  j["rows"] = v.rows;
+  j["heads"] = v.heads;
+  j["split_tiles"] = v.split_tiles;
+  return j;
+}
+
+json piecewise_json(const PiecewiseLogFactor& f) {
+  json j = json::object();
+  j["target_sparsity"] = f.targets;
+  j["log_factor"] = f.log_factors;
+  if (f.finite_size) {
+    json t = json::object();
+    t["mask"] = to_string(f.finite_size->mask);
+    t["rows"] = f.finite_size->rows;
+    t["tile_keys"] = f.finite_size->tile_keys;
+    j["finite_size"] = t;
+  }
+  return j;
+}
+
+json extension_json(const BlasstExtension& e, const std::string& group) {
+  json j = json::object();
+  if (e.visit_order) j["visit_order"] = to_string(*e.visit_order);
+  if (e.vote_prefill || e.vote_decode) {
+    json v = json::object();
+    if (e.vote_prefill) v["prefill"] = vote_json(*e.vote_prefill);
+    if (e.vote_decode) v["decode"] = vote_json(*e.vote_decode);
+    j["vote"] = v;
+  }
+  if (e.prefill || e.decode) {
+    json t = json::object();
+    t["form"] = kPiecewiseForm;
+    for (const auto* f : {&e.prefill, &e.decode})
+      if (*f) {
+        try {
+          validate(**f);
+        } catch (const Error& err) {
+          throw Error("config::to_json: group " + single_quoted(group) + ": blasst." +
+                      (f == &e.prefill ? "prefill" : "decode") + " form: " + err.what());
+        }
+      }
+    if (e.prefill) t["prefill"] = piecewise_json(*e.prefill);
+    if (e.decode) t["decode"] = piecewise_json(*e.decode);
+    j["threshold_scale_factor"] = t;
+  }
+  return j;
+}
+
 ConfigGroup parse_group(const Ctx& c, const std::string& name, const json& g, const std::string& path) {
   if (!g.is_object()) c.fail(path, "expected an object, got " + type_name(g));
   ConfigGroup out;
@@ -145,6 +316,7 @@ ConfigGroup parse_group(const Ctx& c, const std::string& name, const json& g, co
         unit_interval(c, g["disabled_until_timestep"], path + ".disabled_until_timestep");
   if (present(g, "ignore")) out.ignore = string_list(c, g["ignore"], path + ".ignore");
   if (present(g, "layers")) out.layers = string_list(c, g["layers"], path + ".layers");
+  if (present(g, "blasst")) out.blasst = extension(c, g["blasst"], path + ".blasst");
   return out;
 }
 
@@ -190,6 +362,7 @@ json block_json(const SparseAttentionConfig& cfg) {
     if (g.disabled_until_timestep) j["disabled_until_timestep"] = *g.disabled_until_timestep;
     if (!g.ignore.empty()) j["ignore"] = g.ignore;
     if (!g.layers.empty()) j["layers"] = g.layers;
+    if (g.blasst) j["blasst"] = extension_json(*g.blasst, g.name);
     items.emplace_back(g.name, std::move(j));
   }
   json block = json::object();
@@ -425,13 +598,35 @@ SkipConfig resolve(const SparseAttentionConfig& cfg, const std::string& layer_na
   const std::string where = member("config_groups", g->name);
   SkipConfig out;
   out.enabled = true;
+  const bool pre = phase == Phase::prefill;
+  const BlasstExtension* ext = g->blasst ? &*g->blasst : nullptr;
+  if (ext) {
+    // The calibration's visit order (absent: natural, SPEC §2a) and the phase's vote granularity.
+    const auto& vote = pre ? ext->vote_prefill : ext->vote_decode;
+    if (vote) out.vote = *vote;
+    out.vote.order = ext->visit_order.value_or(VisitOrder::natural);
+  }
   if (g->threshold_scale_factor.scalar) {  // a raw factor wins over any target (SPEC §7)
     out.factor = *g->threshold_scale_factor.scalar;
     return out;
   }
-  const bool pre = phase == Phase::prefill;
   const std::string phase_name = pre ? "prefill" : "decode";
   const auto& fit = pre ? g->threshold_scale_factor.prefill : g->threshold_scale_factor.decode;
+  const auto* form = ext ? (pre ? &ext->prefill : &ext->decode) : nullptr;
+  if (form && *form) {  // the richer form of the extension wins over the interop fit
+    const auto& file_target = pre ? g->target_sparsity_prefill : g->target_sparsity_decode;
+    if (!target_sparsity && !file_target)
+      throw Error(where + ": no target_sparsity for the " + phase_name + " phase; give one (--target-sparsity)");
+    out.piecewise = **form;
+    out.target_sparsity = target_sparsity ? *target_sparsity : *file_target;
+    // Checked here, where the group is known, for the knots' own target (the per-sequence
+    // finite-size conversion is checked by resolve_lambda).
+    const double factor = std::exp((*form)->log_factor(out.target_sparsity));
+    if (!std::isfinite(factor) || !(factor > 0.0))
+      throw Error(where + ".blasst.threshold_scale_factor." + phase_name + ": exp(log_factor(" +
+                  num(out.target_sparsity) + ")) = " + num(factor) + " is not a finite positive factor");
+    return out;
+  }
   if (!fit)
     throw Error(where + ": no threshold_scale_factor for the " + phase_name + " phase (layer " +
                 single_quoted(layer_name) + ")");

@@ -8,29 +8,57 @@ namespace {
 bool wants_cuda(const Tensor& q, const RunOptions& opt) {
   return q.device == DeviceKind::cuda || opt.device == DeviceKind::cuda;
 }
+
+bool has_length_term(const SkipConfig& skip) {
+  return skip.enabled && !skip.threshold && !skip.factor && skip.piecewise && skip.piecewise->finite_size;
+}
+
+// The kernels take one factor per call (lambda = factor / Lk for every sequence). A richer form
+// without the finite-size term is such a factor; with it, the factor depends on Lk, so the call
+// gets the factor of its one key length (bit-identical to resolve_lambda(skip, Lk)), and a ragged
+// batch, whose lengths may differ, is refused.
+SkipConfig for_kernels(const AttentionProblem& p, const SkipConfig& skip) {
+  if (!has_length_term(skip)) return skip;
+  if (p.cu_seqlens_k != nullptr || p.cu_seqlens_q != nullptr)
+    throw Error("skip.piecewise: the finite-size term needs one key length per call on the CUDA path; "
+                "a ragged batch is not supported (run each length separately, or use a form without it)");
+  validate(skip);
+  const std::int64_t Lk = p.k.shape[1];
+  if (Lk < 1) return skip;  // nothing to attend: the kernel path reports the shape
+  SkipConfig out = skip;
+  out.factor = skip.piecewise->factor(skip.target_sparsity, Lk);
+  return out;
+}
+
+SkipConfig for_decode_kernels(const SkipConfig& skip) {
+  if (has_length_term(skip))
+    throw Error("skip.piecewise: the finite-size term is defined for prefill (Lq = Lk), not for decode");
+  return skip;
+}
 }  // namespace
 
 void attention(const AttentionProblem& p, const SkipConfig& skip, const RunOptions& opt,
                SkipStats* stats) {
-  if (wants_cuda(p.q, opt)) return detail::cuda_attention(p, skip, opt, stats);
+  if (wants_cuda(p.q, opt)) return detail::cuda_attention(p, for_kernels(p, skip), opt, stats);
   reference::attention(p, skip, opt, stats);
 }
 
 void decode(const DecodeProblem& p, const SkipConfig& skip, const RunOptions& opt,
             SkipStats* stats) {
-  if (wants_cuda(p.q, opt)) return detail::cuda_decode(p, skip, opt, stats);
+  if (wants_cuda(p.q, opt)) return detail::cuda_decode(p, for_decode_kernels(skip), opt, stats);
   reference::decode(p, skip, opt, stats);
 }
 
 // Statistics are counted for the workspace whenever opt asks for them (a call may pass stats).
 std::size_t attention_workspace_bytes(const AttentionProblem& p, const SkipConfig& skip, const RunOptions& opt) {
   if (!wants_cuda(p.q, opt)) return 0;
-  return detail::cuda_attention_workspace_bytes(p, skip, opt, opt.collect_stats || opt.collect_histogram);
+  return detail::cuda_attention_workspace_bytes(p, for_kernels(p, skip), opt,
+                                                opt.collect_stats || opt.collect_histogram);
 }
 
 std::size_t decode_workspace_bytes(const DecodeProblem& p, const SkipConfig& skip, const RunOptions& opt) {
   if (!wants_cuda(p.q, opt)) return 0;
-  return detail::cuda_decode_workspace_bytes(p, skip, opt,
+  return detail::cuda_decode_workspace_bytes(p, for_decode_kernels(skip), opt,
                                              opt.collect_stats || opt.collect_histogram || opt.record_deltas);
 }
 

@@ -12,6 +12,8 @@
 
 namespace blasst {
 
+using detail::num;  // the one number formatter of the messages (core/text.hpp)
+
 std::size_t dtype_size(DType t) {
   switch (t) {
     case DType::f32: return 4;
@@ -126,6 +128,112 @@ bool Tensor::is_contiguous() const {
 
 // ---- SkipConfig and the threshold (SPEC §3) ----------------------------------------------------
 
+// ---- SPEC §6 richer form -----------------------------------------------------------------------
+
+namespace {
+// sum_{i=0}^{n-1} floor((a * i + b) / m) for a, b >= 0, m >= 1, in O(log m) steps: the terms
+// with a >= m or b >= m are split off in closed form, and the rest is the same sum with the
+// roles of a and m exchanged (counting lattice points under the line the other way).
+unsigned __int128 floor_sum(unsigned __int128 n, unsigned __int128 m, unsigned __int128 a,
+                            unsigned __int128 b) {
+  unsigned __int128 total = 0;
+  while (n > 0) {
+    if (a >= m) {
+      total += (n * (n - 1) / 2) * (a / m);
+      a %= m;
+    }
+    if (b >= m) {
+      total += n * (b / m);
+      b %= m;
+    }
+    const unsigned __int128 top = a * n + b;
+    if (top < m) break;
+    n = top / m;
+    b = top % m;
+    std::swap(m, a);
+  }
+  return total;
+}
+}  // namespace
+
+double unskippable_fraction(const FiniteSizeTerm& t, std::int64_t L) {
+  if (L < 1) throw Error("unskippable_fraction: L must be >= 1, got " + std::to_string(L));
+  if (t.rows < 1 || t.tile_keys < 1)
+    throw Error("unskippable_fraction: rows and tile_keys must be >= 1");
+  const auto T = static_cast<unsigned __int128>(t.tile_keys);
+  const auto R = static_cast<unsigned __int128>(t.rows);
+  const auto n = static_cast<unsigned __int128>(L);
+  const unsigned __int128 tiles = (n + T - 1) / T;
+  if (t.mask == MaskKind::full) return 1.0 / static_cast<double>(tiles);
+  // Causal, Lq = Lk: group g (rows gR .. min(L, (g+1)R) - 1) visits the tiles up to its last row.
+  const unsigned __int128 groups = (n + R - 1) / R;
+  const unsigned __int128 visited =
+      floor_sum(groups - 1, T, R, R - 1) + (n - 1) / T + groups;  // last group: row L - 1
+  return static_cast<double>(groups) / static_cast<double>(visited);
+}
+
+void validate(const PiecewiseLogFactor& f) {
+  const std::size_t n = f.targets.size();
+  if (n != f.log_factors.size())
+    throw Error("target_sparsity has " + std::to_string(n) + " knots but log_factor has " +
+                std::to_string(f.log_factors.size()));
+  if (n < 2 || n > PiecewiseLogFactor::kMaxKnots)
+    throw Error("needs 2 to " + std::to_string(PiecewiseLogFactor::kMaxKnots) + " knots, got " +
+                std::to_string(n));
+  for (std::size_t i = 0; i < n; ++i) {
+    const double s = f.targets[i], y = f.log_factors[i];
+    const std::string at = "[" + std::to_string(i) + "]";
+    if (!std::isfinite(s) || s < 0.0 || s > 1.0)
+      throw Error("target_sparsity" + at + " must lie in [0, 1], got " + num(s));
+    if (!std::isfinite(y)) throw Error("log_factor" + at + " must be finite, got " + num(y));
+    if (i > 0 && !(s > f.targets[i - 1]))
+      throw Error("target_sparsity" + at + " must be greater than the knot before it (" +
+                  num(f.targets[i - 1]) + "), got " + num(s));
+    if (i > 0 && y < f.log_factors[i - 1])
+      throw Error("log_factor" + at + " must not be below the knot before it (" +
+                  num(f.log_factors[i - 1]) + "; the form is non-decreasing), got " + num(y));
+  }
+  if (f.finite_size) {
+    const FiniteSizeTerm& t = *f.finite_size;
+    if (t.mask != MaskKind::full && t.mask != MaskKind::causal)
+      throw Error("finite_size.mask: invalid value " + std::to_string(static_cast<int>(t.mask)));
+    if (t.rows < 1) throw Error("finite_size.rows must be >= 1, got " + std::to_string(t.rows));
+    if (t.tile_keys < 1) throw Error("finite_size.tile_keys must be >= 1, got " + std::to_string(t.tile_keys));
+  }
+}
+
+double PiecewiseLogFactor::log_factor(double s) const {
+  const std::size_t n = targets.size();
+  if (n < 2 || log_factors.size() != n) throw Error("PiecewiseLogFactor: needs 2 or more knots");
+  if (std::isnan(s)) throw Error("PiecewiseLogFactor: target sparsity is NaN");
+  // Segment i joins knots i and i + 1; outside the knots the end segments continue (end slopes).
+  std::size_t i = 0;
+  if (s >= targets[n - 1]) {
+    i = n - 2;
+  } else if (s > targets[0]) {
+    i = static_cast<std::size_t>(std::upper_bound(targets.begin(), targets.end(), s) - targets.begin()) - 1;
+  }
+  if (s == targets[i]) return log_factors[i];  // exact at every knot
+  if (s == targets[i + 1]) return log_factors[i + 1];
+  const double slope = (log_factors[i + 1] - log_factors[i]) / (targets[i + 1] - targets[i]);
+  return log_factors[i] + slope * (s - targets[i]);
+}
+
+double PiecewiseLogFactor::effective_target(double s, std::int64_t L) const {
+  if (!finite_size) return s;
+  const double f0 = unskippable_fraction(*finite_size, L);
+  if (!(f0 < 1.0)) return std::nextafter(1.0, 0.0);  // nothing skippable: the largest s' below 1
+  return std::min(s / (1.0 - f0), std::nextafter(1.0, 0.0));
+}
+
+double PiecewiseLogFactor::factor(double s, std::int64_t L) const {
+  return std::exp(log_factor(effective_target(s, L)));
+}
+
+bool PiecewiseLogFactor::extrapolates(double s) const {
+  return targets.empty() || s < targets.front() || s > targets.back();
+}
+
 SkipConfig SkipConfig::from_threshold(double lambda) {
   SkipConfig c;
   c.enabled = true;
@@ -140,6 +248,14 @@ SkipConfig SkipConfig::from_factor(double factor) {
   return c;
 }
 
+SkipConfig SkipConfig::from_piecewise(PiecewiseLogFactor f, double target_sparsity) {
+  SkipConfig c;
+  c.enabled = true;
+  c.piecewise = std::move(f);
+  c.target_sparsity = target_sparsity;
+  return c;
+}
+
 SkipConfig SkipConfig::from_calibration(Calibration cal, double target_sparsity) {
   SkipConfig c;
   c.enabled = true;
@@ -148,7 +264,6 @@ SkipConfig SkipConfig::from_calibration(Calibration cal, double target_sparsity)
   return c;
 }
 
-using detail::num;  // the one number formatter of the messages (core/text.hpp)
 
 void validate(const SkipConfig& cfg) {
   const VoteGranularity& v = cfg.vote;
@@ -175,9 +290,16 @@ void validate(const SkipConfig& cfg) {
       throw Error("skip.calibration.a must be finite and > 0, got " + num(c.a));
     if (!std::isfinite(c.b)) throw Error("skip.calibration.b must be finite, got " + num(c.b));
   }
+  if (cfg.piecewise) {
+    try {
+      validate(*cfg.piecewise);
+    } catch (const Error& e) {
+      throw Error(std::string("skip.piecewise: ") + e.what());
+    }
+  }
   if (!std::isfinite(cfg.target_sparsity) || cfg.target_sparsity < 0.0 || cfg.target_sparsity > 1.0)
     throw Error("skip.target_sparsity must lie in [0, 1], got " + num(cfg.target_sparsity));
-  if (cfg.enabled && !cfg.threshold && !cfg.factor && !cfg.calibration)
+  if (cfg.enabled && !cfg.threshold && !cfg.factor && !cfg.calibration && !cfg.piecewise)
     throw Error("skip: enabled but no threshold, factor or calibration given");
 }
 
@@ -189,6 +311,12 @@ double resolve_lambda(const SkipConfig& cfg, std::int64_t Lk) {
     lambda = *cfg.threshold;
   } else if (cfg.factor) {
     lambda = *cfg.factor / static_cast<double>(Lk);
+  } else if (cfg.piecewise) {
+    const double factor = cfg.piecewise->factor(cfg.target_sparsity, Lk);
+    if (!std::isfinite(factor) || factor <= 0.0)
+      throw Error("skip.piecewise: factor exp(log_factor(target_sparsity)) = " + num(factor) +
+                  " is not a finite positive number");
+    lambda = factor / static_cast<double>(Lk);
   } else if (cfg.calibration) {
     const double factor = cfg.calibration->a * std::exp(cfg.calibration->b * cfg.target_sparsity);
     if (!std::isfinite(factor) || factor <= 0.0)

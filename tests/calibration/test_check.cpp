@@ -88,6 +88,45 @@ TEST(Check, GoodFileSummary) {
   fs::remove_all(dir);
 }
 
+TEST(Check, ExtensionSummaryShowsBothForms) {
+  const auto p = scratch("ext") / "config.json";
+  write(p, R"J({"sparse_attention_config": {"config_groups": {"group_0": {
+    "threshold_scale_factor": {"formula": "a * exp(b * target_sparsity)", "prefill": {"a": 2.0, "b": 3.0}},
+    "target_sparsity": 0.5,
+    "blasst": {"visit_order": "max_first",
+               "vote": {"prefill": {"tile_keys": 128, "rows": 64, "heads": 1, "split_tiles": 0}},
+               "threshold_scale_factor": {"form": "piecewise_linear_log_factor",
+                 "prefill": {"target_sparsity": [0.3, 0.7], "log_factor": [1.0, 5.0]}}}}}}})J");
+  std::ostringstream out, err;
+  ASSERT_EQ(calibration::check_config(p.string(), out, err), 0) << err.str();
+  const std::string s = out.str();
+  EXPECT_NE(s.find("prefill (richer form, used)"), std::string::npos) << s;
+  EXPECT_NE(s.find("(0.3, 1), (0.7, 5)"), std::string::npos) << s;
+  // Hand computation: ln factor(0.5) = 3, lambda = e^3 / 4096 = 0.004903700...
+  EXPECT_NE(s.find("lambda 0.0049037 at L=4096"), std::string::npos) << s;
+  // The interop fit beside it: 2 e^1.5 / 4096 = 0.002188325...
+  EXPECT_NE(s.find("lambda 0.00218832 at L=4096"), std::string::npos) << s;
+  EXPECT_NE(s.find("interop form"), std::string::npos) << s;
+  EXPECT_NE(s.find("visit order max_first"), std::string::npos) << s;
+  EXPECT_NE(s.find("decode: no fit"), std::string::npos) << s;
+  // A form that cannot give a factor at the file's target, and a malformed extension: exit 2,
+  // the file and the JSON path named.
+  write(p, R"J({"sparse_attention_config": {"config_groups": {"group_0": {"target_sparsity": 0.9,
+    "blasst": {"threshold_scale_factor": {"form": "piecewise_linear_log_factor",
+      "prefill": {"target_sparsity": [0.1, 0.2], "log_factor": [0, 900]}}}}}}})J");
+  std::ostringstream o2, e2;
+  EXPECT_EQ(calibration::check_config(p.string(), o2, e2), 2);
+  EXPECT_NE(e2.str().find("config_groups.group_0.blasst.threshold_scale_factor.prefill"), std::string::npos) << e2.str();
+  EXPECT_NE(e2.str().find(p.string()), std::string::npos) << e2.str();
+  write(p, R"J({"sparse_attention_config": {"config_groups": {"group_0": {"threshold_scale_factor": 3,
+    "blasst": {"visit_order": "backwards"}}}}})J");
+  std::ostringstream o3, e3;
+  EXPECT_EQ(calibration::check_config(p.string(), o3, e3), 2);
+  EXPECT_NE(e3.str().find("config_groups.group_0.blasst.visit_order: unknown visit order 'backwards'"),
+            std::string::npos) << e3.str();
+  fs::remove_all(p.parent_path());
+}
+
 TEST(Check, MalformedFilesExit2) {
   const auto dir = scratch("bad");
   const std::vector<std::pair<std::string, std::string>> bad = {
@@ -154,7 +193,22 @@ TEST(Check, CommandLine) {
   ASSERT_EQ(parsed->groups.size(), 1u);
   EXPECT_TRUE(parsed->groups[0].threshold_scale_factor.prefill.has_value());
   EXPECT_FALSE(parsed->groups[0].threshold_scale_factor.decode.has_value());
+  // Both forms and the order used: the extension with natural order, the prefill vote and the
+  // richer form with the finite-size term of the full mask at that vote.
+  const auto& ext = parsed->groups[0].blasst;
+  ASSERT_TRUE(ext.has_value());
+  EXPECT_EQ(ext->visit_order, VisitOrder::natural);
+  ASSERT_TRUE(ext->vote_prefill.has_value());
+  EXPECT_EQ(ext->vote_prefill->rows, 16);
+  EXPECT_EQ(ext->vote_prefill->tile_keys, 32);
+  ASSERT_TRUE(ext->prefill.has_value());
+  ASSERT_TRUE(ext->prefill->finite_size.has_value());
+  EXPECT_EQ(ext->prefill->finite_size->mask, MaskKind::full);
+  EXPECT_EQ(ext->prefill->targets, (std::vector<double>{0.1, 0.2, 0.3}));
+  EXPECT_FALSE(ext->decode.has_value());
+  EXPECT_NE(slurp(dir / "log3").find("richer form"), std::string::npos) << slurp(dir / "log3");
   const std::string md = slurp(dir / "report" / "report.md");
+  EXPECT_NE(md.find("Error achieved - target per length"), std::string::npos);
   EXPECT_NE(md.find("Inverse law"), std::string::npos);
   EXPECT_NE(md.find("Validation"), std::string::npos);
   if (calibration::png_supported()) {
@@ -198,6 +252,10 @@ TEST(Check, CommandLineNpy) {
   EXPECT_EQ(parsed->groups[0].layers, std::vector<std::string>{"model.layers.0.attn"});
   EXPECT_EQ(parsed->groups[1].layers, std::vector<std::string>{"model.layers.1.attn"});
   EXPECT_TRUE(parsed->groups[2].layers.empty());
+  for (const auto& g : parsed->groups) {  // --order max_first is written with every group
+    ASSERT_TRUE(g.blasst.has_value());
+    EXPECT_EQ(g.blasst->visit_order, VisitOrder::max_first);
+  }
   // Two components: one config.json per component under --out.
   dump(dir / "model" / "transformer" / "layer0", 3);
   dump(dir / "model" / "transformer_2" / "layer0", 4);

@@ -2,7 +2,9 @@
 // range and extrapolation flags, the inverse law, validation tables and the SPEC §7 output.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
 
 #include "blasst/calibration.hpp"
@@ -224,13 +226,24 @@ TEST(Fit, GroupsPhasesComponentsLayersAndRefusesMixedGranularity) {
   EXPECT_FALSE(c1.groups[1].threshold_scale_factor.decode.has_value());
   const auto back = config::parse(config::to_json(c1));
   ASSERT_TRUE(back.has_value());
+  // The interop fits are written as before; beside them the blasst extension carries the
+  // richer form, which is what resolve() now applies (SPEC §7 revised).
+  ASSERT_TRUE(back->groups[1].threshold_scale_factor.prefill.has_value());
+  EXPECT_NEAR(back->groups[1].threshold_scale_factor.prefill->a, l1->fit.ab.a, 1e-9 * l1->fit.ab.a);
+  EXPECT_NEAR(back->groups[2].threshold_scale_factor.prefill->b, pooled->fit.ab.b, 1e-9);
   const SkipConfig sc = config::resolve(*back, "model.layers.1.self_attn", Phase::prefill);
-  ASSERT_TRUE(sc.calibration.has_value());
-  EXPECT_NEAR(sc.calibration->a, l1->fit.ab.a, 1e-9 * l1->fit.ab.a);
+  ASSERT_TRUE(sc.piecewise.has_value());
+  EXPECT_EQ(sc.piecewise->log_factors, l1->curve.log_factors);
   EXPECT_DOUBLE_EQ(sc.target_sparsity, 0.6);
   const SkipConfig other = config::resolve(*back, "model.layers.9.self_attn", Phase::prefill);
-  ASSERT_TRUE(other.calibration.has_value());
-  EXPECT_NEAR(other.calibration->b, pooled->fit.ab.b, 1e-9);
+  ASSERT_TRUE(other.piecewise.has_value());
+  EXPECT_EQ(other.piecewise->log_factors, pooled->curve.log_factors);
+  // Without the extension (a reader that does not know it) the interop fit applies, as before.
+  auto plain = *back;
+  for (auto& grp : plain.groups) grp.blasst.reset();
+  const SkipConfig interop = config::resolve(plain, "model.layers.1.self_attn", Phase::prefill);
+  ASSERT_TRUE(interop.calibration.has_value());
+  EXPECT_NEAR(interop.calibration->a, l1->fit.ab.a, 1e-9 * l1->fit.ab.a);
   co.layer_pattern = "no placeholder";
   EXPECT_THROW(to_configs(r, co), Error);
 
@@ -264,4 +277,266 @@ TEST(Fit, BadInputs) {
   auto e = s;
   e[1].curve = SparsityCurve{};
   EXPECT_THROW(calibrate(e), Error);
+}
+
+// ---- the richer form (SPEC §6 curvature): piecewise-linear ln factor -------------------------
+
+TEST(PiecewiseForm, EvaluatesKnotsSegmentsAndEndSlopes) {
+  // Hand-computed: knots (0.3, 1), (0.5, 2), (0.9, 5); slopes 5 and 7.5.
+  config::PiecewiseLogFactor f;
+  f.targets = {0.3, 0.5, 0.9};
+  f.log_factors = {1.0, 2.0, 5.0};
+  EXPECT_NO_THROW(config::validate(f));
+  EXPECT_EQ(f.log_factor(0.3), 1.0);  // exact at the knots
+  EXPECT_EQ(f.log_factor(0.5), 2.0);
+  EXPECT_EQ(f.log_factor(0.9), 5.0);
+  EXPECT_NEAR(f.log_factor(0.4), 1.5, 1e-15);
+  EXPECT_NEAR(f.log_factor(0.7), 3.5, 1e-15);
+  EXPECT_NEAR(f.log_factor(0.2), 0.5, 1e-15);   // first slope continued below
+  EXPECT_NEAR(f.log_factor(1.0), 5.75, 1e-15);  // last slope continued above
+  EXPECT_NEAR(f.factor(0.4, 1000), std::exp(1.5), 1e-15 * std::exp(1.5));  // no length term
+  EXPECT_EQ(f.effective_target(0.4, 1000), 0.4);
+  EXPECT_TRUE(f.extrapolates(0.2));
+  EXPECT_TRUE(f.extrapolates(0.95));
+  EXPECT_FALSE(f.extrapolates(0.3));
+  EXPECT_FALSE(f.extrapolates(0.9));
+  EXPECT_FALSE(f.extrapolates(0.6));
+  EXPECT_THROW(f.log_factor(std::nan("")), Error);
+  EXPECT_THROW(config::PiecewiseLogFactor{}.log_factor(0.5), Error);
+}
+
+TEST(PiecewiseForm, ValidateRefusesUnusableForms) {
+  auto bad = [](std::vector<double> s, std::vector<double> y, const char* needle) {
+    config::PiecewiseLogFactor f;
+    f.targets = std::move(s);
+    f.log_factors = std::move(y);
+    try {
+      config::validate(f);
+      ADD_FAILURE() << "accepted; expected '" << needle << "'";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  bad({0.3}, {1.0}, "2 to 256 knots");
+  bad({0.3, 0.5}, {1.0}, "knots but log_factor has 1");
+  bad({0.5, 0.3}, {1.0, 2.0}, "target_sparsity[1]");
+  bad({0.3, 0.3}, {1.0, 2.0}, "greater than the knot before");
+  bad({0.3, 1.5}, {1.0, 2.0}, "[0, 1]");
+  bad({-0.1, 0.5}, {1.0, 2.0}, "[0, 1]");
+  bad({0.3, std::nan("")}, {1.0, 2.0}, "[0, 1]");
+  bad({0.3, 0.5}, {2.0, 1.0}, "log_factor[1] must not be below the knot before it (2; the form is non-decreasing)");
+  bad({0.3, 0.5}, {1.0, HUGE_VAL}, "finite");
+  bad(std::vector<double>(257, 0.5), std::vector<double>(257, 1.0), "2 to 256 knots");
+}
+
+TEST(PiecewiseForm, PoolAdjacentViolators) {
+  // Hand-computed isotonic (least-squares non-decreasing) fits.
+  auto y = [](const std::vector<double>& v) {
+    std::vector<double> s;
+    for (std::size_t i = 0; i < v.size(); ++i) s.push_back(0.1 * static_cast<double>(i + 1));
+    return fit_piecewise(s, v).log_factors;
+  };
+  EXPECT_EQ(y({1, 3, 2, 4}), (std::vector<double>{1, 2.5, 2.5, 4}));
+  EXPECT_EQ(y({1, 2, 3, 4}), (std::vector<double>{1, 2, 3, 4}));  // already monotone: unchanged
+  EXPECT_EQ(y({4, 3, 2, 1}), (std::vector<double>{2.5, 2.5, 2.5, 2.5}));
+  const auto five = y({0, 5, 1, 1, 6});
+  ASSERT_EQ(five.size(), 5u);
+  EXPECT_EQ(five[0], 0.0);
+  for (int i = 1; i <= 3; ++i) EXPECT_NEAR(five[i], 7.0 / 3.0, 1e-15);
+  EXPECT_EQ(five[4], 6.0);
+  EXPECT_THROW(fit_piecewise({0.1}, {1.0}), Error);
+  EXPECT_THROW(fit_piecewise({0.2, 0.1}, {1.0, 2.0}), Error);
+  EXPECT_THROW(fit_piecewise({0.1, 0.2}, {1.0, std::nan("")}), Error);
+  EXPECT_THROW(fit_piecewise({0.1, 0.2}, {1.0}), Error);
+}
+
+namespace {
+// Exact curve of the power-law regime docs/calibration.md §6 derives: at x = lambda * L the
+// skipped share is s = 1 - c / x, i.e. ln factor_s = ln c - ln(1 - s), convex in s.
+SparsityCurve power_law(double c, std::int64_t L, int n = 2000) {
+  std::vector<float> d(n);
+  for (int i = 1; i <= n; ++i) {
+    const double u = (i - 0.5) / n;
+    d[i - 1] = static_cast<float>(std::log(c) - std::log(1.0 - u) - std::log(double(L)));
+  }
+  return SparsityCurve::from_deltas(d, {});
+}
+}  // namespace
+
+TEST(PiecewiseForm, FollowsConvexCurvesTheExponentialMisses) {
+  const double c = 20.0;
+  std::vector<CurveSample> samples;
+  for (std::int64_t L : {1024, 4096, 16384}) samples.push_back(sample(L, power_law(c, L)));
+  FitOptions fo;
+  fo.targets = {0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9};
+  const auto r = calibrate(samples, fo);
+  const auto& f = r.fits[0];
+  // Knots: ln c - ln(1 - s) (float64 formula), up to the float deltas and the midpoint rule.
+  ASSERT_EQ(f.curve.targets, fo.targets);
+  for (std::size_t i = 0; i < fo.targets.size(); ++i)
+    EXPECT_NEAR(f.curve.log_factors[i], std::log(c) - std::log(1.0 - fo.targets[i]), 2e-5) << i;
+  // Expected achieved sparsities from the closed form s = 1 - c / factor (clipped at 0), for the
+  // exponential the test's own float64 least-squares line, for the richer form the linear
+  // interpolation of the exact knots; both within one pair of 2000 of the curve.
+  double ms = 0, my = 0;
+  for (double t : fo.targets) {
+    ms += t / fo.targets.size();
+    my += (std::log(c) - std::log(1.0 - t)) / fo.targets.size();
+  }
+  double sxy = 0, sxx = 0;
+  for (double t : fo.targets) {
+    sxy += (t - ms) * (std::log(c) - std::log(1.0 - t) - my);
+    sxx += (t - ms) * (t - ms);
+  }
+  const double b = sxy / sxx, loga = my - b * ms;
+  auto closed = [&](double log_factor) { return std::max(0.0, 1.0 - c / std::exp(log_factor)); };
+  auto interp = [&](double t) {
+    for (std::size_t i = 0; i + 1 < fo.targets.size(); ++i)
+      if (t >= fo.targets[i] && t <= fo.targets[i + 1]) {
+        const double y0 = std::log(c) - std::log(1.0 - fo.targets[i]);
+        const double y1 = std::log(c) - std::log(1.0 - fo.targets[i + 1]);
+        return y0 + (y1 - y0) * (t - fo.targets[i]) / (fo.targets[i + 1] - fo.targets[i]);
+      }
+    return std::nan("");
+  };
+  const std::vector<double> check = {0.3, 0.35, 0.5, 0.55, 0.7, 0.85, 0.9};
+  const auto v = validate(r, samples, check);
+  double worst_exp = 0, worst_curve = 0;
+  for (const auto& row : v.rows) {
+    EXPECT_NEAR(row.achieved, closed(loga + b * row.target), 1.5e-3) << row.target;
+    EXPECT_NEAR(row.achieved_curve, closed(interp(row.target)), 1.5e-3) << row.target;
+    worst_exp = std::max(worst_exp, std::abs(closed(loga + b * row.target) - row.target));
+    worst_curve = std::max(worst_curve, std::abs(closed(interp(row.target)) - row.target));
+  }
+  EXPECT_NEAR(v.max_error, worst_exp, 1.5e-3);
+  EXPECT_NEAR(v.max_error_curve, worst_curve, 1.5e-3);
+  // What the closed forms give (printed for the docs): the exponential misses, the form holds.
+  std::printf("power law c = %g: max error exponential %.4f, richer form %.4f\n", c, worst_exp, worst_curve);
+  EXPECT_GT(worst_exp, 0.03);
+  EXPECT_LT(worst_curve, 0.01);
+  // Report: both fits' signed errors per length and target.
+  const auto md = report_markdown(r, v, samples);
+  EXPECT_NE(md.find("Error achieved - target per length"), std::string::npos);
+  EXPECT_NE(md.find("max error (richer form)"), std::string::npos);
+}
+
+namespace {
+// A causal-prefill curve at the default vote (64 rows x 128-key tiles) with the geometry's true
+// first-tile share: G of the V visited pairs never skipped (+inf; G and V counted here by a loop
+// over the vote groups) and the other V - G following the power law over skippable pairs,
+// u = 1 - c / (lambda L). Over all pairs the target at L is u (1 - G / V): a finite-size offset.
+SparsityCurve causal_power_law(double c, std::int64_t L) {
+  const std::int64_t G = (L + 63) / 64;
+  std::int64_t V = 0;
+  for (std::int64_t g = 0; g < G; ++g) V += std::min(L - 1, (g + 1) * 64 - 1) / 128 + 1;
+  std::vector<float> d(static_cast<std::size_t>(V), HUGE_VALF);
+  const std::int64_t n = V - G;
+  for (std::int64_t i = 1; i <= n; ++i) {
+    const double u = (i - 0.5) / n;
+    d[i - 1] = static_cast<float>(std::log(c) - std::log(1.0 - u) - std::log(double(L)));
+  }
+  return SparsityCurve::from_deltas(d, {});
+}
+}  // namespace
+
+// The finite-size variant is kept where it fits better. Expected errors of both variants from
+// the closed form of causal_power_law (float64, here): over skippable pairs u = 1 - c / factor,
+// over all pairs u (V - G) / V; the plain knots are the mean over lengths of ln c - ln(1 - s V/(V-G)),
+// the finite-size knots ln c - ln(1 - u); both read by linear interpolation with end slopes.
+TEST(PiecewiseForm, FiniteSizeVariantChosenByItsError) {
+  const double c = 7.0;
+  const std::vector<std::int64_t> lengths = {2048, 4096, 16384};
+  const std::vector<double> targets = {0.3, 0.4, 0.5, 0.6, 0.7};
+  std::vector<CurveSample> samples;
+  std::vector<double> share;  // (V - G) / V per length
+  for (std::int64_t L : lengths) {
+    samples.push_back(sample(L, causal_power_law(c, L)));
+    const std::int64_t G = (L + 63) / 64;
+    std::int64_t V = 0;
+    for (std::int64_t g = 0; g < G; ++g) V += std::min(L - 1, (g + 1) * 64 - 1) / 128 + 1;
+    share.push_back(static_cast<double>(V - G) / static_cast<double>(V));
+  }
+  auto interp = [&](const std::vector<double>& y, double t) {
+    std::size_t i = 0;
+    while (i + 2 < targets.size() && t > targets[i + 1]) ++i;
+    return y[i] + (y[i + 1] - y[i]) / (targets[i + 1] - targets[i]) * (t - targets[i]);
+  };
+  auto all_pairs = [&](double log_factor, std::size_t li) {
+    return std::clamp(1.0 - c / std::exp(log_factor), 0.0, 1.0) * share[li];
+  };
+  std::vector<double> y_fs, y_plain;
+  for (double t : targets) {
+    y_fs.push_back(std::log(c) - std::log(1.0 - t));
+    double m = 0;
+    for (double sh : share) m += (std::log(c) - std::log(1.0 - t / sh)) / share.size();
+    y_plain.push_back(m);
+  }
+  double e_fs = 0, e_plain = 0;
+  for (std::size_t li = 0; li < lengths.size(); ++li)
+    for (double t : targets) {
+      e_fs = std::max(e_fs, std::abs(all_pairs(interp(y_fs, std::min(t / share[li], 1.0)), li) - t));
+      e_plain = std::max(e_plain, std::abs(all_pairs(interp(y_plain, t), li) - t));
+    }
+  std::printf("finite-size variant: expected max error %.4f, plain %.4f\n", e_fs, e_plain);
+  ASSERT_LT(e_fs, e_plain);  // the premise of the case
+
+  FitOptions fo;
+  fo.targets = targets;
+  fo.prefill_mask = MaskKind::causal;
+  const auto r = calibrate(samples, fo);
+  const auto& f = r.fits[0];
+  const double pair = 2.0 / 240;  // two pairs of the 240 skippable ones at 2k (float deltas, midpoints)
+  EXPECT_NEAR(f.curve_error_finite_size, e_fs, pair);
+  EXPECT_NEAR(f.curve_error_plain, e_plain, pair);
+  ASSERT_TRUE(f.curve.finite_size.has_value());
+  EXPECT_EQ(f.curve.finite_size->mask, MaskKind::causal);
+  EXPECT_EQ(f.curve_error, f.curve_error_finite_size);
+  for (std::size_t i = 0; i < targets.size(); ++i) EXPECT_NEAR(f.curve.log_factors[i], y_fs[i], 0.02) << i;
+  // finite_size off: only the plain form is fitted.
+  fo.finite_size = false;
+  const auto plain = calibrate(samples, fo);
+  EXPECT_FALSE(plain.fits[0].curve.finite_size.has_value());
+  EXPECT_TRUE(std::isnan(plain.fits[0].curve_error_finite_size));
+  EXPECT_EQ(plain.fits[0].curve_error, f.curve_error_plain);
+  // Curves without an unskippable share (power_law): the plain form wins.
+  std::vector<CurveSample> flat;
+  for (std::int64_t L : lengths) flat.push_back(sample(L, power_law(c, L)));
+  fo.finite_size = true;
+  EXPECT_FALSE(calibrate(flat, fo).fits[0].curve.finite_size.has_value());
+}
+
+// What calibrate writes is what the runtime applies: to_configs -> to_json -> parse -> resolve ->
+// resolve_lambda gives, for every calibration length and target, the lambda the validation used
+// for the richer form (here with its finite-size term), to the last bit; the interop fit beside
+// it is the exponential's.
+TEST(PiecewiseForm, WrittenConfigAppliesTheValidatedLambdas) {
+  std::vector<CurveSample> samples;
+  for (std::int64_t L : {1000, 3000, 9000}) samples.push_back(sample(L, causal_power_law(7.0, L)));
+  FitOptions fo;
+  fo.targets = {0.3, 0.5, 0.7, 0.9};
+  fo.prefill_mask = MaskKind::causal;
+  const auto r = calibrate(samples, fo);
+  const auto& f = r.fits[0];
+  ASSERT_TRUE(f.curve.finite_size.has_value());
+  EXPECT_EQ(f.curve.finite_size->rows, VoteGranularity{}.rows);
+  const auto cfgs = to_configs(r);
+  const auto back = config::parse(config::to_json(cfgs.at("default")), "written");
+  ASSERT_TRUE(back.has_value());
+  const auto v = validate(r, samples, {0.3, 0.4, 0.5, 0.6, 0.7, 0.9});
+  int compared = 0;
+  for (const auto& row : v.rows) {
+    const SkipConfig sc = config::resolve(*back, "any", Phase::prefill, row.target);
+    ASSERT_TRUE(sc.piecewise.has_value());
+    const double lam = resolve_lambda(sc, row.length);
+    EXPECT_EQ(std::memcmp(&lam, &row.lambda_curve, sizeof lam), 0) << row.length << " " << row.target;
+    ++compared;
+  }
+  EXPECT_EQ(compared, 18);
+  auto plain = *back;
+  plain.groups[0].blasst.reset();  // a reader without the extension
+  const SkipConfig ex = config::resolve(plain, "any", Phase::prefill, 0.5);
+  ASSERT_TRUE(ex.calibration.has_value());
+  EXPECT_EQ(ex.calibration->a, f.fit.ab.a);
+  EXPECT_EQ(ex.calibration->b, f.fit.ab.b);
+  EXPECT_EQ(resolve_lambda(ex, 3000), f.lambda(0.5, 3000));
 }

@@ -15,7 +15,15 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     for (const char* layer : {"blocks.0.attn1", "blocks.12.cross_attn", ""}) {
       for (auto phase : {blasst::Phase::prefill, blasst::Phase::decode}) {
         try {
-          (void)blasst::config::resolve(*cfg, layer, phase);
+          const blasst::SkipConfig skip = blasst::config::resolve(*cfg, layer, phase);
+          // The factor of every form (the richer one per sequence length) must evaluate or raise.
+          if (skip.enabled)
+            for (std::int64_t L : {std::int64_t{1}, std::int64_t{4096}, std::int64_t{1} << 40}) {
+              try {
+                (void)blasst::resolve_lambda(skip, L);
+              } catch (const blasst::Error&) {
+              }
+            }
         } catch (const blasst::Error&) {
         }
       }

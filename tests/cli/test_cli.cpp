@@ -413,6 +413,32 @@ TEST_F(Cli, ConfigResolutionIgnoreAndGating) {
   r = blasst(io + " --phase decode --target-sparsity 0.4 --timestep 0 --num-train-timesteps 1000");
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_NEAR(json::parse(slurp(p("s.json")))["lambda"][0].get<double>(), 0.5 * std::exp(0.4) / L, 1e-12);
+  // The blasst extension: its richer form gives the factor (here with the finite-size term:
+  // L = 256, 64-row groups on 128-key tiles, causal: 4 of 6 visited pairs are unskippable, so
+  // s = 0.2 is read at s' = 0.2 / (1 - 4/6) = 0.6, the second knot: ln factor 2), and its order
+  // is used unless --order is given.
+  std::ofstream(p("ext.json")) << R"J({"sparse_attention_config": {"config_groups": {"g": {
+      "threshold_scale_factor": {"formula": "a * exp(b * target_sparsity)", "prefill": {"a": 2.0, "b": 3.0}},
+      "target_sparsity": 0.2,
+      "blasst": {"visit_order": "max_first",
+                 "vote": {"prefill": {"tile_keys": 128, "rows": 64, "heads": 1, "split_tiles": 0}},
+                 "threshold_scale_factor": {"form": "piecewise_linear_log_factor",
+                   "prefill": {"target_sparsity": [0.2, 0.6], "log_factor": [1.0, 2.0],
+                               "finite_size": {"mask": "causal", "rows": 64, "tile_keys": 128}}}}}}}})J";
+  const std::string io_ext = "run --q " + p("q.npy") + " --k " + p("k.npy") + " --v " + p("v.npy") + " --out " +
+                             p("o.npy") + " --stats " + p("s.json") + " --config " + p("ext.json");
+  r = blasst(io_ext);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  s = json::parse(slurp(p("s.json")));
+  EXPECT_NEAR(s["lambda"][0].get<double>(), std::exp(2.0) / L, 1e-15);
+  EXPECT_EQ(s["granularity"]["order"], "max_first");
+  r = blasst(io_ext + " --order natural");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(json::parse(slurp(p("s.json")))["granularity"]["order"], "natural");
+  // Without the extension (the file above): natural order, as before.
+  r = blasst(io + " --layer blocks.1.attn1 --timestep 300 --num-train-timesteps 1000");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(json::parse(slurp(p("s.json")))["granularity"]["order"], "natural");
   // A config with an unknown formula: the file and the JSON path are named.
   std::ofstream(p("bad.json")) << R"J({"config_groups": {"g": {"threshold_scale_factor":
       {"formula": "a + b", "prefill": {"a": 1, "b": 1}}}}})J";

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -447,3 +448,308 @@ TEST_F(ConfigFiles, ModelDirWithTwoComponents) {
 }
 
 }  // namespace
+
+// ---- the "blasst" extension (SPEC §7 revised) --------------------------------------------------
+
+namespace {
+// A group with the interop fit and an extension body.
+std::string with_ext(const std::string& ext) {
+  return group(R"J({"threshold_scale_factor": {"formula": "a * exp(b * target_sparsity)",
+                    "prefill": {"a": 4.0, "b": 5.0}, "decode": {"a": 0.1, "b": 6.0}},
+                    "target_sparsity": 0.5, "blasst": )J" + ext + "}");
+}
+const char* kGoodExt = R"J({
+  "visit_order": "max_first",
+  "vote": {"prefill": {"tile_keys": 128, "rows": 64, "heads": 1, "split_tiles": 0},
+           "decode":  {"tile_keys": 128, "rows": 1, "heads": 4, "split_tiles": 16}},
+  "threshold_scale_factor": {
+    "form": "piecewise_linear_log_factor",
+    "prefill": {"target_sparsity": [0.3, 0.5, 0.8], "log_factor": [3.0, 4.25, 6.0],
+                "finite_size": {"mask": "causal", "rows": 64, "tile_keys": 128}},
+    "decode": {"target_sparsity": [0.3, 0.9], "log_factor": [0.0, 4.0]}
+  }
+})J";
+}  // namespace
+
+TEST(ConfigExtension, ParsesEveryField) {
+  const auto cfg = config::parse(with_ext(kGoodExt), "cfg.json");
+  ASSERT_TRUE(cfg);
+  const auto& g = cfg->groups.at(0);
+  ASSERT_TRUE(g.blasst);
+  const auto& e = *g.blasst;
+  EXPECT_EQ(e.visit_order, blasst::VisitOrder::max_first);
+  ASSERT_TRUE(e.vote_prefill && e.vote_decode);
+  EXPECT_EQ(e.vote_prefill->rows, 64);
+  EXPECT_EQ(e.vote_decode->heads, 4);
+  EXPECT_EQ(e.vote_decode->split_tiles, 16);
+  EXPECT_EQ(e.vote_decode->order, blasst::VisitOrder::max_first);
+  ASSERT_TRUE(e.prefill && e.decode);
+  EXPECT_EQ(e.prefill->targets, (std::vector<double>{0.3, 0.5, 0.8}));
+  EXPECT_EQ(e.prefill->log_factors, (std::vector<double>{3.0, 4.25, 6.0}));
+  ASSERT_TRUE(e.prefill->finite_size);
+  EXPECT_EQ(e.prefill->finite_size->mask, blasst::MaskKind::causal);
+  EXPECT_FALSE(e.decode->finite_size);
+  // The interop form is read as before, beside it.
+  EXPECT_EQ(g.threshold_scale_factor.prefill->a, 4.0);
+  // Absent or null: no extension; an empty one is valid (natural order, nothing else).
+  EXPECT_FALSE(config::parse(kSpecExample)->groups[0].blasst);
+  EXPECT_FALSE(config::parse(with_ext("null"))->groups[0].blasst);
+  const auto empty = config::parse(with_ext("{}"));
+  ASSERT_TRUE(empty->groups[0].blasst);
+  EXPECT_FALSE(empty->groups[0].blasst->visit_order);
+  EXPECT_EQ(config::parse(with_ext(R"J({"visit_order": "natural"})J"))->groups[0].blasst->visit_order,
+            blasst::VisitOrder::natural);
+}
+
+TEST(ConfigExtension, MalformedFieldsNameTheirPath) {
+  const std::string p = "config_groups.group_0.blasst";
+  auto ext = [](const std::string& tsf_prefill) {
+    return with_ext(R"J({"threshold_scale_factor": {"form": "piecewise_linear_log_factor", "prefill": )J" +
+                    tsf_prefill + "}}");
+  };
+  expect_error(with_ext("[]"), {"config_groups.group_0.blasst: expected an object, got array"});
+  expect_error(with_ext(R"J({"visit_order": "random"})J"), {".blasst.visit_order: unknown visit order 'random'"});
+  expect_error(with_ext(R"J({"visit_order": 1})J"), {".blasst.visit_order: expected"});
+  expect_error(with_ext(R"J({"visit_order": "max-first"})J"), {"unknown visit order 'max-first'"});
+  expect_error(with_ext(R"J({"vote": 3})J"), {".blasst.vote: expected an object"});
+  expect_error(with_ext(R"J({"vote": {"prefill": {"tile_keys": 128, "rows": 64, "heads": 1}}})J"),
+               {".blasst.vote.prefill.split_tiles: missing"});
+  expect_error(with_ext(R"J({"vote": {"prefill": {"tile_keys": 0, "rows": 64, "heads": 1, "split_tiles": 0}}})J"),
+               {".blasst.vote.prefill.tile_keys: must lie in [1, 2147483647], got 0"});
+  expect_error(with_ext(R"J({"vote": {"decode": {"tile_keys": 128, "rows": 64.5, "heads": 1, "split_tiles": 0}}})J"),
+               {".blasst.vote.decode.rows: expected an integer, got the non-integer number 64.5"});
+  expect_error(with_ext(R"J({"vote": {"decode": {"tile_keys": 128, "rows": 1, "heads": -2, "split_tiles": 0}}})J"),
+               {".blasst.vote.decode.heads: must lie in [1, 2147483647], got -2"});
+  expect_error(with_ext(R"J({"vote": {"decode": {"tile_keys": 128, "rows": 1, "heads": 1, "split_tiles": 2147483648}}})J"),
+               {".blasst.vote.decode.split_tiles: must lie in [0, 2147483647]"});
+  expect_error(with_ext(R"J({"vote": {"decode": {"tile_keys": "128", "rows": 1, "heads": 1, "split_tiles": 0}}})J"),
+               {".blasst.vote.decode.tile_keys: expected an integer, got string"});
+  expect_error(with_ext(R"J({"threshold_scale_factor": []})J"), {".blasst.threshold_scale_factor: expected an object"});
+  expect_error(with_ext(R"J({"threshold_scale_factor": {"prefill": {}}})J"), {".blasst.threshold_scale_factor.form: missing"});
+  expect_error(with_ext(R"J({"threshold_scale_factor": {"form": "spline"}})J"),
+               {".blasst.threshold_scale_factor.form: unknown form 'spline'"});
+  expect_error(with_ext(R"J({"threshold_scale_factor": {"form": "piecewise_linear_log_factor"}})J"),
+               {".blasst.threshold_scale_factor: needs a \"prefill\" or \"decode\" form"});
+  const std::string f = p + ".threshold_scale_factor.prefill";
+  expect_error(ext("[1]"), {(f + ": expected an object").c_str()});
+  expect_error(ext(R"J({"log_factor": [1, 2]})J"), {(f + ".target_sparsity: missing").c_str()});
+  expect_error(ext(R"J({"target_sparsity": [0.1, 0.2]})J"), {(f + ".log_factor: missing").c_str()});
+  expect_error(ext(R"J({"target_sparsity": 0.1, "log_factor": [1, 2]})J"), {(f + ".target_sparsity: expected a list of numbers, got number").c_str()});
+  expect_error(ext(R"J({"target_sparsity": [0.1, "x"], "log_factor": [1, 2]})J"), {(f + ".target_sparsity[1]: expected a number, got string").c_str()});
+  expect_error(ext(R"J({"target_sparsity": [0.1, 0.2], "log_factor": [1, 1e999]})J"), {"invalid JSON"});
+  expect_error(ext(R"J({"target_sparsity": [0.1, 0.2, 0.3], "log_factor": [1, 2]})J"),
+               {(f + ".target_sparsity: has 3 knots but log_factor has 2").c_str()});
+  expect_error(ext(R"J({"target_sparsity": [0.1], "log_factor": [1]})J"), {(f + ": needs 2 to 256 knots, got 1").c_str()});
+  expect_error(ext(R"J({"target_sparsity": [], "log_factor": []})J"), {(f + ": needs 2 to 256 knots, got 0").c_str()});
+  expect_error(ext(R"J({"target_sparsity": [0.2, 0.1], "log_factor": [1, 2]})J"),
+               {(f + ".target_sparsity[1]: must be greater than the knot before it (0.2), got 0.1").c_str()});
+  expect_error(ext(R"J({"target_sparsity": [0.1, 1.5], "log_factor": [1, 2]})J"),
+               {(f + ".target_sparsity[1]: must lie in [0, 1], got 1.5").c_str()});
+  expect_error(ext(R"J({"target_sparsity": [0.1, 0.2], "log_factor": [2, 1]})J"),
+               {(f + ".log_factor[1]: must not be below the knot before it (2; the form is non-decreasing), got 1").c_str()});
+  std::string many = "[";
+  for (int i = 0; i < 300; ++i) many += (i ? "," : "") + std::to_string(i);
+  many += "]";
+  expect_error(ext(R"J({"target_sparsity": )J" + many + R"J(, "log_factor": [1, 2]})J"),
+               {(f + ".target_sparsity: has 300 entries; the limit is 256").c_str()});
+  const std::string fs = f + ".finite_size";
+  const std::string knots = R"J("target_sparsity": [0.1, 0.2], "log_factor": [1, 2], )J";
+  expect_error(ext("{" + knots + R"J("finite_size": true})J"), {(fs + ": expected an object").c_str()});
+  expect_error(ext("{" + knots + R"J("finite_size": {"mask": "causal", "rows": 64}})J"), {(fs + ".tile_keys: missing").c_str()});
+  expect_error(ext("{" + knots + R"J("finite_size": {"mask": "sliding", "rows": 64, "tile_keys": 128}})J"),
+               {(fs + ".mask: unknown mask 'sliding'").c_str()});
+  expect_error(ext("{" + knots + R"J("finite_size": {"mask": "full", "rows": 0, "tile_keys": 128}})J"),
+               {(fs + ".rows: must lie in [1, 2147483647], got 0").c_str()});
+  // The finite-size term is defined for prefill (Lq = Lk) only.
+  expect_error(with_ext(R"J({"threshold_scale_factor": {"form": "piecewise_linear_log_factor", "decode": {)J" + knots +
+                        R"J("finite_size": {"mask": "causal", "rows": 1, "tile_keys": 128}}}})J"),
+               {".blasst.threshold_scale_factor.decode.finite_size: is defined for the prefill phase only"});
+  // Hostile strings are echoed escaped, cut, on one line.
+  try {
+    config::parse(with_ext(R"J({"visit_order": "a\u001b[31m\n)J" + std::string(500, 'x') + R"J("})J"), "cfg.json");
+    FAIL();
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_EQ(m.find('\n'), std::string::npos);
+    EXPECT_EQ(m.find('\x1b'), std::string::npos);
+    EXPECT_LT(m.size(), 400u);
+  }
+}
+
+TEST(ConfigExtension, WriteReadRoundTripIsBitExact) {
+  // Awkward doubles (seeded random values over many magnitudes, thirds, neighbours of 1, the
+  // smallest subnormal): to_json must print them so that parse gives back the same bits.
+  std::mt19937_64 rng(17);
+  std::uniform_real_distribution<double> mant(1.0, 2.0);
+  std::uniform_int_distribution<int> expo(-300, 300);
+  config::PiecewiseLogFactor pre;
+  double s = 0.0;
+  double y = -1e300;
+  for (int i = 0; i < 40; ++i) {
+    s = std::nextafter(s + 0.02 * mant(rng) / 2.0, 1.0);
+    y += std::ldexp(mant(rng), expo(rng)) + (i % 7 == 0 ? 1.0 / 3.0 : 0.0);
+    pre.targets.push_back(s);
+    pre.log_factors.push_back(y);
+  }
+  pre.log_factors[0] = std::nextafter(pre.log_factors[1], -HUGE_VAL);  // one ulp below knot 1
+  pre.finite_size = blasst::FiniteSizeTerm{blasst::MaskKind::full, 16, 32};
+  config::PiecewiseLogFactor dec;
+  dec.targets = {0.1, std::nextafter(0.1, 1.0), 1.0 / 3.0, 0.9};
+  dec.log_factors = {-5e-324, 0.1 + 0.2, std::nextafter(0.1 + 0.2, 1.0), 1e308};  // smallest subnormal
+  config::SparseAttentionConfig cfg;
+  config::ConfigGroup g;
+  g.name = "group_0";
+  g.threshold_scale_factor.prefill = blasst::Calibration{4.1522017, 5.746661};
+  g.target_sparsity_prefill = 0.5;
+  g.blasst = config::BlasstExtension{};
+  g.blasst->visit_order = blasst::VisitOrder::max_first;
+  g.blasst->vote_prefill = blasst::VoteGranularity{128, 64, 1, 0, blasst::VisitOrder::max_first};
+  g.blasst->prefill = pre;
+  g.blasst->decode = dec;
+  cfg.groups = {g};
+  const std::string text = config::to_json(cfg);
+  const auto back = config::parse(text, "roundtrip");
+  ASSERT_TRUE(back && back->groups.size() == 1 && back->groups[0].blasst);
+  const auto& e = *back->groups[0].blasst;
+  auto same_bits = [](const std::vector<double>& a, const std::vector<double>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(double)) == 0;
+  };
+  EXPECT_TRUE(same_bits(e.prefill->targets, pre.targets));
+  EXPECT_TRUE(same_bits(e.prefill->log_factors, pre.log_factors));
+  EXPECT_TRUE(same_bits(e.decode->targets, dec.targets));
+  EXPECT_TRUE(same_bits(e.decode->log_factors, dec.log_factors));
+  EXPECT_EQ(e.prefill->finite_size->mask, blasst::MaskKind::full);
+  EXPECT_EQ(e.prefill->finite_size->rows, 16);
+  EXPECT_EQ(e.prefill->finite_size->tile_keys, 32);
+  EXPECT_FALSE(e.decode->finite_size);
+  EXPECT_EQ(e.visit_order, blasst::VisitOrder::max_first);
+  EXPECT_FALSE(e.vote_decode);
+  EXPECT_EQ(e.vote_prefill->tile_keys, 128);
+  EXPECT_EQ(config::to_json(*back), text);  // a fixed point
+  // A reader that does not know the extension finds the interop block unchanged: the same JSON
+  // as the group without it, plus one key "blasst".
+  auto plain = cfg;
+  plain.groups[0].blasst.reset();
+  nlohmann::json with = nlohmann::json::parse(text), without = nlohmann::json::parse(config::to_json(plain));
+  with["sparse_attention_config"]["config_groups"]["group_0"].erase("blasst");
+  EXPECT_EQ(with, without);
+  // An unusable form is not written.
+  cfg.groups[0].blasst->decode->log_factors[1] = -1.0;
+  EXPECT_THROW(config::to_json(cfg), Error);
+}
+
+TEST(ConfigExtension, ResolveUsesTheFormOrderAndVote) {
+  const auto cfg = *config::parse(with_ext(kGoodExt), "cfg.json");
+  // Prefill: the piecewise form with its finite-size term, max-first, the prefill vote.
+  const blasst::SkipConfig s = config::resolve(cfg, "any", Phase::prefill);
+  ASSERT_TRUE(s.piecewise);
+  EXPECT_FALSE(s.factor);
+  EXPECT_EQ(s.vote.order, blasst::VisitOrder::max_first);
+  EXPECT_EQ(s.vote.rows, 64);
+  EXPECT_EQ(s.vote.heads, 1);
+  EXPECT_EQ(s.target_sparsity, 0.5);
+  // Hand computation (float64, formulas of SPEC §6): L = 4096, 64 x 128 causal: f0 = 64 / 1056,
+  // s' = 0.5 / (1 - f0), on the segment (0.5, 4.25) - (0.8, 6.0).
+  for (std::int64_t L : {4096, 8192}) {
+    const double G = L / 64.0, visited = (L / 128.0) * (L / 128.0 + 1.0);  // 2 * (1 + ... + L/128)
+    const double s1 = 0.5 / (1.0 - G / visited);
+    const double expect = std::exp(4.25 + (6.0 - 4.25) / 0.3 * (s1 - 0.5)) / static_cast<double>(L);
+    EXPECT_NEAR(blasst::resolve_lambda(s, L), expect, 1e-14 * expect) << L;
+  }
+  // A target on a knot, and a target below the knots (end slope 6.25, flagged by the form).
+  auto t = config::resolve(cfg, "any", Phase::decode, 0.3);
+  EXPECT_EQ(t.vote.heads, 4);
+  EXPECT_EQ(t.vote.rows, 1);
+  EXPECT_EQ(t.vote.split_tiles, 16);
+  EXPECT_EQ(t.vote.order, blasst::VisitOrder::max_first);
+  EXPECT_DOUBLE_EQ(blasst::resolve_lambda(t, 1000), std::exp(0.0) / 1000.0);  // decode: no length term
+  t = config::resolve(cfg, "any", Phase::decode, 0.1);
+  EXPECT_TRUE(t.piecewise->extrapolates(0.1));
+  EXPECT_NEAR(blasst::resolve_lambda(t, 1000), std::exp(-0.2 * 4.0 / 0.6) / 1000.0, 1e-15);
+  // A raw factor still wins; the extension's order and vote still apply.
+  auto raw = config::parse(group(R"J({"threshold_scale_factor": 9.5, "blasst": {"visit_order": "max_first"}})J"));
+  const auto r = config::resolve(*raw, "x", Phase::prefill);
+  EXPECT_EQ(*r.factor, 9.5);
+  EXPECT_FALSE(r.piecewise);
+  EXPECT_EQ(r.vote.order, blasst::VisitOrder::max_first);
+  // An extension with an order only: the interop fit, in that order.
+  auto order_only = config::parse(with_ext(R"J({"visit_order": "max_first"})J"));
+  const auto o = config::resolve(*order_only, "x", Phase::prefill);
+  ASSERT_TRUE(o.calibration);
+  EXPECT_FALSE(o.piecewise);
+  EXPECT_EQ(o.vote.order, blasst::VisitOrder::max_first);
+  EXPECT_DOUBLE_EQ(blasst::resolve_lambda(o, 4096), 4.0 * std::exp(5.0 * 0.5) / 4096.0);
+  // A form without the interop fit resolves (our writer always writes both).
+  auto form_only = config::parse(group(R"J({"target_sparsity": 0.4, "blasst": {"threshold_scale_factor":
+      {"form": "piecewise_linear_log_factor", "prefill": {"target_sparsity": [0.2, 0.6], "log_factor": [1, 3]}}}})J"));
+  EXPECT_NEAR(blasst::resolve_lambda(config::resolve(*form_only, "x", Phase::prefill), 100), std::exp(2.0) / 100, 1e-15);
+  EXPECT_THROW(config::resolve(*form_only, "x", Phase::decode), Error);  // no decode fit or form
+  // A form whose factor overflows at the target: the group and the form are named.
+  auto huge = config::parse(group(R"J({"target_sparsity": 1.0, "blasst": {"threshold_scale_factor":
+      {"form": "piecewise_linear_log_factor", "prefill": {"target_sparsity": [0.0, 0.5], "log_factor": [0, 800]}}}})J"));
+  try {
+    config::resolve(*huge, "x", Phase::prefill);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("config_groups.group_0.blasst.threshold_scale_factor.prefill"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(ConfigExtension, WithoutTheExtensionResolveIsUnchanged) {
+  // The interop config: no piecewise form, the default granularity in natural order, and
+  // lambda = a * exp(b * s) / L exactly as before (float64 formula here).
+  const auto cfg = *config::parse(kSpecExample);
+  for (Phase ph : {Phase::prefill, Phase::decode}) {
+    const blasst::SkipConfig s = config::resolve(cfg, "blocks.1.attn1", ph);
+    EXPECT_FALSE(s.piecewise);
+    const blasst::VoteGranularity def;
+    EXPECT_EQ(s.vote.order, blasst::VisitOrder::natural);
+    EXPECT_EQ(s.vote.tile_keys, def.tile_keys);
+    EXPECT_EQ(s.vote.rows, def.rows);
+    EXPECT_EQ(s.vote.heads, def.heads);
+    EXPECT_EQ(s.vote.split_tiles, def.split_tiles);
+    const double a = ph == Phase::prefill ? 1443.49 : 0.119, b = ph == Phase::prefill ? 4.3037 : 9.86;
+    for (std::int64_t L : {4096, 32768}) EXPECT_EQ(blasst::resolve_lambda(s, L), a * std::exp(b * 0.5) / L);
+  }
+}
+
+TEST(ConfigExtension, WriteReadApplyGivesTheSameLambdasToTheLastBit) {
+  // Knots with full-precision values (seeded), written, read back and applied: every lambda of
+  // the re-read config equals the in-memory one bit for bit.
+  std::mt19937_64 rng(5);
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  config::ConfigGroup g;
+  g.name = "group_0";
+  g.threshold_scale_factor.prefill = blasst::Calibration{u(rng) * 10, u(rng) * 8};
+  g.threshold_scale_factor.decode = blasst::Calibration{u(rng), u(rng) * 8};
+  g.target_sparsity_prefill = u(rng);
+  g.target_sparsity_decode = u(rng);
+  g.blasst = config::BlasstExtension{};
+  g.blasst->visit_order = blasst::VisitOrder::natural;
+  for (auto* form : {&g.blasst->prefill, &g.blasst->decode}) {
+    config::PiecewiseLogFactor f;
+    double y = std::log(u(rng));
+    for (double s = 0.3; s < 0.95; s += 0.1) {
+      f.targets.push_back(s + u(rng) * 1e-3);
+      f.log_factors.push_back(y += u(rng));
+    }
+    *form = f;
+  }
+  g.blasst->prefill->finite_size = blasst::FiniteSizeTerm{blasst::MaskKind::causal, 64, 128};
+  config::SparseAttentionConfig cfg;
+  cfg.groups = {g};
+  const auto back = config::parse(config::to_json(cfg), "back");
+  ASSERT_TRUE(back);
+  int compared = 0;
+  for (Phase ph : {Phase::prefill, Phase::decode})
+    for (double t : {0.05, 0.3, 0.5, 0.77, 0.9, 0.99}) {
+      const auto a = config::resolve(cfg, "l", ph, t), b = config::resolve(*back, "l", ph, t);
+      for (std::int64_t L : {1, 128, 1000, 4096, 12345, 65536, 1 << 20}) {
+        const double la = blasst::resolve_lambda(a, L), lb = blasst::resolve_lambda(b, L);
+        EXPECT_EQ(std::memcmp(&la, &lb, sizeof la), 0) << to_string(ph) << " s=" << t << " L=" << L;
+        ++compared;
+      }
+    }
+  EXPECT_EQ(compared, 84);
+}

@@ -141,3 +141,59 @@ def test_multi_component_model_dir(tmp_path):
     assert set(comps) == {"transformer"}
     s = comps["transformer"].skip_softmax(layer="blocks.0.attn1", phase="prefill")
     assert s.enabled and s.disabled_until_timestep == pytest.approx(0.86)
+
+
+# ---- the "blasst" extension (SPEC §7 revised): order, vote granularity, richer form -------------
+
+EXT_BLOCK = {
+    "config_groups": {
+        "group_0": {
+            "threshold_scale_factor": {
+                "formula": "a * exp(b * target_sparsity)",
+                "prefill": {"a": 2.0, "b": 3.0},
+            },
+            "target_sparsity": 0.2,
+            "blasst": {
+                "visit_order": "max_first",
+                "vote": {"prefill": {"tile_keys": 128, "rows": 64, "heads": 1, "split_tiles": 0}},
+                "threshold_scale_factor": {
+                    "form": "piecewise_linear_log_factor",
+                    "prefill": {"target_sparsity": [0.2, 0.6], "log_factor": [1.0, 2.0],
+                                "finite_size": {"mask": "causal", "rows": 64, "tile_keys": 128}},
+                },
+            },
+        }
+    }
+}
+
+
+def test_extension_gives_order_and_richer_form():
+    s = blasst.SkipSoftmax.from_config(EXT_BLOCK, layer="x", phase="prefill")
+    assert s.order == "max_first"
+    # L = 256, 64-row groups on 128-key tiles, causal: 4 of the 6 visited pairs never skip, so
+    # s = 0.2 is read at s' = 0.2 / (1 - 4/6) = 0.6: ln factor 2.
+    assert s.lambda_for(256) == pytest.approx(math.exp(2.0) / 256, rel=1e-14)
+    # L = 4096: f0 = 64 / 1056, s' = 0.2 / (1 - f0), on the segment (0.2, 1) - (0.6, 2).
+    s1 = 0.2 / (1 - 64 / 1056)
+    assert s.lambda_for(4096) == pytest.approx(math.exp(1 + 2.5 * (s1 - 0.2)) / 4096, rel=1e-14)
+    # Settings survive the primitive description (torch ops) and pickling.
+    import pickle
+    assert blasst.SkipSoftmax.from_fields(s.fields()) == s
+    t = pickle.loads(pickle.dumps(s))
+    assert t == s and t.lambda_for(4096) == s.lambda_for(4096)
+    assert "piecewise" in repr(s)
+
+
+def test_without_extension_order_is_natural_and_fit_is_interop():
+    plain = json.loads(json.dumps(EXT_BLOCK))
+    del plain["config_groups"]["group_0"]["blasst"]
+    s = blasst.SkipSoftmax.from_config(plain, layer="x", phase="prefill")
+    assert s.order == "natural"
+    assert s.lambda_for(4096) == 2.0 * math.exp(3.0 * 0.2) / 4096
+
+
+def test_malformed_extension_names_the_path():
+    bad = json.loads(json.dumps(EXT_BLOCK))
+    bad["config_groups"]["group_0"]["blasst"]["threshold_scale_factor"]["prefill"]["log_factor"] = [2.0, 1.0]
+    with pytest.raises(ValueError, match=r"blasst\.threshold_scale_factor\.prefill\.log_factor\[1\]"):
+        blasst.load_config(bad)
