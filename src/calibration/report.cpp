@@ -174,7 +174,7 @@ std::string report_markdown(const CalibrationResult& r, const ValidationReport& 
     md << "\n|---|";
     for (std::size_t i = 0; i < vl.size(); ++i) md << "---|";
     md << "\n";
-    auto signed_err = [](double e) { return (e >= 0 ? "+" : "") + fix(e); };
+    auto signed_err = [](double e) { return e >= 0 ? std::string(1, '+').append(fix(e)) : fix(e); };
     for (double t : vt) {
       md << "| " << t << (f.curve.extrapolates(t) ? " (extrap.)" : "") << " |";
       for (auto L : vl)

@@ -182,7 +182,9 @@ void validate(const PiecewiseLogFactor& f) {
                 std::to_string(n));
   for (std::size_t i = 0; i < n; ++i) {
     const double s = f.targets[i], y = f.log_factors[i];
-    const std::string at = "[" + std::to_string(i) + "]";
+    std::string at = std::to_string(i);  // "[i]" (appended, not "[" + ...: GCC 12 -Wrestrict false positive)
+    at.insert(at.begin(), '[');
+    at.push_back(']');
     if (!std::isfinite(s) || s < 0.0 || s > 1.0)
       throw Error("target_sparsity" + at + " must lie in [0, 1], got " + num(s));
     if (!std::isfinite(y)) throw Error("log_factor" + at + " must be finite, got " + num(y));
