@@ -233,12 +233,68 @@ struct RunOptions {
   std::size_t workspace_bytes = 0;
 };
 
+// SPEC §9: which (vote group, key tile) pairs a forward skipped, one bit per (sequence, query
+// head, vote group, key tile). A vote group of vote.heads > 1 heads sets its bit for each of its
+// heads. Vote group index = first row / vote.rows within the sequence; tile = key tile index.
+// Dimensions: groups = ceil(max Lq / vote.rows), tiles = ceil(max Lk / vote.tile_keys) over the
+// sequences of the call. Recorded by reference::attention (its skip_set argument) and read by the
+// backward as a block mask (a set bit: that tile has probability exactly 0 for the group's rows).
+struct SkipSet {
+  VoteGranularity vote;  // the vote the set was recorded with
+  std::int64_t batch = 0, heads = 0, groups = 0, tiles = 0;
+  std::vector<std::uint8_t> bits;  // packed, little-endian within a byte: bit index(b, h, g, t)
+
+  void resize(const VoteGranularity& vote, std::int64_t batch, std::int64_t heads,
+              std::int64_t groups, std::int64_t tiles);  // all pairs kept
+  std::int64_t index(std::int64_t b, std::int64_t h, std::int64_t g, std::int64_t t) const {
+    return ((b * heads + h) * groups + g) * tiles + t;
+  }
+  bool skipped(std::int64_t b, std::int64_t h, std::int64_t g, std::int64_t t) const {
+    const std::int64_t i = index(b, h, g, t);
+    return (bits[static_cast<std::size_t>(i >> 3)] >> (i & 7)) & 1u;
+  }
+  void set(std::int64_t b, std::int64_t h, std::int64_t g, std::int64_t t, bool skip = true) {
+    const std::int64_t i = index(b, h, g, t);
+    const auto m = static_cast<std::uint8_t>(1u << (i & 7));
+    auto& byte = bits[static_cast<std::size_t>(i >> 3)];
+    byte = skip ? static_cast<std::uint8_t>(byte | m) : static_cast<std::uint8_t>(byte & ~m);
+  }
+  std::int64_t count() const;  // skipped pairs
+};
+
+// SPEC §9 backward of attention: given the forward's inputs, its output O, the upstream gradient
+// dO and the LSE over kept keys, write dQ, dK, dV. Layouts as AttentionProblem (ragged or not);
+// dq like q, dk like k, dv like v (dtype f32, f64 or q's dtype), dout like out. GQA/MQA: dk, dv
+// sum over the g query heads of each KV head.
+struct AttentionBackwardProblem {
+  Tensor q, k, v;
+  Tensor out;   // the forward's O
+  Tensor dout;  // dL/dO, shape of out
+  Tensor lse;   // required: the forward's LSE (over kept keys), f32 or f64
+  Tensor dq, dk, dv;  // written
+  const std::int32_t* cu_seqlens_q = nullptr;
+  const std::int32_t* cu_seqlens_k = nullptr;
+  std::int64_t batch = 0;
+  std::int64_t max_seqlen_q = 0;
+  std::int64_t max_seqlen_k = 0;
+  MaskKind mask = MaskKind::full;
+  std::optional<double> scale;
+};
+
 // One entry point per phase. Dispatch: tensors on the GPU (or options.device == cuda with host
 // tensors) go to the sm_90a kernels, CPU tensors to the reference engine.
 void attention(const AttentionProblem& p, const SkipConfig& skip = {}, const RunOptions& opt = {},
                SkipStats* stats = nullptr);
 void decode(const DecodeProblem& p, const SkipConfig& skip = {}, const RunOptions& opt = {},
             SkipStats* stats = nullptr);
+
+// SPEC §9: the gradient of the kept-tiles function with the skip set held fixed. skip_set: the
+// set the forward recorded (must match the problem and skip.vote); nullptr: dense when skipping is
+// off, else the set is recomputed exactly by the reference forward's own vote (same inputs, same
+// settings: the running maxima do not depend on lambda). CPU tensors only: CUDA tensors are an
+// Error ("not implemented on the GPU yet").
+void attention_backward(const AttentionBackwardProblem& p, const SkipConfig& skip = {},
+                        const RunOptions& opt = {}, const SkipSet* skip_set = nullptr);
 
 // Scratch bytes the same call would take on the CUDA path (split-KV partials, statistics
 // counters), for RunOptions::workspace; 0 for the CPU reference. Validates like the call.
@@ -255,8 +311,14 @@ namespace reference {
 // The CPU oracle (SPEC §1-§5), always available.
 void attention(const AttentionProblem& p, const SkipConfig& skip = {}, const RunOptions& opt = {},
                SkipStats* stats = nullptr);
+// The same, also recording the skip set (SPEC §9) into *skip_set (resized; all kept when dense).
+void attention(const AttentionProblem& p, const SkipConfig& skip, const RunOptions& opt,
+               SkipStats* stats, SkipSet* skip_set);
 void decode(const DecodeProblem& p, const SkipConfig& skip = {}, const RunOptions& opt = {},
             SkipStats* stats = nullptr);
+// SPEC §9 backward (float64 accumulation, whatever opt.fp64 says), as blasst::attention_backward.
+void attention_backward(const AttentionBackwardProblem& p, const SkipConfig& skip = {},
+                        const RunOptions& opt = {}, const SkipSet* skip_set = nullptr);
 }  // namespace reference
 
 }  // namespace blasst

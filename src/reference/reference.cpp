@@ -288,7 +288,8 @@ class Engine {
  public:
   Engine(const View& v, const Settings& s) : v_(v), s_(s) {}
 
-  void run(const Task& t, ThreadStats& ts, std::vector<float>* deltas) {
+  // skips: when recording the skip set (SPEC §9), the tiles this group skipped are appended.
+  void run(const Task& t, ThreadStats& ts, std::vector<float>* deltas, std::vector<i64>* skips) {
     const i64 T = s_.vote.tile_keys;
     const i64 Lq = v_.q_len[t.b], Lk = v_.k_len[t.b];
     const i64 nh = t.nr > 0 ? s_.vote.heads : 0;
@@ -384,6 +385,7 @@ class Engine {
       }
       if (skip_on && static_cast<double>(delta_f) < ln_lambda) {
         if (s_.stats) ++ts.skipped[sidx];
+        if (skips) skips->push_back(tile);
         continue;  // a skipped tile changes nothing
       }
 
@@ -522,7 +524,8 @@ std::string counted_at(const VoteGranularity& g) {
   return s;
 }
 
-void run_all(const View& v, const SkipConfig& skip, const RunOptions& opt, SkipStats* stats) {
+void run_all(const View& v, const SkipConfig& skip, const RunOptions& opt, SkipStats* stats,
+             SkipSet* skip_set = nullptr) {
   validate(skip);
   const VoteGranularity& vote = skip.vote;
   if (v.g % vote.heads != 0)
@@ -558,6 +561,8 @@ void run_all(const View& v, const SkipConfig& skip, const RunOptions& opt, SkipS
           tasks.push_back({b, kh, kh * v.g + hs * vote.heads, r0, std::min<i64>(vote.rows, v.q_len[b] - r0)});
 
   std::vector<std::vector<float>> task_deltas(st.deltas ? tasks.size() : 0);
+  // Skipped tiles per task (threads never share a byte of the packed set: packed after the join).
+  std::vector<std::vector<i64>> task_skips(skip_set ? tasks.size() : 0);
   // Threads: 0 = one per hardware thread; more than 4 per hardware thread (at most 1024) only
   // cost memory and thread creation, so larger requests are clamped (docs/reference.md).
   const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
@@ -581,11 +586,13 @@ void run_all(const View& v, const SkipConfig& skip, const RunOptions& opt, SkipS
       if (opt.fp64) {
         Engine<double> e(v, st);
         for (std::size_t i; (i = next.fetch_add(1)) < tasks.size();)
-          e.run(tasks[i], tstats[w], st.deltas ? &task_deltas[i] : nullptr);
+          e.run(tasks[i], tstats[w], st.deltas ? &task_deltas[i] : nullptr,
+                skip_set ? &task_skips[i] : nullptr);
       } else {
         Engine<float> e(v, st);
         for (std::size_t i; (i = next.fetch_add(1)) < tasks.size();)
-          e.run(tasks[i], tstats[w], st.deltas ? &task_deltas[i] : nullptr);
+          e.run(tasks[i], tstats[w], st.deltas ? &task_deltas[i] : nullptr,
+                skip_set ? &task_skips[i] : nullptr);
       }
     } catch (...) {
       std::lock_guard<std::mutex> lk(err_mu);
@@ -616,6 +623,20 @@ void run_all(const View& v, const SkipConfig& skip, const RunOptions& opt, SkipS
     worker(0);
   }
   if (err) std::rethrow_exception(err);
+
+  if (skip_set) {
+    i64 max_q = 0, max_k = 0;
+    for (i64 b = 0; b < v.batch; ++b) {
+      max_q = std::max(max_q, v.q_len[b]);
+      max_k = std::max(max_k, v.k_len[b]);
+    }
+    skip_set->resize(vote, v.batch, v.hq, (max_q + vote.rows - 1) / vote.rows,
+                     (max_k + vote.tile_keys - 1) / vote.tile_keys);
+    for (std::size_t i = 0; i < task_skips.size(); ++i)
+      for (const i64 tile : task_skips[i])
+        for (i64 hh = 0; hh < vote.heads; ++hh)
+          skip_set->set(tasks[i].b, tasks[i].h0 + hh, tasks[i].r0 / vote.rows, tile);
+  }
 
   if (stats) {
     *stats = SkipStats{};
@@ -648,6 +669,11 @@ namespace reference {
 
 void attention(const AttentionProblem& p, const SkipConfig& skip, const RunOptions& opt,
                SkipStats* stats) {
+  attention(p, skip, opt, stats, nullptr);
+}
+
+void attention(const AttentionProblem& p, const SkipConfig& skip, const RunOptions& opt,
+               SkipStats* stats, SkipSet* skip_set) {
   const detail::ResolvedAttention r = detail::validate_attention(p, DeviceKind::cpu);
   View v = make_view(r, p.q, p.k, p.v, p.out, p.lse, r.ragged ? 0 : 1);
   v.q_len = r.q_len;
@@ -666,7 +692,7 @@ void attention(const AttentionProblem& p, const SkipConfig& skip, const RunOptio
       v.v_base.push_back(b * p.v.stride[0]);
     }
   }
-  run_all(v, skip, opt, stats);
+  run_all(v, skip, opt, stats, skip_set);
 }
 
 void decode(const DecodeProblem& p, const SkipConfig& skip, const RunOptions& opt,

@@ -1,0 +1,339 @@
+// SPEC §9 backward on the CPU: the exact gradient of the kept-tiles attention with the skip set
+// held fixed, accumulated in float64.
+//
+// With P_ij = exp(s_ij - LSE_i) over the visible keys of the kept tiles (0 elsewhere; LSE is the
+// forward's, over kept keys), D_i = sum_c dO_ic O_ic:
+//   dV_j = sum_i P_ij dO_i,   dS_ij = P_ij (dO_i . v_j - D_i),
+//   dQ_i = scale sum_j dS_ij k_j,   dK_j = scale sum_i dS_ij q_i.
+// A skipped (vote group, key tile) pair is a block mask: its scores are not even computed.
+// Work unit = one (sequence, KV head): it owns dK/dV of that head and dQ of its g query heads,
+// so units run independently on threads. The skip set comes from the caller (recorded by
+// reference::attention) or is recomputed here by running that same forward with recording: the
+// vote lives in one place (reference.cpp).
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <exception>
+#include <limits>
+#include <mutex>
+#include <string>
+#include <system_error>
+#include <thread>
+#include <vector>
+
+#include "blasst/blasst.hpp"
+#include "blasst/half.hpp"
+#include "core/problem.hpp"
+
+namespace blasst {
+
+void SkipSet::resize(const VoteGranularity& vote_, std::int64_t batch_, std::int64_t heads_,
+                     std::int64_t groups_, std::int64_t tiles_) {
+  vote = vote_;
+  batch = batch_;
+  heads = heads_;
+  groups = groups_;
+  tiles = tiles_;
+  bits.assign(static_cast<std::size_t>((batch * heads * groups * tiles + 7) / 8), 0);
+}
+
+std::int64_t SkipSet::count() const {
+  std::int64_t n = 0;
+  for (const std::uint8_t b : bits) n += __builtin_popcount(b);
+  return n;
+}
+
+namespace {
+
+using i64 = std::int64_t;
+
+std::string shape_str(const Tensor& t) {
+  std::string s = "[";
+  for (int i = 0; i < t.rank && i < 4; ++i) s += (i ? ", " : "") + std::to_string(t.shape[i]);
+  return s + "]";
+}
+
+bool on_gpu(const AttentionBackwardProblem& p) {
+  for (const Tensor* t : {&p.q, &p.k, &p.v, &p.out, &p.dout, &p.lse, &p.dq, &p.dk, &p.dv})
+    if (t->device == DeviceKind::cuda) return true;
+  return false;
+}
+
+void gpu_not_implemented() {
+  throw Error("attention_backward: not implemented on the GPU yet (CUDA tensors); the CPU reference "
+              "computes it for CPU tensors");
+}
+
+// A gradient tensor (or dout) must have the layout of its partner: rank, shape, CPU memory, a dtype
+// of f32, f64 or q's, non-negative strides with a contiguous last dimension, storage when not empty.
+void check_like(const Tensor& t, const char* name, const Tensor& like, const char* like_name,
+                DType qdtype) {
+  if (t.rank != like.rank)
+    throw Error(std::string(name) + ": expected rank " + std::to_string(like.rank) + " (as " +
+                like_name + "), got rank " + std::to_string(t.rank));
+  if (t.device != DeviceKind::cpu)
+    throw Error(std::string(name) + ": tensor is on cuda but the call runs on cpu");
+  for (int i = 0; i < t.rank; ++i)
+    if (t.shape[i] != like.shape[i])
+      throw Error(std::string(name) + ": shape " + shape_str(t) + " differs from " + like_name + "'s " +
+                  shape_str(like));
+  if (t.dtype != DType::f32 && t.dtype != DType::f64 && t.dtype != qdtype)
+    throw Error(std::string(name) + ": dtype " + to_string(t.dtype) + " not allowed (f32, f64 or q's dtype " +
+                to_string(qdtype) + ")");
+  std::int64_t max_off = 0;
+  for (int i = 0; i < t.rank; ++i) {
+    if (t.stride[i] < 0)
+      throw Error(std::string(name) + ": negative stride " + std::to_string(t.stride[i]) +
+                  " in dimension " + std::to_string(i));
+    std::int64_t span;
+    if (t.shape[i] > 1 && (__builtin_mul_overflow(t.shape[i] - 1, t.stride[i], &span) ||
+                           __builtin_add_overflow(max_off, span, &max_off)))
+      throw Error(std::string(name) + ": element offsets overflow int64 (shape " + shape_str(t) + ")");
+  }
+  if (t.rank > 0 && t.shape[t.rank - 1] > 1 && t.stride[t.rank - 1] != 1)
+    throw Error(std::string(name) + ": the last dimension must be contiguous (stride 1), got stride " +
+                std::to_string(t.stride[t.rank - 1]));
+  if (!t.defined() && t.numel() != 0)
+    throw Error(std::string(name) + ": tensor is not defined (data == nullptr)");
+}
+
+bool same_vote(const VoteGranularity& a, const VoteGranularity& b) {
+  return a.tile_keys == b.tile_keys && a.rows == b.rows && a.heads == b.heads &&
+         a.split_tiles == b.split_tiles && a.order == b.order;
+}
+
+double load(const void* base, i64 off, DType t) {
+  switch (t) {
+    case DType::f32: return static_cast<const float*>(base)[off];
+    case DType::f64: return static_cast<const double*>(base)[off];
+    case DType::f16: return f16_to_float(static_cast<const std::uint16_t*>(base)[off]);
+    case DType::bf16: return bf16_to_float(static_cast<const std::uint16_t*>(base)[off]);
+  }
+  return 0.0;
+}
+
+void store(void* base, i64 off, DType t, double x) {
+  switch (t) {
+    case DType::f32: static_cast<float*>(base)[off] = static_cast<float>(x); break;
+    case DType::f64: static_cast<double*>(base)[off] = x; break;
+    case DType::f16: static_cast<std::uint16_t*>(base)[off] = float_to_f16(static_cast<float>(x)); break;
+    case DType::bf16: static_cast<std::uint16_t*>(base)[off] = float_to_bf16(static_cast<float>(x)); break;
+  }
+}
+
+// Element offset of row (b, i, h) of a [B, L, H, x] or ragged [T, H, x] tensor.
+struct Rows {
+  const Tensor* t;
+  bool ragged;
+  const std::vector<i64>* start;
+  i64 at(i64 b, i64 i, i64 h) const {
+    if (ragged) return ((*start)[b] + i) * t->stride[0] + h * t->stride[1];
+    return b * t->stride[0] + i * t->stride[1] + h * t->stride[2];
+  }
+};
+
+struct Unit {
+  i64 b, kh;
+};
+
+class Backward {
+ public:
+  Backward(const AttentionBackwardProblem& p, const detail::ResolvedAttention& r, const SkipSet* set)
+      : p_(p), r_(r), set_(set) {}
+
+  void run(const Unit& u) {
+    const i64 Lq = r_.q_len[u.b], Lk = r_.k_len[u.b], d = r_.d, dv = r_.dv, g = r_.group;
+    const double scale = r_.scale;
+    const Rows qr{&p_.q, r_.ragged, &r_.q_start}, outr{&p_.out, r_.ragged, &r_.q_start},
+        dor{&p_.dout, r_.ragged, &r_.q_start}, dqr{&p_.dq, r_.ragged, &r_.q_start},
+        kr{&p_.k, r_.ragged, &r_.k_start}, vr{&p_.v, r_.ragged, &r_.k_start},
+        dkr{&p_.dk, r_.ragged, &r_.k_start}, dvr{&p_.dv, r_.ragged, &r_.k_start};
+    K_.resize(static_cast<std::size_t>(Lk * d));
+    V_.resize(static_cast<std::size_t>(Lk * dv));
+    dK_.assign(static_cast<std::size_t>(Lk * d), 0.0);
+    dV_.assign(static_cast<std::size_t>(Lk * dv), 0.0);
+    for (i64 j = 0; j < Lk; ++j) {
+      for (i64 c = 0; c < d; ++c) K_[j * d + c] = load(p_.k.data, kr.at(u.b, j, u.kh) + c, p_.k.dtype);
+      for (i64 c = 0; c < dv; ++c) V_[j * dv + c] = load(p_.v.data, vr.at(u.b, j, u.kh) + c, p_.v.dtype);
+    }
+    q_.resize(d);
+    dq_.resize(d);
+    do_.resize(dv);
+    const i64 T = set_ ? set_->vote.tile_keys : std::max<i64>(Lk, 1);
+    const i64 rows = set_ ? set_->vote.rows : 1;
+    for (i64 hh = 0; hh < g; ++hh) {
+      const i64 h = u.kh * g + hh;
+      for (i64 i = 0; i < Lq; ++i) {
+        std::fill(dq_.begin(), dq_.end(), 0.0);
+        const i64 lim = std::min(Lk - 1, p_.mask == MaskKind::causal ? i + Lk - Lq : Lk - 1);
+        const i64 lse_off = r_.ragged ? h * p_.lse.stride[0] + (r_.q_start[u.b] + i) * p_.lse.stride[1]
+                                      : u.b * p_.lse.stride[0] + h * p_.lse.stride[1] + i * p_.lse.stride[2];
+        const double lse = load(p_.lse.data, lse_off, p_.lse.dtype);
+        // A row that saw nothing (LSE = -inf, O = 0) has no gradient.
+        if (lim >= 0 && lse != -std::numeric_limits<double>::infinity()) {
+          double D = 0.0;
+          for (i64 c = 0; c < dv; ++c) {
+            do_[c] = load(p_.dout.data, dor.at(u.b, i, h) + c, p_.dout.dtype);
+            D += do_[c] * load(p_.out.data, outr.at(u.b, i, h) + c, p_.out.dtype);
+          }
+          for (i64 c = 0; c < d; ++c) q_[c] = load(p_.q.data, qr.at(u.b, i, h) + c, p_.q.dtype);
+          for (i64 j0 = 0; j0 <= lim; j0 += T) {
+            if (set_ && set_->skipped(u.b, h, i / rows, j0 / T)) continue;  // block mask
+            const i64 j1 = std::min(lim, j0 + T - 1);
+            for (i64 j = j0; j <= j1; ++j) {
+              const double* kj = &K_[j * d];
+              const double* vj = &V_[j * dv];
+              double s = 0.0, dp = 0.0;
+              for (i64 c = 0; c < d; ++c) s += q_[c] * kj[c];
+              const double pij = std::exp(s * scale - lse);
+              for (i64 c = 0; c < dv; ++c) dp += do_[c] * vj[c];
+              const double ds = pij * (dp - D);
+              double* dkj = &dK_[j * d];
+              double* dvj = &dV_[j * dv];
+              for (i64 c = 0; c < d; ++c) {
+                dq_[c] += ds * kj[c];
+                dkj[c] += ds * q_[c];
+              }
+              for (i64 c = 0; c < dv; ++c) dvj[c] += pij * do_[c];
+            }
+          }
+        }
+        for (i64 c = 0; c < d; ++c) store(p_.dq.data, dqr.at(u.b, i, h) + c, p_.dq.dtype, scale * dq_[c]);
+      }
+    }
+    for (i64 j = 0; j < Lk; ++j) {
+      for (i64 c = 0; c < d; ++c) store(p_.dk.data, dkr.at(u.b, j, u.kh) + c, p_.dk.dtype, scale * dK_[j * d + c]);
+      for (i64 c = 0; c < dv; ++c) store(p_.dv.data, dvr.at(u.b, j, u.kh) + c, p_.dv.dtype, dV_[j * dv + c]);
+    }
+  }
+
+ private:
+  const AttentionBackwardProblem& p_;
+  const detail::ResolvedAttention& r_;
+  const SkipSet* set_;
+  std::vector<double> K_, V_, dK_, dV_, q_, dq_, do_;
+};
+
+AttentionProblem forward_problem(const AttentionBackwardProblem& p) {
+  AttentionProblem f;
+  f.q = p.q;
+  f.k = p.k;
+  f.v = p.v;
+  f.out = p.out;
+  f.lse = p.lse;
+  f.cu_seqlens_q = p.cu_seqlens_q;
+  f.cu_seqlens_k = p.cu_seqlens_k;
+  f.batch = p.batch;
+  f.max_seqlen_q = p.max_seqlen_q;
+  f.max_seqlen_k = p.max_seqlen_k;
+  f.mask = p.mask;
+  f.scale = p.scale;
+  return f;
+}
+
+}  // namespace
+
+void attention_backward(const AttentionBackwardProblem& p, const SkipConfig& skip,
+                        const RunOptions& opt, const SkipSet* skip_set) {
+  if (on_gpu(p) || opt.device == DeviceKind::cuda) gpu_not_implemented();
+  reference::attention_backward(p, skip, opt, skip_set);
+}
+
+namespace reference {
+
+void attention_backward(const AttentionBackwardProblem& p, const SkipConfig& skip,
+                        const RunOptions& opt, const SkipSet* skip_set) {
+  if (on_gpu(p)) gpu_not_implemented();
+  if (!p.lse.defined() && p.lse.rank == 0)
+    throw Error("lse: required by the backward (the forward's LSE over kept keys)");
+  const AttentionProblem fwd = forward_problem(p);
+  const detail::ResolvedAttention r = detail::validate_attention(fwd, DeviceKind::cpu);
+  check_like(p.dout, "dout", p.out, "out", r.dtype);
+  check_like(p.dq, "dq", p.q, "q", r.dtype);
+  check_like(p.dk, "dk", p.k, "k", r.dtype);
+  check_like(p.dv, "dv", p.v, "v", r.dtype);
+  validate(skip);
+  if (opt.num_threads < 0) throw Error("num_threads must be >= 0, got " + std::to_string(opt.num_threads));
+
+  i64 max_q = 0, max_k = 0;
+  for (i64 b = 0; b < r.batch; ++b) {
+    max_q = std::max(max_q, r.q_len[b]);
+    max_k = std::max(max_k, r.k_len[b]);
+  }
+  SkipSet recomputed;
+  const SkipSet* set = nullptr;
+  if (skip_set) {
+    const VoteGranularity& vt = skip.vote;
+    const i64 groups = (max_q + vt.rows - 1) / vt.rows, tiles = (max_k + vt.tile_keys - 1) / vt.tile_keys;
+    if (!same_vote(skip_set->vote, vt))
+      throw Error("skip_set: recorded with another vote granularity than skip.vote");
+    if (skip_set->batch != r.batch || skip_set->heads != r.hq || skip_set->groups != groups ||
+        skip_set->tiles != tiles)
+      throw Error("skip_set: dimensions [" + std::to_string(skip_set->batch) + ", " +
+                  std::to_string(skip_set->heads) + ", " + std::to_string(skip_set->groups) + ", " +
+                  std::to_string(skip_set->tiles) + "] do not match the problem's [batch, Hq, vote groups, tiles] = [" +
+                  std::to_string(r.batch) + ", " + std::to_string(r.hq) + ", " + std::to_string(groups) +
+                  ", " + std::to_string(tiles) + "]");
+    if (static_cast<i64>(skip_set->bits.size()) != (r.batch * r.hq * groups * tiles + 7) / 8)
+      throw Error("skip_set: bits holds " + std::to_string(skip_set->bits.size()) +
+                  " bytes, expected one bit per pair (" +
+                  std::to_string((r.batch * r.hq * groups * tiles + 7) / 8) + " bytes)");
+    set = skip_set;
+  } else if (skip.enabled) {
+    // Recompute the forward's skip set exactly: the same engine, inputs and settings (opt.fp64
+    // included: the scores the vote reads depend on it). Its O and LSE go to scratch buffers.
+    std::vector<double> out_scratch(static_cast<std::size_t>(p.out.numel()));
+    AttentionProblem f = fwd;
+    f.out = p.out.rank == 4 ? Tensor::contiguous(out_scratch.data(), DType::f64,
+                                                 {p.out.shape[0], p.out.shape[1], p.out.shape[2], p.out.shape[3]})
+                            : Tensor::contiguous(out_scratch.data(), DType::f64,
+                                                 {p.out.shape[0], p.out.shape[1], p.out.shape[2]});
+    f.lse = Tensor{};
+    RunOptions fo;
+    fo.fp64 = opt.fp64;
+    fo.num_threads = opt.num_threads;
+    reference::attention(f, skip, fo, nullptr, &recomputed);
+    set = &recomputed;
+  }
+
+  std::vector<Unit> units;
+  for (i64 b = 0; b < r.batch; ++b)
+    for (i64 kh = 0; kh < r.hk; ++kh) units.push_back({b, kh});
+  const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+  unsigned nthreads = opt.num_threads > 0 ? static_cast<unsigned>(std::min<long long>(opt.num_threads, 4 * hw)) : hw;
+  nthreads = static_cast<unsigned>(std::min<std::size_t>(nthreads, std::max<std::size_t>(units.size(), 1)));
+  std::atomic<std::size_t> next{0};
+  std::exception_ptr err;
+  std::mutex err_mu;
+  auto worker = [&]() {
+    try {
+      Backward bw(p, r, set);
+      for (std::size_t i; (i = next.fetch_add(1)) < units.size();) bw.run(units[i]);
+    } catch (...) {
+      std::lock_guard<std::mutex> lk(err_mu);
+      if (!err) err = std::current_exception();
+      next.store(units.size());
+    }
+  };
+  {
+    std::vector<std::thread> helpers;
+    struct JoinAll {
+      std::vector<std::thread>& threads;
+      ~JoinAll() {
+        for (auto& x : threads) x.join();
+      }
+    } join_all{helpers};
+    for (unsigned w = 1; w < nthreads; ++w) {
+      try {
+        helpers.emplace_back(worker);
+      } catch (const std::system_error&) {
+        break;
+      }
+    }
+    worker();
+  }
+  if (err) std::rethrow_exception(err);
+}
+
+}  // namespace reference
+}  // namespace blasst
