@@ -263,14 +263,18 @@ struct SkipSet {
 };
 
 // SPEC §9 backward of attention: given the forward's inputs, its output O, the upstream gradient
-// dO and the LSE over kept keys, write dQ, dK, dV. Layouts as AttentionProblem (ragged or not);
+// dO and (optionally) the LSE over kept keys, write dQ, dK, dV. Layouts as AttentionProblem (ragged or not);
 // dq like q, dk like k, dv like v (dtype f32, f64 or q's dtype), dout like out. GQA/MQA: dk, dv
 // sum over the g query heads of each KV head.
 struct AttentionBackwardProblem {
   Tensor q, k, v;
   Tensor out;   // the forward's O
   Tensor dout;  // dL/dO, shape of out
-  Tensor lse;   // required: the forward's LSE (over kept keys), f32 or f64
+  // The forward's LSE over kept keys, f32 or f64. Optional: absent (no storage, rank 0), the
+  // backward computes it in float64 from the kept tiles (one more pass over their scores), for
+  // callers whose saved LSE is coarser than the gradient they want (a float32 LSE of float64 data).
+  Tensor lse;
+  Tensor dlse;  // optional dL/dLSE (shape of lse; f32 or f64): adds dlse_i * P_ij to dS_ij
   Tensor dq, dk, dv;  // written
   const std::int32_t* cu_seqlens_q = nullptr;
   const std::int32_t* cu_seqlens_k = nullptr;

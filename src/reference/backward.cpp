@@ -5,6 +5,7 @@
 // forward's, over kept keys), D_i = sum_c dO_ic O_ic:
 //   dV_j = sum_i P_ij dO_i,   dS_ij = P_ij (dO_i . v_j - D_i),
 //   dQ_i = scale sum_j dS_ij k_j,   dK_j = scale sum_i dS_ij q_i.
+// With an upstream dLSE (optional), dS_ij = P_ij (dO_i . v_j - D_i + dLSE_i): dLSE_i/ds_ij = P_ij.
 // A skipped (vote group, key tile) pair is a block mask: its scores are not even computed.
 // Work unit = one (sequence, KV head): it owns dK/dV of that head and dQ of its g query heads,
 // so units run independently on threads. The skip set comes from the caller (recorded by
@@ -54,7 +55,7 @@ std::string shape_str(const Tensor& t) {
 }
 
 bool on_gpu(const AttentionBackwardProblem& p) {
-  for (const Tensor* t : {&p.q, &p.k, &p.v, &p.out, &p.dout, &p.lse, &p.dq, &p.dk, &p.dv})
+  for (const Tensor* t : {&p.q, &p.k, &p.v, &p.out, &p.dout, &p.lse, &p.dlse, &p.dq, &p.dk, &p.dv})
     if (t->device == DeviceKind::cuda) return true;
   return false;
 }
@@ -166,9 +167,21 @@ class Backward {
       for (i64 i = 0; i < Lq; ++i) {
         std::fill(dq_.begin(), dq_.end(), 0.0);
         const i64 lim = std::min(Lk - 1, p_.mask == MaskKind::causal ? i + Lk - Lq : Lk - 1);
-        const i64 lse_off = r_.ragged ? h * p_.lse.stride[0] + (r_.q_start[u.b] + i) * p_.lse.stride[1]
-                                      : u.b * p_.lse.stride[0] + h * p_.lse.stride[1] + i * p_.lse.stride[2];
-        const double lse = load(p_.lse.data, lse_off, p_.lse.dtype);
+        for (i64 c = 0; c < d; ++c) q_[c] = load(p_.q.data, qr.at(u.b, i, h) + c, p_.q.dtype);
+        double lse;
+        if (has_lse_) {
+          const i64 off = r_.ragged ? h * p_.lse.stride[0] + (r_.q_start[u.b] + i) * p_.lse.stride[1]
+                                    : u.b * p_.lse.stride[0] + h * p_.lse.stride[1] + i * p_.lse.stride[2];
+          lse = load(p_.lse.data, off, p_.lse.dtype);
+        } else {
+          lse = kept_lse(u, h, i, lim, T, rows, d, scale);
+        }
+        double dlse = 0.0;
+        if (p_.dlse.defined()) {
+          const i64 off = r_.ragged ? h * p_.dlse.stride[0] + (r_.q_start[u.b] + i) * p_.dlse.stride[1]
+                                    : u.b * p_.dlse.stride[0] + h * p_.dlse.stride[1] + i * p_.dlse.stride[2];
+          dlse = load(p_.dlse.data, off, p_.dlse.dtype);
+        }
         // A row that saw nothing (LSE = -inf, O = 0) has no gradient.
         if (lim >= 0 && lse != -std::numeric_limits<double>::infinity()) {
           double D = 0.0;
@@ -176,7 +189,7 @@ class Backward {
             do_[c] = load(p_.dout.data, dor.at(u.b, i, h) + c, p_.dout.dtype);
             D += do_[c] * load(p_.out.data, outr.at(u.b, i, h) + c, p_.out.dtype);
           }
-          for (i64 c = 0; c < d; ++c) q_[c] = load(p_.q.data, qr.at(u.b, i, h) + c, p_.q.dtype);
+          D -= dlse;  // dS = P (dP - D + dlse)
           for (i64 j0 = 0; j0 <= lim; j0 += T) {
             if (set_ && set_->skipped(u.b, h, i / rows, j0 / T)) continue;  // block mask
             const i64 j1 = std::min(lim, j0 + T - 1);
@@ -208,10 +221,36 @@ class Backward {
   }
 
  private:
+  // log sum_j exp(s_ij) over the visible keys of the kept tiles of row i (q_ loaded), two passes
+  // (max, then sum); -inf when nothing is kept. NaN scores propagate (NaN rule).
+  double kept_lse(const Unit& u, i64 h, i64 i, i64 lim, i64 T, i64 rows, i64 d, double scale) {
+    const double ninf = -std::numeric_limits<double>::infinity();
+    s_.assign(static_cast<std::size_t>(std::max<i64>(lim + 1, 0)), ninf);
+    double mx = ninf;
+    bool nan = false;
+    for (i64 j0 = 0; j0 <= lim; j0 += T) {
+      if (set_ && set_->skipped(u.b, h, i / rows, j0 / T)) continue;
+      for (i64 j = j0; j <= std::min(lim, j0 + T - 1); ++j) {
+        double s = 0.0;
+        for (i64 c = 0; c < d; ++c) s += q_[c] * K_[j * d + c];
+        s_[j] = s * scale;
+        nan |= std::isnan(s_[j]);
+        mx = std::max(mx, s_[j]);
+      }
+    }
+    if (nan) return std::numeric_limits<double>::quiet_NaN();
+    if (mx == ninf) return ninf;
+    double l = 0.0;
+    for (const double s : s_)
+      if (s != ninf) l += std::exp(s - mx);
+    return mx + std::log(l);
+  }
+
   const AttentionBackwardProblem& p_;
   const detail::ResolvedAttention& r_;
   const SkipSet* set_;
-  std::vector<double> K_, V_, dK_, dV_, q_, dq_, do_;
+  const bool has_lse_ = p_.lse.defined() || p_.lse.rank != 0;
+  std::vector<double> K_, V_, dK_, dV_, q_, dq_, do_, s_;
 };
 
 AttentionProblem forward_problem(const AttentionBackwardProblem& p) {
@@ -244,14 +283,18 @@ namespace reference {
 void attention_backward(const AttentionBackwardProblem& p, const SkipConfig& skip,
                         const RunOptions& opt, const SkipSet* skip_set) {
   if (on_gpu(p)) gpu_not_implemented();
-  if (!p.lse.defined() && p.lse.rank == 0)
-    throw Error("lse: required by the backward (the forward's LSE over kept keys)");
   const AttentionProblem fwd = forward_problem(p);
   const detail::ResolvedAttention r = detail::validate_attention(fwd, DeviceKind::cpu);
   check_like(p.dout, "dout", p.out, "out", r.dtype);
   check_like(p.dq, "dq", p.q, "q", r.dtype);
   check_like(p.dk, "dk", p.k, "k", r.dtype);
   check_like(p.dv, "dv", p.v, "v", r.dtype);
+  if (p.dlse.defined() || p.dlse.rank != 0) {
+    if (!p.lse.defined() && p.lse.rank == 0) throw Error("dlse: given without lse");
+    check_like(p.dlse, "dlse", p.lse, "lse", DType::f32);
+    if (p.dlse.dtype != DType::f32 && p.dlse.dtype != DType::f64)
+      throw Error(std::string("dlse: dtype ") + to_string(p.dlse.dtype) + " not allowed (f32 or f64)");
+  }
   validate(skip);
   if (opt.num_threads < 0) throw Error("num_threads must be >= 0, got " + std::to_string(opt.num_threads));
 

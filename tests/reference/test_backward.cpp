@@ -31,7 +31,7 @@ struct Grads {
 // The oracle: masked softmax in two passes (no tiles, no LSE from the engine), then the formula.
 Grads naive_backward(const std::vector<double>& q, const std::vector<double>& k, const std::vector<double>& v,
                      const std::vector<double>& dout, i64 B, i64 Lq, i64 Lk, i64 Hq, i64 Hk, i64 d, i64 dv,
-                     bool causal, const Kept& kept) {
+                     bool causal, const Kept& kept, const std::vector<double>* dlse = nullptr) {
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
   const i64 g = Hq / Hk;
   Grads r;
@@ -65,10 +65,12 @@ Grads naive_backward(const std::vector<double>& q, const std::vector<double>& k,
         }
         double D = 0;  // rowsum(dO * O)
         for (i64 c = 0; c < dv; ++c) D += doi[c] * oi[c];
+        // LSE_i = log sum_j exp(s_ij): dLSE_i / ds_ij = p_ij, so dS_ij gains dlse_i * p_ij.
+        const double dl = dlse ? (*dlse)[(b * Hq + h) * Lq + i] : 0.0;
         for (i64 j = 0; j < Lk; ++j) {
           dp[j] = 0;
           for (i64 c = 0; c < dv; ++c) dp[j] += doi[c] * v[((b * Lk + j) * Hk + kh) * dv + c];
-          const double ds = p[j] * (dp[j] - D);
+          const double ds = p[j] * (dp[j] - D) + dl * p[j];
           for (i64 c = 0; c < d; ++c) {
             r.dq[((b * Lq + i) * Hq + h) * d + c] += scale * ds * k[((b * Lk + j) * Hk + kh) * d + c];
             r.dk[((b * Lk + j) * Hk + kh) * d + c] += scale * ds * qi[c];
@@ -86,6 +88,7 @@ struct Case {
   i64 B, Lq, Lk, Hq, Hk, d, dv;
   bool causal;
   std::vector<double> q, k, v, dout, out, lse, dq, dk, dv_;
+  std::vector<double> dlse;  // empty: no upstream gradient into lse
   Case(i64 B_, i64 Lq_, i64 Lk_, i64 Hq_, i64 Hk_, i64 d_, i64 dv__, bool causal_, std::uint64_t seed,
        float sd = 1.0f)
       : B(B_), Lq(Lq_), Lk(Lk_), Hq(Hq_), Hk(Hk_), d(d_), dv(dv__), causal(causal_) {
@@ -127,6 +130,7 @@ struct Case {
     p.dq = Tensor::contiguous(dq.data(), DType::f64, {B, Lq, Hq, d});
     p.dk = Tensor::contiguous(dk.data(), DType::f64, {B, Lk, Hk, d});
     p.dv = Tensor::contiguous(dv_.data(), DType::f64, {B, Lk, Hk, dv});
+    if (!dlse.empty()) p.dlse = Tensor::contiguous(dlse.data(), DType::f64, {B, Hq, Lq});
     return p;
   }
   void backward(const SkipConfig& skip, const SkipSet* set) {
@@ -135,7 +139,7 @@ struct Case {
     reference::attention_backward(bwd(), skip, opt, set);
   }
   Grads oracle(const Kept& kept) const {
-    return naive_backward(q, k, v, dout, B, Lq, Lk, Hq, Hk, d, dv, causal, kept);
+    return naive_backward(q, k, v, dout, B, Lq, Lk, Hq, Hk, d, dv, causal, kept, dlse.empty() ? nullptr : &dlse);
   }
 };
 
@@ -181,6 +185,49 @@ TEST(Backward, DenseMatchesFormula) {
     c.forward({}, nullptr);
     c.backward({}, nullptr);
     expect_grads(c, c.oracle(all_kept()), 1e-11);
+  }
+}
+
+// An upstream gradient into the LSE (return_lse in training), dense and with skipping.
+TEST(Backward, LseGradientMatchesFormula) {
+  for (const bool skip : {false, true}) {
+    Case c(1, 70, 90, 2, 1, 16, 16, true, 6000, 3.0f);
+    c.dlse = to_f64(randn(c.lse.size(), 6001));
+    const SkipConfig cfg = skip ? skip_cfg(0.1, 4, 8) : SkipConfig{};
+    SkipSet set;
+    c.forward(cfg, &set);
+    if (skip) {
+      ASSERT_GT(set.count(), 0);
+    }
+    c.backward(cfg, skip ? &set : nullptr);
+    expect_grads(c, c.oracle(skip ? kept_by(set) : all_kept()), 1e-11);
+    const std::vector<double> with = c.dq;
+    c.dlse.clear();
+    c.backward(cfg, skip ? &set : nullptr);
+    EXPECT_GT(rel_err(with, c.dq), 1e-3) << "dlse must change dQ";
+  }
+}
+
+// Without lse the backward computes the LSE over the kept tiles itself: the same gradient.
+TEST(Backward, WithoutLseComputesIt) {
+  for (const bool skip : {false, true}) {
+    Case c(2, 50, 70, 4, 2, 16, 16, true, 6500, 3.0f);
+    const SkipConfig cfg = skip ? skip_cfg(0.1, 4, 8) : SkipConfig{};
+    SkipSet set;
+    c.forward(cfg, &set);
+    if (skip) {
+      ASSERT_GT(set.count(), 0);
+    }
+    c.backward(cfg, &set);
+    const std::vector<double> dq = c.dq, dk = c.dk, dv = c.dv_;
+    auto p = c.bwd();
+    p.lse = Tensor{};
+    RunOptions opt;
+    opt.fp64 = true;
+    reference::attention_backward(p, cfg, opt, &set);
+    EXPECT_LT(rel_err(c.dq, dq), 1e-13);
+    EXPECT_LT(rel_err(c.dk, dk), 1e-13);
+    EXPECT_LT(rel_err(c.dv_, dv), 1e-13);
   }
 }
 
@@ -273,13 +320,14 @@ TEST(Backward, WrongSkipSetIsDetected) {
   EXPECT_GT(rel_err(c.dv_, want.dv), 1e-4);
 }
 
-// Central finite differences of L = sum(dO * O) through the engine's own forward, dense and with
+// Central finite differences of L = sum(dO * O) + sum(dLSE * LSE) through the engine's own forward, dense and with
 // skipping (the perturbation is small enough not to move a decision: checked).
 TEST(Backward, FiniteDifferences) {
   for (const bool skip : {false, true}) {
     for (const bool causal : {false, true}) {
       SCOPED_TRACE(::testing::Message() << (skip ? "skip" : "dense") << (causal ? " causal" : " full"));
       Case c(1, 9, 11, 2, 1, 4, 3, causal, skip ? 3000 : 3100, 2.0f);
+      c.dlse = to_f64(randn(c.lse.size(), 3200));  // L also reads the LSE
       const SkipConfig cfg = skip ? skip_cfg(0.05, 2, 3) : SkipConfig{};
       SkipSet set;
       c.forward(cfg, &set);
@@ -293,6 +341,7 @@ TEST(Backward, FiniteDifferences) {
         EXPECT_EQ(s2.bits, set.bits) << "a perturbation moved a skip decision";
         double L = 0;
         for (std::size_t e = 0; e < c.out.size(); ++e) L += c.dout[e] * c.out[e];
+        for (std::size_t e = 0; e < c.lse.size(); ++e) L += c.dlse[e] * c.lse[e];
         return L;
       };
       const double eps = 1e-6;
@@ -414,8 +463,12 @@ TEST(Backward, ValidationNamesTheArgument) {
   c.forward({}, nullptr);
   {
     auto p = c.bwd();
+    p.lse.shape[1] = 3;
+    expect_error([&] { attention_backward(p); }, "lse: ");
+    p = c.bwd();
+    p.dlse = p.lse;
     p.lse = Tensor{};
-    expect_error([&] { attention_backward(p); }, "lse: required");
+    expect_error([&] { attention_backward(p); }, "dlse: given without lse");
   }
   {
     auto p = c.bwd();
@@ -436,6 +489,15 @@ TEST(Backward, ValidationNamesTheArgument) {
     auto p = c.bwd();
     p.dv.stride[3] = 2;
     expect_error([&] { attention_backward(p); }, "dv: the last dimension must be contiguous");
+  }
+  {
+    auto p = c.bwd();
+    p.dlse = p.lse;
+    p.dlse.shape[2] = 3;
+    expect_error([&] { attention_backward(p); }, "dlse: shape");
+    p.dlse = p.lse;
+    p.dlse.dtype = DType::bf16;
+    expect_error([&] { attention_backward(p); }, "dlse: dtype");
   }
   {
     auto p = c.bwd();
