@@ -25,6 +25,7 @@
 #include "blasst/blasst.hpp"
 #include "blasst/half.hpp"
 #include "core/problem.hpp"
+#include "reference/worker_pool.hpp"
 
 namespace blasst {
 
@@ -342,40 +343,11 @@ void attention_backward(const AttentionBackwardProblem& p, const SkipConfig& ski
   std::vector<Unit> units;
   for (i64 b = 0; b < r.batch; ++b)
     for (i64 kh = 0; kh < r.hk; ++kh) units.push_back({b, kh});
-  const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
-  unsigned nthreads = opt.num_threads > 0 ? static_cast<unsigned>(std::min<long long>(opt.num_threads, 4 * hw)) : hw;
-  nthreads = static_cast<unsigned>(std::min<std::size_t>(nthreads, std::max<std::size_t>(units.size(), 1)));
-  std::atomic<std::size_t> next{0};
-  std::exception_ptr err;
-  std::mutex err_mu;
-  auto worker = [&]() {
-    try {
-      Backward bw(p, r, set);
-      for (std::size_t i; (i = next.fetch_add(1)) < units.size();) bw.run(units[i]);
-    } catch (...) {
-      std::lock_guard<std::mutex> lk(err_mu);
-      if (!err) err = std::current_exception();
-      next.store(units.size());
-    }
-  };
-  {
-    std::vector<std::thread> helpers;
-    struct JoinAll {
-      std::vector<std::thread>& threads;
-      ~JoinAll() {
-        for (auto& x : threads) x.join();
-      }
-    } join_all{helpers};
-    for (unsigned w = 1; w < nthreads; ++w) {
-      try {
-        helpers.emplace_back(worker);
-      } catch (const std::system_error&) {
-        break;
-      }
-    }
-    worker();
-  }
-  if (err) std::rethrow_exception(err);
+  detail::run_workers(detail::worker_count(opt.num_threads, units.size()), units.size(),
+                      [&](unsigned, detail::WorkQueue& queue) {
+                        Backward bw(p, r, set);
+                        for (std::size_t i; queue.take(i);) bw.run(units[i]);
+                      });
 }
 
 }  // namespace reference

@@ -21,6 +21,7 @@
 #include "blasst/blasst.hpp"
 #include "blasst/half.hpp"
 #include "core/problem.hpp"
+#include "reference/worker_pool.hpp"
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
 // AVX2 clone of the two inner kernels (no FMA: identical rounding on every x86-64 machine).
@@ -563,13 +564,7 @@ void run_all(const View& v, const SkipConfig& skip, const RunOptions& opt, SkipS
   std::vector<std::vector<float>> task_deltas(st.deltas ? tasks.size() : 0);
   // Skipped tiles per task (threads never share a byte of the packed set: packed after the join).
   std::vector<std::vector<i64>> task_skips(skip_set ? tasks.size() : 0);
-  // Threads: 0 = one per hardware thread; more than 4 per hardware thread (at most 1024) only
-  // cost memory and thread creation, so larger requests are clamped (docs/reference.md).
-  const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
-  const unsigned max_threads = std::min(1024u, 4 * hw);
-  unsigned nthreads = opt.num_threads > 0 ? static_cast<unsigned>(std::min<long long>(opt.num_threads, max_threads))
-                                          : hw;
-  nthreads = static_cast<unsigned>(std::min<std::size_t>(nthreads, std::max<std::size_t>(tasks.size(), 1)));
+  const unsigned nthreads = detail::worker_count(opt.num_threads, tasks.size());
   std::vector<ThreadStats> tstats(nthreads);
   for (auto& ts : tstats) {
     if (st.stats) {
@@ -578,51 +573,19 @@ void run_all(const View& v, const SkipConfig& skip, const RunOptions& opt, SkipS
     }
     if (st.hist) ts.hist.assign(st.nstat, DeltaHistogram{});
   }
-  std::atomic<std::size_t> next{0};
-  std::exception_ptr err;
-  std::mutex err_mu;
-  auto worker = [&](unsigned w) {
-    try {
-      if (opt.fp64) {
-        Engine<double> e(v, st);
-        for (std::size_t i; (i = next.fetch_add(1)) < tasks.size();)
-          e.run(tasks[i], tstats[w], st.deltas ? &task_deltas[i] : nullptr,
-                skip_set ? &task_skips[i] : nullptr);
-      } else {
-        Engine<float> e(v, st);
-        for (std::size_t i; (i = next.fetch_add(1)) < tasks.size();)
-          e.run(tasks[i], tstats[w], st.deltas ? &task_deltas[i] : nullptr,
-                skip_set ? &task_skips[i] : nullptr);
-      }
-    } catch (...) {
-      std::lock_guard<std::mutex> lk(err_mu);
-      if (!err) err = std::current_exception();
-      next.store(tasks.size());
+  detail::run_workers(nthreads, tasks.size(), [&](unsigned w, detail::WorkQueue& queue) {
+    auto run = [&](auto& e) {
+      for (std::size_t i; queue.take(i);)
+        e.run(tasks[i], tstats[w], st.deltas ? &task_deltas[i] : nullptr, skip_set ? &task_skips[i] : nullptr);
+    };
+    if (opt.fp64) {
+      Engine<double> e(v, st);
+      run(e);
+    } else {
+      Engine<float> e(v, st);
+      run(e);
     }
-  };
-  {
-    // The calling thread is worker 0; helpers are joined on every path out of this block. A
-    // helper that cannot be created (the system is out of threads or memory: std::system_error)
-    // ends the spawning: the tasks are shared through `next`, so the workers already running
-    // (at least this one) do them all and the result is the same.
-    std::vector<std::thread> helpers;
-    helpers.reserve(nthreads - 1);
-    struct JoinAll {
-      std::vector<std::thread>& threads;
-      ~JoinAll() {
-        for (auto& x : threads) x.join();
-      }
-    } join_all{helpers};
-    for (unsigned w = 1; w < nthreads; ++w) {
-      try {
-        helpers.emplace_back(worker, w);
-      } catch (const std::system_error&) {
-        break;
-      }
-    }
-    worker(0);
-  }
-  if (err) std::rethrow_exception(err);
+  });
 
   if (skip_set) {
     i64 max_q = 0, max_k = 0;
