@@ -73,6 +73,12 @@ struct AttentionProblem {
   std::int64_t max_seqlen_k = 0;
   MaskKind mask = MaskKind::full;
   std::optional<double> scale;  // default 1/sqrt(d)
+  // Optional output (SPEC §9): the skip set of this call for its backward, as 32-bit words in
+  // the memory space of q (device memory for the CUDA path), laid out as skip_set_shape(p, skip,
+  // opt) says; skip_set_words is their number (at least that shape's words()). The call writes
+  // every word: all zero when nothing is skipped (skipping off, or lambda >= 1).
+  std::uint32_t* skip_set = nullptr;
+  std::int64_t skip_set_words = 0;
 };
 
 // Decode: few query tokens per sequence against a KV cache (SPEC §1 with Lq = q_len <= 8).
@@ -262,6 +268,18 @@ struct SkipSet {
   std::int64_t count() const;  // skipped pairs
 };
 
+// The layout of a skip set written to (AttentionProblem::skip_set) or read from
+// (AttentionBackwardProblem::skip_set) 32-bit words: bit i % 32 of word i / 32 is the pair
+// i = SkipSet::index(b, h, g, t), i.e. SkipSet::bits read as little-endian words. groups =
+// ceil(max_q / vote.rows), tiles = ceil(max_k / vote.tile_keys), where max_q, max_k are the
+// problem's max_seqlen_q / max_seqlen_k when given, else the longest sequences.
+struct SkipSetShape {
+  VoteGranularity vote;  // the vote of the path the call takes (the kernel's, or skip.vote)
+  std::int64_t batch = 0, heads = 0, groups = 0, tiles = 0;
+  std::int64_t pairs() const { return batch * heads * groups * tiles; }
+  std::int64_t words() const { return (pairs() + 31) / 32; }
+};
+
 // SPEC §9 backward of attention: given the forward's inputs, its output O, the upstream gradient
 // dO and (optionally) the LSE over kept keys, write dQ, dK, dV. Layouts as AttentionProblem (ragged or not);
 // dq like q, dk like k, dv like v (dtype f32, f64 or q's dtype), dout like out. GQA/MQA: dk, dv
@@ -283,6 +301,10 @@ struct AttentionBackwardProblem {
   std::int64_t max_seqlen_k = 0;
   MaskKind mask = MaskKind::full;
   std::optional<double> scale;
+  // Optional: the forward's skip set as 32-bit words (AttentionProblem::skip_set, same shape),
+  // in the memory space of q; an alternative to the SkipSet argument of attention_backward.
+  const std::uint32_t* skip_set = nullptr;
+  std::int64_t skip_set_words = 0;
 };
 
 // One entry point per phase. Dispatch: tensors on the GPU (or options.device == cuda with host
@@ -292,13 +314,21 @@ void attention(const AttentionProblem& p, const SkipConfig& skip = {}, const Run
 void decode(const DecodeProblem& p, const SkipConfig& skip = {}, const RunOptions& opt = {},
             SkipStats* stats = nullptr);
 
-// SPEC §9: the gradient of the kept-tiles function with the skip set held fixed. skip_set: the
-// set the forward recorded (must match the problem and skip.vote); nullptr: dense when skipping is
-// off, else the set is recomputed exactly by the reference forward's own vote (same inputs, same
-// settings: the running maxima do not depend on lambda). CPU tensors only: CUDA tensors are an
+// SPEC §9: the gradient of the kept-tiles function with the skip set held fixed. skip_set (or the
+// problem's skip_set words, not both): the set the forward recorded (must match the problem and
+// skip.vote); neither: dense when skipping is off, else the set is recomputed exactly by the
+// reference forward's own vote (same inputs, same settings: the running maxima do not depend on
+// lambda). CPU tensors only: CUDA tensors are an
 // Error ("not implemented on the GPU yet").
 void attention_backward(const AttentionBackwardProblem& p, const SkipConfig& skip = {},
                         const RunOptions& opt = {}, const SkipSet* skip_set = nullptr);
+
+// SPEC §9: the shape of the skip set an attention call with these arguments records
+// (AttentionProblem::skip_set): the vote granularity of the path it takes (the prefill kernel's
+// 64 rows x 1 head x 128 keys for CUDA tensors, skip.vote for the reference) and its dimensions.
+// Validates like the call.
+SkipSetShape skip_set_shape(const AttentionProblem& p, const SkipConfig& skip = {},
+                            const RunOptions& opt = {});
 
 // Scratch bytes the same call would take on the CUDA path (split-KV partials, statistics
 // counters), for RunOptions::workspace; 0 for the CPU reference. Validates like the call.

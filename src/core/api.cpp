@@ -1,5 +1,8 @@
 // Public entry points: choose the reference engine or the CUDA kernels.
 #include "blasst/blasst.hpp"
+#include "core/kernel_geometry.hpp"
+#include "core/problem.hpp"
+#include "core/skip_set.hpp"
 #include "cuda/cuda_dispatch.hpp"
 
 namespace blasst {
@@ -60,6 +63,13 @@ std::size_t decode_workspace_bytes(const DecodeProblem& p, const SkipConfig& ski
   if (!wants_cuda(p.q, opt)) return 0;
   return detail::cuda_decode_workspace_bytes(p, for_decode_kernels(skip), opt,
                                              opt.collect_stats || opt.collect_histogram || opt.record_deltas);
+}
+
+SkipSetShape skip_set_shape(const AttentionProblem& p, const SkipConfig& skip, const RunOptions& opt) {
+  const bool cuda = wants_cuda(p.q, opt);
+  const detail::ResolvedAttention r = detail::validate_attention(p, p.q.device);
+  validate(skip);
+  return detail::skip_set_shape_of(r, cuda ? detail::prefill_vote_granularity(skip.vote.order) : skip.vote);
 }
 
 bool cuda_available() { return detail::cuda_built() && detail::cuda_device_present(); }

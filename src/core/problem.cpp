@@ -149,6 +149,9 @@ ResolvedAttention validate_attention(const AttentionProblem& p, DeviceKind devic
   r.ragged = p.cu_seqlens_q != nullptr;
   if (p.max_seqlen_q < 0) throw Error("max_seqlen_q must be >= 0, got " + std::to_string(p.max_seqlen_q));
   if (p.max_seqlen_k < 0) throw Error("max_seqlen_k must be >= 0, got " + std::to_string(p.max_seqlen_k));
+  if (p.skip_set_words < 0) throw Error("skip_set_words must be >= 0, got " + std::to_string(p.skip_set_words));
+  if (p.skip_set == nullptr && p.skip_set_words != 0)
+    throw Error("skip_set_words: given without skip_set (the words to record the skip set into)");
   const int rk = r.ragged ? 3 : 4;
   check_tensor(p.q, "q", rk, device);
   check_tensor(p.k, "k", rk, device);

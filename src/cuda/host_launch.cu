@@ -62,6 +62,17 @@ void DeviceStaging::download(const Tensor& host, const Tensor& device) {
   if (bytes) BLASST_CUDA_CHECK(cudaMemcpyAsync(host.data, device.data, bytes, cudaMemcpyDeviceToHost, stream_));
 }
 
+std::uint32_t* DeviceStaging::output_words(std::size_t count) {
+  const std::size_t bytes = count * sizeof(std::uint32_t);
+  buffers_.emplace_back(bytes < 16 ? 16 : bytes);
+  return static_cast<std::uint32_t*>(buffers_.back().get());
+}
+
+void DeviceStaging::download(std::uint32_t* host, const std::uint32_t* device, std::size_t count) {
+  if (count)
+    BLASST_CUDA_CHECK(cudaMemcpyAsync(host, device, count * sizeof(std::uint32_t), cudaMemcpyDeviceToHost, stream_));
+}
+
 void DeviceStaging::synchronize() { BLASST_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
 
 // ---- workspace ----------------------------------------------------------------------------------

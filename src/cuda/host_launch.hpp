@@ -35,6 +35,10 @@ class DeviceStaging {
   Tensor upload(const Tensor& host);
   const std::int32_t* upload(const std::int32_t* host, std::size_t count);
   void download(const Tensor& host, const Tensor& device);
+  // count 32-bit words of device memory for an output that is not a Tensor (the skip set), and
+  // their copy back into host memory.
+  std::uint32_t* output_words(std::size_t count);
+  void download(std::uint32_t* host, const std::uint32_t* device, std::size_t count);
   void synchronize();
 
  private:

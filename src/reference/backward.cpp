@@ -25,6 +25,7 @@
 #include "blasst/blasst.hpp"
 #include "blasst/half.hpp"
 #include "core/problem.hpp"
+#include "core/skip_set.hpp"
 #include "reference/worker_pool.hpp"
 
 namespace blasst {
@@ -299,16 +300,18 @@ void attention_backward(const AttentionBackwardProblem& p, const SkipConfig& ski
   validate(skip);
   if (opt.num_threads < 0) throw Error("num_threads must be >= 0, got " + std::to_string(opt.num_threads));
 
-  i64 max_q = 0, max_k = 0;
-  for (i64 b = 0; b < r.batch; ++b) {
-    max_q = std::max(max_q, r.q_len[b]);
-    max_k = std::max(max_k, r.k_len[b]);
-  }
+  // The set's dimensions (SkipSetShape): the problem's bounds, as the forward recorded them.
+  const SkipSetShape shape = detail::skip_set_shape_of(r, skip.vote);
   SkipSet recomputed;
   const SkipSet* set = nullptr;
-  if (skip_set) {
+  if (p.skip_set != nullptr) {
+    if (skip_set != nullptr) throw Error("skip_set: given twice (as words in the problem and as a SkipSet)");
+    detail::check_skip_set_words(p.skip_set_words, shape, "skip_set_words");
+    recomputed = detail::unpack_skip_set_words(p.skip_set, shape);
+    set = &recomputed;
+  } else if (skip_set) {
     const VoteGranularity& vt = skip.vote;
-    const i64 groups = (max_q + vt.rows - 1) / vt.rows, tiles = (max_k + vt.tile_keys - 1) / vt.tile_keys;
+    const i64 groups = shape.groups, tiles = shape.tiles;
     if (!same_vote(skip_set->vote, vt))
       throw Error("skip_set: recorded with another vote granularity than skip.vote");
     if (skip_set->batch != r.batch || skip_set->heads != r.hq || skip_set->groups != groups ||

@@ -21,6 +21,7 @@
 #include "blasst/blasst.hpp"
 #include "blasst/half.hpp"
 #include "core/problem.hpp"
+#include "core/skip_set.hpp"
 #include "reference/worker_pool.hpp"
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
@@ -525,8 +526,10 @@ std::string counted_at(const VoteGranularity& g) {
   return s;
 }
 
+// skip_set: recorded with dimensions [batch, Hq, ceil(max_q / rows), ceil(max_k / tile_keys)]
+// (SkipSetShape: max_q, max_k are the problem's bounds).
 void run_all(const View& v, const SkipConfig& skip, const RunOptions& opt, SkipStats* stats,
-             SkipSet* skip_set = nullptr) {
+             SkipSet* skip_set = nullptr, i64 max_q = 0, i64 max_k = 0) {
   validate(skip);
   const VoteGranularity& vote = skip.vote;
   if (v.g % vote.heads != 0)
@@ -588,7 +591,6 @@ void run_all(const View& v, const SkipConfig& skip, const RunOptions& opt, SkipS
   });
 
   if (skip_set) {
-    i64 max_q = 0, max_k = 0;
     for (i64 b = 0; b < v.batch; ++b) {
       max_q = std::max(max_q, v.q_len[b]);
       max_k = std::max(max_k, v.k_len[b]);
@@ -655,7 +657,14 @@ void attention(const AttentionProblem& p, const SkipConfig& skip, const RunOptio
       v.v_base.push_back(b * p.v.stride[0]);
     }
   }
-  run_all(v, skip, opt, stats, skip_set);
+  SkipSet local;
+  SkipSet* rec = skip_set != nullptr ? skip_set : p.skip_set != nullptr ? &local : nullptr;
+  if (p.skip_set != nullptr) {
+    validate(skip);
+    detail::check_skip_set_words(p.skip_set_words, detail::skip_set_shape_of(r, skip.vote), "skip_set_words");
+  }
+  run_all(v, skip, opt, stats, rec, r.max_q_len, r.max_k_len);
+  if (p.skip_set != nullptr) detail::pack_skip_set_words(*rec, p.skip_set);
 }
 
 void decode(const DecodeProblem& p, const SkipConfig& skip, const RunOptions& opt,

@@ -136,8 +136,11 @@ struct KernelOut {
 };
 
 // Runs blasst::attention on the GPU through host staging; outputs are poisoned with NaN first.
+// skip_set: when given, the call also records its skip set (SPEC §9) into these words (sized by
+// skip_set_shape, poisoned with all bits set first).
 inline KernelOut run_gpu(const Case& c, const Inputs& in, const SkipConfig& skip = {},
-                         const RunOptions& base = {}, SkipStats* stats = nullptr) {
+                         const RunOptions& base = {}, SkipStats* stats = nullptr,
+                         std::vector<std::uint32_t>* skip_set = nullptr) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   const std::int64_t tq = c.tq(), tk = c.tk();
   std::vector<std::uint16_t> o16(std::size_t(tq * c.hq * c.d), to16(nan, c.dt));
@@ -174,6 +177,11 @@ inline KernelOut run_gpu(const Case& c, const Inputs& in, const SkipConfig& skip
   p.mask = c.causal ? MaskKind::causal : MaskKind::full;
   RunOptions opt = base;
   opt.device = DeviceKind::cuda;
+  if (skip_set != nullptr) {
+    skip_set->assign(std::size_t(skip_set_shape(p, skip, opt).words()), 0xffffffffu);
+    p.skip_set = skip_set->data();
+    p.skip_set_words = std::int64_t(skip_set->size());
+  }
   attention(p, skip, opt, stats);
   if (c.out_f32) {
     r.o = std::move(o32);

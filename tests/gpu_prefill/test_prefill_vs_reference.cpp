@@ -19,6 +19,34 @@
 namespace blasst::test {
 namespace {
 
+// The kernel's recorded skip set (SPEC §9, 32-bit words) against the reference's: the same shape,
+// every pair's bit equal except at the reference's near-ties (either decision is right there), no
+// bit past the last pair, and something recorded.
+void expect_skip_set_words(const std::vector<std::uint32_t>& words, const blasst::SkipSet& ref,
+                           const std::vector<VoteTask>& tasks, const SkipSet& classified) {
+  ASSERT_EQ(std::int64_t(words.size()), (ref.batch * ref.heads * ref.groups * ref.tiles + 31) / 32);
+  std::vector<char> tie(std::size_t(ref.batch * ref.heads * ref.groups * ref.tiles), 0);
+  for (const auto& t : classified.tie_list) {
+    const VoteTask& vt = tasks[t.task];
+    tie[std::size_t(ref.index(vt.b, vt.h0, vt.r0 / 64, t.tile))] = 1;
+  }
+  std::int64_t differ = 0, differ_at_ties = 0, set_bits = 0;
+  for (std::int64_t i = 0; i < std::int64_t(words.size()) * 32; ++i) {
+    const bool got = (words[std::size_t(i / 32)] >> (i % 32)) & 1u;
+    if (i >= std::int64_t(tie.size())) {
+      EXPECT_FALSE(got) << "bit " << i << " past the last pair is set";
+      continue;
+    }
+    const bool want = (ref.bits[std::size_t(i / 8)] >> (i % 8)) & 1u;
+    set_bits += got;
+    if (got != want) (tie[std::size_t(i)] ? differ_at_ties : differ) += 1;
+  }
+  EXPECT_EQ(differ, 0) << "skip-set bits that differ from the reference's away from near-ties";
+  EXPECT_GT(set_bits, 0) << "the kernel recorded no skipped pair";
+  std::printf("[skip set] %lld bits set (reference %lld), %lld differ at near-ties\n", (long long)set_bits,
+              (long long)ref.count(), (long long)differ_at_ties);
+}
+
 // The reference (float32 on the same 16-bit-rounded values, the kernel's vote groups and order)
 // once dense with record_deltas (its one-pass curve), then at the lambda of `target` on that
 // curve; the kernel at the same lambda. Asserted: visited per head equal, skipped per head within
@@ -53,13 +81,15 @@ void compare(const Case& c, const Inputs& in, double target, VisitOrder order = 
   SkipConfig sk = SkipConfig::from_threshold(lambda);
   sk.vote = probe.vote;
   SkipStats rs;
-  reference::attention(p, sk, ropt, &rs);
+  blasst::SkipSet ref_set;
+  reference::attention(p, sk, ropt, &rs, &ref_set);
   ASSERT_EQ(rs.deltas, curve.deltas) << "the deltas depend on lambda (SPEC §5 says they must not)";
 
   RunOptions gopt;
   gopt.collect_histogram = true;
   SkipStats gs;
-  const KernelOut k = run_gpu(c, in, sk, gopt, &gs);
+  std::vector<std::uint32_t> words;  // the kernel's skip set (SPEC §9)
+  const KernelOut k = run_gpu(c, in, sk, gopt, &gs, &words);
   EXPECT_EQ(gs.granularity.order, order);
   EXPECT_EQ(gs.granularity.rows, 64);
   EXPECT_EQ(gs.granularity.heads, 1);
@@ -72,6 +102,7 @@ void compare(const Case& c, const Inputs& in, double target, VisitOrder order = 
   for (std::int64_t h = 0; h < c.hq; ++h)
     expect_histograms(gs.hist[std::size_t(h)], deltas_of(tasks, rs.deltas, h, true), "head " + std::to_string(h));
   EXPECT_GT(gs.total_skipped(), 0) << "nothing skipped";
+  expect_skip_set_words(words, ref_set, tasks, set);
   std::printf("[ref] %s target %.2f lambda %.4g: gpu sparsity %.4f, reference %.4f, near-ties %lld of %lld\n",
               c.name().c_str(), target, lambda, gs.sparsity(), rs.sparsity(), (long long)set.total_ties,
               (long long)set.total_visited);
@@ -170,6 +201,99 @@ TEST(GpuPrefillVsReference, MaxFirstSkipSets) {
     std::vector<float> v(w.v.begin(), w.v.begin() + std::ptrdiff_t(std::size_t(c.Lk) * krow));
     const Inputs in = make_inputs(c, q, k, v);
     for (double target : {0.3, 0.6}) compare(c, in, target, VisitOrder::max_first);
+  }
+}
+
+// The skip set of a ragged batch (SPEC §9), GQA 4:2, causal with Lq != Lk per sequence: the
+// kernel's words against the float64 oracle's skipped pairs (natural order) away from near-ties;
+// a dense call and a lambda >= 1 call overwrite poisoned words with zeros; too few words are a
+// clear error.
+TEST(GpuPrefillVsReference, SkipSetRaggedDenseAndErrors) {
+  BLASST_GPU_OR_SKIP("the sm_90a prefill kernel needs a Hopper device");
+  Case c;
+  c.lq = {300, 1000, 129, 64};
+  c.lk = {700, 1000, 1290, 64};
+  c.hq = 4;
+  c.hk = 2;
+  c.causal = true;
+  const std::uint64_t seed = test_seed(680);
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  const Inputs in = llm_ragged_inputs(c, seed);
+  const std::vector<double> dense_ln(c.lq.size(), -std::numeric_limits<double>::infinity());
+  const Oracle curve = oracle(c, in, dense_ln, false);
+  const double ln = ln_lambda_for(curve.all_deltas, 0.4);
+  ASSERT_TRUE(std::isfinite(ln)) << "target 0.4 unreachable at lambda < 1: the fixed data is inadequate";
+  const double lambda = std::exp(ln);
+  // One factor for all sequences would give each its own lambda; a direct threshold gives one.
+  SkipConfig sk = SkipConfig::from_threshold(lambda);
+  std::vector<std::uint32_t> words;
+  SkipStats gs;
+  RunOptions gopt;
+  gopt.collect_stats = true;
+  (void)run_gpu(c, in, sk, gopt, &gs, &words);
+
+  VoteGranularity vote;  // the kernel's: 64 rows x 1 head x 128 keys, natural order
+  const auto tasks = vote_tasks(c.lq, c.lk, c.hk, c.hq / c.hk, vote, true, false);
+  const std::int64_t groups = (1000 + 63) / 64, tiles = (1290 + 127) / 128;
+  ASSERT_EQ(std::int64_t(words.size()), (4 * c.hq * groups * tiles + 31) / 32);
+  std::size_t i = 0;
+  std::int64_t sure = 0, agree = 0, ties = 0, extra = 0;
+  std::vector<char> seen(std::size_t(4 * c.hq * groups * tiles), 0);
+  for (const auto& t : tasks)
+    for (const std::int64_t tile : t.tiles) {
+      ASSERT_LT(i, curve.all_deltas.size()) << "oracle deltas do not match the vote groups";
+      const double d = curve.all_deltas[i++];
+      const std::int64_t bit = ((t.b * c.hq + t.h0) * groups + t.r0 / 64) * tiles + tile;
+      seen[std::size_t(bit)] = 1;
+      const bool got = (words[std::size_t(bit / 32)] >> (bit % 32)) & 1u;
+      if (std::abs(d - ln) < kTieEps) { ++ties; continue; }
+      const bool want = d < ln;
+      sure += want;
+      agree += got == want;
+      EXPECT_EQ(got, want) << "sequence " << t.b << " head " << t.h0 << " rows " << t.r0 << " tile " << tile
+                           << ": delta " << d << ", ln lambda " << ln;
+    }
+  ASSERT_EQ(i, curve.all_deltas.size());
+  for (std::size_t b = 0; b < seen.size(); ++b)  // pairs no vote group visits: never set
+    if (!seen[b]) extra += (words[b / 32] >> (b % 32)) & 1u;
+  for (std::size_t b = seen.size(); b < words.size() * 32; ++b) extra += (words[b / 32] >> (b % 32)) & 1u;
+  EXPECT_EQ(extra, 0) << "bits set for pairs that are not visited";
+  EXPECT_GT(sure, 0) << "nothing skipped: the case does not test recording";
+  EXPECT_LE(double(ties), kMaxTieShare * double(curve.all_deltas.size()));
+  std::printf("[skip set] ragged: %lld sure skipped pairs, %lld near-ties, kernel sparsity %.4f\n",
+              (long long)sure, (long long)ties, gs.sparsity());
+
+  for (const SkipConfig& none : {SkipConfig{}, SkipConfig::from_threshold(1.0)}) {
+    std::vector<std::uint32_t> w;
+    (void)run_gpu(c, in, none, RunOptions{}, nullptr, &w);
+    ASSERT_EQ(w.size(), words.size());
+    std::size_t nonzero = 0;
+    for (std::uint32_t x : w) nonzero += x != 0;
+    EXPECT_EQ(nonzero, 0u) << "a call that skips nothing must zero every word (they were poisoned)";
+  }
+
+  // Too few words: an Error naming skip_set_words, before any launch.
+  AttentionProblem p;
+  std::vector<std::uint16_t> o(in.q.size());
+  std::vector<std::int32_t> cq{0, 300, 1300, 1429, 1493}, ck{0, 700, 1700, 2990, 3054};
+  p.q = Tensor::contiguous(const_cast<std::uint16_t*>(in.q.data()), c.dt, {c.tq(), c.hq, c.d});
+  p.k = Tensor::contiguous(const_cast<std::uint16_t*>(in.k.data()), c.dt, {c.tk(), c.hk, c.d});
+  p.v = Tensor::contiguous(const_cast<std::uint16_t*>(in.v.data()), c.dt, {c.tk(), c.hk, c.d});
+  p.out = Tensor::contiguous(o.data(), c.dt, {c.tq(), c.hq, c.d});
+  p.cu_seqlens_q = cq.data();
+  p.cu_seqlens_k = ck.data();
+  p.batch = 4;
+  p.mask = MaskKind::causal;
+  std::vector<std::uint32_t> few(words.size() - 1);
+  p.skip_set = few.data();
+  p.skip_set_words = std::int64_t(few.size());
+  RunOptions opt;
+  opt.device = DeviceKind::cuda;
+  try {
+    attention(p, sk, opt);
+    ADD_FAILURE() << "expected an error for too few skip-set words";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("skip_set_words"), std::string::npos) << e.what();
   }
 }
 

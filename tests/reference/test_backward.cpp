@@ -531,5 +531,94 @@ TEST(Backward, ValidationNamesTheArgument) {
   }
 }
 
+
+// The skip set as 32-bit words (AttentionProblem::skip_set, SPEC §9): the reference forward writes
+// exactly the SkipSet's bits (as little-endian words; poisoned words overwritten, the bits past the
+// last pair zero), and the backward given those words equals the backward given the SkipSet,
+// bit for bit. Ragged-free shape with a partial last tile, max-first order, a 2-head vote.
+TEST(Backward, SkipSetWordsEqualTheSkipSet) {
+  Case c(2, 150, 170, 4, 2, 16, 16, false, 1300, 3.0f);
+  const SkipConfig cfg = skip_cfg(0.3, 16, 32, VisitOrder::max_first, 2);
+  SkipSet set;
+  c.forward(cfg, &set);
+  ASSERT_GT(set.count(), 0) << "nothing skipped: the case does not test the set";
+  ASSERT_LT(set.count(), set.batch * set.heads * set.groups * set.tiles) << "everything skipped";
+
+  AttentionProblem f = c.fwd();
+  const SkipSetShape shape = skip_set_shape(f, cfg);
+  EXPECT_EQ(shape.batch, 2);
+  EXPECT_EQ(shape.heads, 4);
+  EXPECT_EQ(shape.groups, (150 + 15) / 16);
+  EXPECT_EQ(shape.tiles, (170 + 31) / 32);
+  EXPECT_EQ(shape.vote.rows, 16);
+  EXPECT_EQ(shape.words(), (2 * 4 * 10 * 6 + 31) / 32);
+  std::vector<std::uint32_t> words(std::size_t(shape.words()), 0xffffffffu);
+  f.skip_set = words.data();
+  f.skip_set_words = std::int64_t(words.size());
+  RunOptions opt;
+  opt.fp64 = true;
+  reference::attention(f, cfg, opt);
+  for (i64 i = 0; i < std::int64_t(words.size()) * 32; ++i) {
+    const bool got = (words[std::size_t(i / 32)] >> (i % 32)) & 1u;
+    const bool want = i < shape.pairs() && ((set.bits[std::size_t(i / 8)] >> (i % 8)) & 1u);
+    ASSERT_EQ(got, want) << "bit " << i;
+  }
+
+  c.backward(cfg, &set);
+  const std::vector<double> dq = c.dq, dk = c.dk, dv = c.dv_;
+  AttentionBackwardProblem b = c.bwd();
+  b.skip_set = words.data();
+  b.skip_set_words = std::int64_t(words.size());
+  reference::attention_backward(b, cfg, opt);
+  EXPECT_EQ(c.dq, dq);
+  EXPECT_EQ(c.dk, dk);
+  EXPECT_EQ(c.dv_, dv);
+  // The words are what the backward reads: a flipped kept bit moves the gradient.
+  ASSERT_FALSE(set.skipped(1, 3, 5, 2));
+  const i64 i = set.index(1, 3, 5, 2);
+  words[std::size_t(i / 32)] |= 1u << (i % 32);
+  b = c.bwd();
+  b.skip_set = words.data();
+  b.skip_set_words = std::int64_t(words.size());
+  reference::attention_backward(b, cfg, opt);
+  EXPECT_NE(c.dq, dq);
+}
+
+// The CUDA path's shape is the prefill kernel's vote (64 rows x 1 head x 128 keys) whatever
+// skip.vote says; max_seqlen bounds set the dimensions; bad word counts are clear errors.
+TEST(Backward, SkipSetShapeAndErrors) {
+  Case c(1, 200, 300, 2, 1, 16, 16, true, 1400);
+  const SkipConfig cfg = skip_cfg(0.05, 16, 32);
+  AttentionProblem f = c.fwd();
+  RunOptions cuda;
+  cuda.device = DeviceKind::cuda;
+  const SkipSetShape k = skip_set_shape(f, cfg, cuda);
+  EXPECT_EQ(k.vote.rows, 64);
+  EXPECT_EQ(k.vote.tile_keys, 128);
+  EXPECT_EQ(k.vote.heads, 1);
+  EXPECT_EQ(k.groups, 4);
+  EXPECT_EQ(k.tiles, 3);
+  EXPECT_EQ(k.words(), 1);
+
+  std::vector<std::uint32_t> words(8, 0);
+  f.skip_set = words.data();
+  f.skip_set_words = skip_set_shape(f, cfg).words() - 1;
+  expect_error([&] { reference::attention(f, cfg); }, "skip_set_words: ");
+  f.skip_set = nullptr;
+  f.skip_set_words = 4;
+  expect_error([&] { reference::attention(f, cfg); }, "skip_set_words: given without skip_set");
+  f.skip_set_words = -1;
+  expect_error([&] { reference::attention(f, cfg); }, "skip_set_words must be >= 0");
+
+  SkipSet set;
+  c.forward(cfg, &set);
+  AttentionBackwardProblem b = c.bwd();
+  b.skip_set = words.data();
+  b.skip_set_words = std::int64_t(words.size());
+  expect_error([&] { reference::attention_backward(b, cfg, {}, &set); }, "skip_set: given twice");
+  b.skip_set_words = 0;
+  expect_error([&] { reference::attention_backward(b, cfg); }, "skip_set_words: 0 words cannot hold");
+}
+
 }  // namespace
 }  // namespace blasst::test

@@ -12,6 +12,7 @@
 #include "blasst/blasst.hpp"
 #include "core/kernel_geometry.hpp"
 #include "core/problem.hpp"
+#include "core/skip_set.hpp"
 #include "cuda/cuda_check.hpp"
 #include "cuda/cuda_dispatch.hpp"
 #include "cuda/host_launch.hpp"
@@ -140,6 +141,19 @@ std::vector<double> launch_attention(const AttentionProblem& p, const SkipConfig
   prm.visited = visited;
   prm.skipped = skipped;
   prm.hist = hist;
+  if (p.skip_set != nullptr) {
+    // SPEC §9: every word zeroed here, the skip kernel sets the bits of the pairs it skips (the
+    // dense kernel skips nothing).
+    const SkipSetShape shape = detail::skip_set_shape_of(r, detail::prefill_vote_granularity(skip.vote.order));
+    detail::check_skip_set_words(p.skip_set_words, shape, "skip_set_words");
+    if (reinterpret_cast<std::uintptr_t>(p.skip_set) % alignof(std::uint32_t) != 0)
+      throw Error("skip_set: must be 4-byte aligned (32-bit words)");
+    BLASST_CUDA_CHECK(cudaMemsetAsync(p.skip_set, 0, static_cast<std::size_t>(shape.words()) * sizeof(std::uint32_t),
+                                      static_cast<cudaStream_t>(stream)));
+    prm.skip_set = skip_kernel ? p.skip_set : nullptr;
+    prm.set_groups = static_cast<int>(check_i32(shape.groups, "skip set vote groups"));
+    prm.set_tiles = static_cast<int>(check_i32(shape.tiles, "skip set tiles"));
+  }
 
   // lambda per sequence (statistics), from the host-visible lengths.
   std::vector<double> lambdas;
@@ -185,6 +199,11 @@ void run_staged(const AttentionProblem& hp, const SkipConfig& skip, const RunOpt
   dp.v = staging.upload(hp.v);
   dp.out = staging.upload(hp.out);
   dp.lse = staging.upload(hp.lse);
+  if (hp.skip_set != nullptr) {
+    detail::check_skip_set_words(hp.skip_set_words,
+                                 skip_set_shape_of(r, prefill_vote_granularity(skip.vote.order)), "skip_set_words");
+    dp.skip_set = staging.output_words(static_cast<std::size_t>(hp.skip_set_words));
+  }
   if (hp.cu_seqlens_q) {
     dp.cu_seqlens_q = staging.upload(hp.cu_seqlens_q, static_cast<std::size_t>(r.batch + 1));
     dp.cu_seqlens_k = staging.upload(hp.cu_seqlens_k, static_cast<std::size_t>(r.batch + 1));
@@ -195,6 +214,11 @@ void run_staged(const AttentionProblem& hp, const SkipConfig& skip, const RunOpt
   cuda_attention(dp, skip, dopt, stats);
   staging.download(hp.out, dp.out);
   staging.download(hp.lse, dp.lse);
+  if (hp.skip_set != nullptr) {
+    const std::size_t words = static_cast<std::size_t>(
+        skip_set_shape_of(r, prefill_vote_granularity(skip.vote.order)).words());
+    staging.download(hp.skip_set, dp.skip_set, words);
+  }
   staging.synchronize();
 }
 

@@ -165,6 +165,11 @@ __device__ __forceinline__ void consumer_mainloop(KernelParams<Traits> const& kp
   // Non-null: histogram on (skip_hist instance only; null elsewhere, so all its code folds away).
   unsigned long long* const hist = Traits::kHist ? p.hist : nullptr;
   int n_visited = 0, n_skipped = 0;
+  // Non-null: the skip set is recorded (SPEC §9): the first thread of the warpgroup sets the bit
+  // of each visited tile its vote skipped. set_row: bit index of this vote group's tile 0.
+  std::uint32_t* const skip_set = Traits::kSkip ? p.skip_set : nullptr;
+  const long long set_row =
+      (static_cast<long long>(w.b * p.hq + w.h) * p.set_groups + (row0 / 64 + cwg)) * p.set_tiles;
 
   // Histogram (statistics), kept off the softmax's critical path and free of divergent branches:
   // in step n+1, while its S wgmma runs, each warp reduces its delta maximum of tile n and stores
@@ -261,6 +266,10 @@ __device__ __forceinline__ void consumer_mainloop(KernelParams<Traits> const& kp
       if (tile < n_vis) {
         n_visited += 1;
         n_skipped += skip ? 1 : 0;
+        if (skip && skip_set != nullptr && mma_tid % 128 == 0) {
+          const long long i = set_row + tile;
+          atomicOr(skip_set + (i >> 5), 1u << (i & 31));
+        }
       }
     }
 

@@ -38,6 +38,11 @@ struct PrefillParams {
   unsigned long long* visited = nullptr;
   unsigned long long* skipped = nullptr;
   unsigned long long* hist = nullptr;
+  // Optional skip set (SPEC §9; skip instances only; zeroed by the host): for each skipped visited
+  // (sequence b, head h, 64-row vote group g, key tile t), bit i % 32 of word i / 32 is set, with
+  // i = ((b * hq + h) * set_groups + g) * set_tiles + t (SkipSetShape's layout).
+  std::uint32_t* skip_set = nullptr;
+  int set_groups = 0, set_tiles = 0;
   int num_m_blocks = 0;  // query blocks of the longest sequence (grid size)
 };
 
