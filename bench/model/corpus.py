@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import heapq
-import importlib
+import importlib.util
 import os
 import re
 from collections import Counter
@@ -32,17 +32,17 @@ def find_sources(modules: Sequence[str] = DEFAULT_MODULES, max_file_bytes: int =
     """[(relative path, absolute path)] of the .py files of the importable modules, sorted."""
     found = {}
     for name in modules:
-        try:
-            mod = importlib.import_module(name)
+        try:  # locate without importing (no import side effects, no warnings)
+            spec = importlib.util.find_spec(name)
         except Exception:
             continue
-        f = getattr(mod, "__file__", None)
-        if not f:
+        f = spec.origin if spec is not None else None
+        if not f or not f.endswith(".py"):
             continue
         pkg_dir = os.path.dirname(os.path.abspath(f))
         root = os.path.dirname(pkg_dir)
-        if os.path.basename(f) != "__init__.py":  # a single-module package
-            pkg_dir = os.path.abspath(f)
+        if os.path.basename(f) != "__init__.py":  # a single-file module
+            pkg_dir, root = os.path.abspath(f), os.path.dirname(os.path.abspath(f))
         paths = [pkg_dir] if os.path.isfile(pkg_dir) else []
         if not paths:
             for dp, dns, fns in os.walk(pkg_dir):

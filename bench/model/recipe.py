@@ -328,7 +328,10 @@ def main(argv=None):
     R["corpus"] = {"train_files": len(C["train"]), "heldout_files": len(C["heldout"]),
                    "train_bytes": sum(len(x[1]) for x in C["train"]),
                    "heldout_bytes": sum(len(x[1]) for x in C["heldout"]),
-                   "heldout_example_paths": [x[0] for x in C["heldout"][:10]]}
+                   "heldout_example_paths": [x[0] for x in C["heldout"][:10]],
+                   "files_by_package": dict(sorted(__import__("collections").Counter(
+                       x[0].split(os.sep)[0] for s_ in ("train", "heldout") for x in C[s_]).items())),
+                   "heldout_pct": P["heldout_pct"], "modules": list(corpus.DEFAULT_MODULES)}
     log(f"corpus: {R['corpus']['train_files']} train / {R['corpus']['heldout_files']} held-out "
         f"files, {R['corpus']['train_bytes'] / 1e6:.1f} / {R['corpus']['heldout_bytes'] / 1e6:.1f} MB")
     sample, n = [], 0
