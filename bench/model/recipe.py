@@ -10,7 +10,6 @@ tokenizer and the checkpoint shards (ckpt_*.pt, < 15 MiB each)."""
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import math
 import os
@@ -25,6 +24,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import corpus  # noqa: E402
 from model import LM, ModelConfig, sdpa_attention  # noqa: E402
+from tables import markdown  # noqa: E402
 
 T0 = time.time()
 LOG = None
@@ -394,10 +394,13 @@ def main(argv=None):
         el = time.time() - t_train
         if step >= est_steps or el >= P["train_seconds"]:
             break
-        if step == 10 and dev.type == "cuda":  # fix the schedule length from the measured rate
-            rate = el / 10
-            est_steps = min(P["max_steps"], int((P["train_seconds"] - el) / rate) + 10)
+        if step == 10:
+            t_10 = el
+        if step == 30:  # fix the schedule length from the rate measured over steps 10..30
+            rate = (el - t_10) / 20
+            est_steps = min(P["max_steps"], int((P["train_seconds"] - el) / rate) + 30)
             log(f"schedule: {rate * 1e3:.0f} ms/step -> {est_steps} steps")
+            R["train_schedule"] = {"ms_per_step": rate * 1e3, "planned_steps": est_steps}
         if step < P["warmup"]:
             lr = P["lr"] * (step + 1) / P["warmup"]
         else:
@@ -549,12 +552,14 @@ def main(argv=None):
                 skips = {l: blasst.SkipSoftmax(threshold=per[l][0], order=order, **tile_kw)
                          for l in range(cfg.n_layers)}
                 row("blasst", order, "per_layer", target, skips,
-                    {"lambdas": [p[0] for p in per], "calib_sparsity": [p[1] for p in per],
+                    {"lambdas": [p[0] for p in per], "factors": [p[0] * L for p in per],
+                     "calib_sparsity": [p[1] for p in per],
                      "reachable": [p[2] for p in per]})
                 skips = {l: blasst.SkipSoftmax(threshold=glam, order=order, **tile_kw)
                          for l in range(cfg.n_layers)}
                 row("blasst", order, "fixed", target, skips,
-                    {"lambda": glam, "calib_sparsity_pooled": gcur, "reachable": greach})
+                    {"lambda": glam, "factor": glam * L, "calib_sparsity_pooled": gcur,
+                     "reachable": greach})
     R["phases"]["eval_s"] = time.time() - t_eval
     R["phases"]["total_s"] = time.time() - T0
     dump()
@@ -563,46 +568,6 @@ def main(argv=None):
     log(f"eval done in {R['phases']['eval_s']:.1f} s; total {R['phases']['total_s']:.1f} s; "
         f"{len(R['rows'])} rows, {len(R['errors'])} errors")
     return 0
-
-
-def markdown(R):
-    o = io.StringIO()
-    p = R["phases"]
-    o.write(f"# Model accuracy run ({'tiny, CPU' if R['tiny'] else R.get('gpu', R['device'])})\n\n")
-    m = R["model"]
-    o.write(f"Model: {m.get('n_params', 0) / 1e6:.2f} M params, d {m['d_model']}, {m['n_layers']} "
-            f"layers, {m['n_heads']}/{m['n_kv_heads']} heads of {m['head_dim']}, vocab {m['vocab']}."
-            f"\n\nCorpus: {R['corpus']['train_files']} train / {R['corpus']['heldout_files']} "
-            f"held-out files; tokens {R['tokens']['train']} / {R['tokens']['heldout']} "
-            f"({R['tokens']['bytes_per_token']:.2f} bytes/token).\n\n")
-    tr = R.get("train", {})
-    o.write(f"Training: {tr.get('steps')} steps, {tr.get('tokens')} tokens, "
-            f"{p.get('train_s', 0):.0f} s, final train loss {tr.get('final_loss')}. Baselines on "
-            f"held-out: unigram {R['baselines']['unigram_loss']:.3f}, bigram "
-            f"{R['baselines']['bigram_loss']:.3f} nats/token.\n\n")
-    o.write("Phases (s): " + ", ".join(f"{k} {v:.1f}" for k, v in p.items()) + "\n\n")
-    o.write("| ctx | attention | order | lambda from | target | sparsity | loss | d loss | copy loss | "
-            "copy sparsity |\n|---|---|---|---|---|---|---|---|---|---|\n")
-    dense = {}
-    for r in R["rows"]:
-        if r["kind"] == "sdpa" and "loss" in r:
-            dense[r["ctx"]] = r["loss"]
-    for r in R["rows"]:
-        d = dense.get(r["ctx"])
-        loss = r.get("loss")
-        dl = f"{loss - d:+.4f}" if (loss is not None and d is not None) else ""
-        ctxs = f"{r['ctx']}{' (beyond training)' if r.get('beyond_training') else ''}"
-        err = f" ERROR {r['error']}" if "error" in r else ""
-        o.write(f"| {ctxs} | {r['kind']} | {r['order'] or '-'} | {r['mode']} | {r['target']} | "
-                f"{r.get('sparsity', 0):.3f} | {loss if loss is None else f'{loss:.4f}'} | {dl} | "
-                f"{r.get('copy_loss', float('nan')):.4f} | {r.get('copy_sparsity', 0):.3f}{err} |\n")
-    a = R.get("attention_analysis")
-    if a:
-        o.write(f"\nSink mass (mean probability on key 0, held-out, L = {a['length']}): " +
-                ", ".join(f"L{i} {l['sink_mass']:.3f}" for i, l in enumerate(a["layers"])) + "\n")
-    if R["errors"]:
-        o.write("\nErrors:\n" + "".join(f"- {e}\n" for e in R["errors"]))
-    return o.getvalue()
 
 
 if __name__ == "__main__":

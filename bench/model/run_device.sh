@@ -8,6 +8,7 @@
 # build-device) and, with BLASST_BUILD=1, builds only the extension there first (a few minutes).
 #
 # Budgets (seconds): TRAIN_S (default 290), EVAL_S (150); whole run about 8 min.
+# TINY=1: local smoke test of this script on the CPU (recipe.py --tiny).
 # Outputs in $OUT (<= 6 files): results.json, ckpt_*.pt (< 15 MiB each, bf16),
 # misc.tar.gz (results.md, log.txt, tokenizer.json, build log).
 set -uo pipefail
@@ -39,8 +40,12 @@ if ! python3 -c "import blasst, sys; print('blasst', blasst.__version__, 'cuda',
   echo "[$(ts)] ERROR: blasst is not importable (set PYTHONPATH to a build's python dir, or BLASST_BUILD=1)"
   exit 2
 fi
+if [ "${TINY:-0}" = 1 ]; then  # local smoke test of this script: CPU, --tiny
+  RECIPE_ARGS="--tiny ${RECIPE_ARGS:-}"
+else
 python3 -c "import torch; assert torch.cuda.is_available(), 'no CUDA'; print('torch', torch.__version__, torch.cuda.get_device_name(0))" || {
   echo "[$(ts)] ERROR: torch sees no CUDA device"; exit 2; }
+fi
 
 t0=$(date +%s)
 timeout ${TOTAL_TIMEOUT_S:-570} python3 bench/model/recipe.py --out "$WORK" \
@@ -49,6 +54,7 @@ rc=$?
 echo "[$(ts)] recipe rc=$rc ($(( $(date +%s) - t0 )) s)"
 
 # Gather: results.json and the shards as files, everything else in one archive.
+[ -f "$WORK/build.log" ] || true
 cp "$WORK"/results.json "$OUT"/ 2>/dev/null
 cp "$WORK"/ckpt_*.pt "$OUT"/ 2>/dev/null
 (cd "$WORK" && tar czf "$OUT/misc.tar.gz" $(ls | grep -v -E '^(results\.json|ckpt_.*\.pt)$'))
