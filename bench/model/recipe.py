@@ -262,6 +262,9 @@ def main(argv=None):
     ap.add_argument("--contexts", default=None, help="comma list of eval contexts")
     ap.add_argument("--extra-context", default=None, help="beyond-training contexts (flagged)")
     ap.add_argument("--targets", default="0.3,0.5,0.7,0.9")
+    ap.add_argument("--train-ctx", type=int, default=None, help="(testing) training context")
+    ap.add_argument("--batch", type=int, default=None, help="(testing) training batch")
+    ap.add_argument("--eval-tokens", type=int, default=None, help="held-out tokens per row")
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--workers", type=int, default=None)
     args = ap.parse_args(argv)
@@ -303,6 +306,15 @@ def main(argv=None):
         P["max_steps"] = args.max_steps
     if args.corpus_bytes is not None:
         P["corpus_bytes"] = args.corpus_bytes
+    if args.train_ctx is not None:
+        P["ctx"] = args.train_ctx
+    if args.batch is not None:
+        P["batch"] = args.batch
+    if args.eval_tokens is not None:
+        scale = args.eval_tokens / P["eval_tokens"]
+        for k in ("copy_tokens", "calib_tokens"):
+            P[k] = max(1, int(P[k] * scale))
+        P["eval_tokens"] = args.eval_tokens
     if args.contexts:
         P["contexts"] = [int(x) for x in args.contexts.split(",")]
     if args.extra_context is not None:
