@@ -552,6 +552,11 @@ def main(argv=None):
             except Exception as e:
                 R["errors"].append(f"ctx {L} {order} calibration: {e!r}")
                 log(f"calibration failed: {traceback.format_exc()}")
+                # fallback: a grid of direct thresholds, so the order still gets rows
+                for lam in (1e-4, 1e-3, 1e-2, 1e-1):
+                    skips = {l: blasst.SkipSoftmax(threshold=lam, order=order, **tile_kw)
+                             for l in range(cfg.n_layers)}
+                    row("blasst", order, "grid", lam, skips, {"lambda": lam, "reachable": True})
                 continue
             pooled = [s for l in range(cfg.n_layers) for s in ca.hists.get(l, [])]
             for target in targets:
