@@ -1,7 +1,7 @@
 """Offline corpus and tokenizer for the model benchmark (bench/model/README.md).
 
-Corpus: the Python source files of installed packages (torch, numpy, ...), found through the
-modules' __file__ paths. Split by file: sha1 of the path relative to the site-packages folder;
+Corpus: the Python source files of the site-packages folders that hold torch, numpy, ... (found
+through the modules' spec origins, i.e. their __file__ paths). Split by file: sha1 of the path relative to the site-packages folder;
 files whose hash value mod 100 is below heldout_pct are held out.
 
 Tokenizer: byte-level BPE trained here in pure Python on a sample of the training split.
@@ -29,8 +29,10 @@ WORD_RE = re.compile(r" ?[A-Za-z_]+| ?[0-9]+| ?[^\sA-Za-z_0-9]+|\n[ \t]*|[ \t]+|
 
 
 def find_sources(modules: Sequence[str] = DEFAULT_MODULES, max_file_bytes: int = 400_000):
-    """[(relative path, absolute path)] of the .py files of the importable modules, sorted."""
-    found = {}
+    """[(relative path, absolute path)] of every .py file under the site-packages folders that
+    hold the given modules (torch's dependencies such as sympy come along), sorted. Paths are
+    relative to their site-packages folder."""
+    roots = []
     for name in modules:
         try:  # locate without importing (no import side effects, no warnings)
             spec = importlib.util.find_spec(name)
@@ -39,24 +41,26 @@ def find_sources(modules: Sequence[str] = DEFAULT_MODULES, max_file_bytes: int =
         f = spec.origin if spec is not None else None
         if not f or not f.endswith(".py"):
             continue
-        pkg_dir = os.path.dirname(os.path.abspath(f))
-        root = os.path.dirname(pkg_dir)
-        if os.path.basename(f) != "__init__.py":  # a single-file module
-            pkg_dir, root = os.path.abspath(f), os.path.dirname(os.path.abspath(f))
-        paths = [pkg_dir] if os.path.isfile(pkg_dir) else []
-        if not paths:
-            for dp, dns, fns in os.walk(pkg_dir):
-                dns.sort()
-                for fn in sorted(fns):
-                    if fn.endswith(".py"):
-                        paths.append(os.path.join(dp, fn))
-        for p in paths:
-            try:
-                if os.path.getsize(p) > max_file_bytes or os.path.getsize(p) == 0:
+        f = os.path.abspath(f)
+        root = os.path.dirname(os.path.dirname(f)) if os.path.basename(f) == "__init__.py" \
+            else os.path.dirname(f)
+        if root not in roots:
+            roots.append(root)
+    found = {}
+    for root in roots:
+        for dp, dns, fns in os.walk(root):
+            dns[:] = sorted(d for d in dns if d != "__pycache__" and not d.endswith(
+                (".dist-info", ".egg-info")))
+            for fn in sorted(fns):
+                if not fn.endswith(".py"):
                     continue
-            except OSError:
-                continue
-            found[os.path.relpath(p, root)] = p
+                p = os.path.join(dp, fn)
+                try:
+                    size = os.path.getsize(p)
+                except OSError:
+                    continue
+                if 0 < size <= max_file_bytes:
+                    found.setdefault(os.path.relpath(p, root), p)
     return sorted(found.items())
 
 

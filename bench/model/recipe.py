@@ -291,7 +291,7 @@ def main(argv=None):
                  cfg=ModelConfig(vocab=448, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2,
                                  head_dim=16, d_ff=192, max_len=512))
     else:
-        P = dict(corpus_bytes=64_000_000, heldout_pct=5, bpe_sample=3_000_000, merges=3903, ctx=8192, batch=8,
+        P = dict(corpus_bytes=96_000_000, heldout_pct=5, bpe_sample=3_000_000, merges=3903, ctx=8192, batch=8,
                  train_seconds=290.0, max_steps=100000, lr=2e-3, warmup=60, eval_seconds=150.0,
                  contexts=[8192, 4096, 2048], extra=[16384], eval_tokens=131072,
                  copy_tokens=65536, calib_tokens=65536, sink_len=4096, sink_seqs=2,
