@@ -287,7 +287,7 @@ def main(argv=None):
                  train_seconds=20.0, max_steps=60, lr=3e-3, warmup=5, eval_seconds=25.0,
                  contexts=[256, 128], extra=[], eval_tokens=2048, copy_tokens=1024,
                  calib_tokens=2048, sink_len=256, sink_seqs=1, max_tokens=4096,
-                 tile_kw=dict(tile_keys=32, vote_rows=16), tile=32,
+                 tile_kw=dict(tile_keys=16, vote_rows=4), tile=16,
                  cfg=ModelConfig(vocab=448, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2,
                                  head_dim=16, d_ff=192, max_len=512))
     else:

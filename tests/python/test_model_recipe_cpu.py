@@ -80,7 +80,12 @@ def test_every_row_present_and_skipping_skips(tiny_run):
                     assert len(r["sparsity_per_layer"]) == R["model"]["n_layers"]
     top = [r for r in R["rows"] if r["mode"] != "dense" and r["target"] == 0.9]
     assert max(r["sparsity"] for r in top) > 0.0
-    # achieved sparsity follows the calibration curve (same text is not used, so loosely)
+    # where the calibration curve reaches the target, the achieved sparsity on held-out text
+    # follows it (different text, small samples: loosely)
+    fixed = [r for r in R["rows"] if r["mode"] == "fixed" and r["reachable"]]
+    assert fixed
+    for r in fixed:
+        assert abs(r["sparsity"] - r["target"]) < 0.2, r
     a = R["attention_analysis"]["layers"]
     assert len(a) == R["model"]["n_layers"] and all(0 <= l["sink_mass"] <= 1 for l in a)
     for l in a:
