@@ -423,11 +423,23 @@ def main(argv=None):
         b = train.seqs(ctx, bs, rng)
         x = torch.from_numpy(b[:, :-1]).to(dev, non_blocking=True)
         y = torch.from_numpy(b[:, 1:]).to(dev, non_blocking=True)
-        with amp:
-            logits = step_fn(x)
-            loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), y.reshape(-1))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
+        try:
+            with amp:
+                logits = step_fn(x)
+                loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), y.reshape(-1))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+        except torch.OutOfMemoryError:
+            logits = loss = None
+            opt.zero_grad(set_to_none=True)
+            torch.cuda.empty_cache()
+            if bs == 1:
+                raise
+            bs //= 2
+            log(f"out of memory at step {step}: batch halved to {bs}")
+            R["errors"].append(f"training OOM at step {step}: batch {bs}")
+            continue
+        del logits
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         step += 1
@@ -588,4 +600,8 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except Exception:
+        log("FAILED:\n" + traceback.format_exc())
+        sys.exit(1)
