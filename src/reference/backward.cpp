@@ -292,8 +292,17 @@ void attention_backward(const AttentionBackwardProblem& p, const SkipConfig& ski
   check_like(p.dk, "dk", p.k, "k", r.dtype);
   check_like(p.dv, "dv", p.v, "v", r.dtype);
   if (p.dlse.defined() || p.dlse.rank != 0) {
-    if (!p.lse.defined() && p.lse.rank == 0) throw Error("dlse: given without lse");
-    check_like(p.dlse, "dlse", p.lse, "lse", DType::f32);
+    Tensor lse_like;  // the layout of lse, from q: [B, Hq, Lq] or ragged [Hq, Tq]
+    lse_like.rank = p.q.rank - 1;
+    if (r.ragged) {
+      lse_like.shape[0] = p.q.shape[1];
+      lse_like.shape[1] = p.q.shape[0];
+    } else {
+      lse_like.shape[0] = p.q.shape[0];
+      lse_like.shape[1] = p.q.shape[2];
+      lse_like.shape[2] = p.q.shape[1];
+    }
+    check_like(p.dlse, "dlse", lse_like, "lse", DType::f32);
     if (p.dlse.dtype != DType::f32 && p.dlse.dtype != DType::f64)
       throw Error(std::string("dlse: dtype ") + to_string(p.dlse.dtype) + " not allowed (f32 or f64)");
   }
