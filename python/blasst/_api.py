@@ -4,7 +4,8 @@ Eager calls run blasst._calls: any DLPack-capable tensors (torch, numpy, cupy) i
 outputs are allocated by the input's own framework (torch.empty, numpy.empty, cupy.empty) and
 filled by C++. CPU tensors run the reference engine, CUDA tensors the kernels on the caller's
 current stream. While torch.compile traces a call with torch tensors, the call goes through the
-custom ops of blasst._torch_ops instead, which run the same blasst._calls at run time.
+custom ops of blasst._torch_ops instead, which run the same blasst._calls at run time; so does an
+attention call that autograd records (its backward is registered on the op, SPEC §9).
 """
 from __future__ import annotations
 
@@ -37,6 +38,19 @@ def _torch_compiling(q) -> bool:
     return isinstance(q, ops.torch.Tensor) and ops.torch.compiler.is_compiling()
 
 
+def _needs_grad(q, k, v) -> bool:
+    """True when autograd records this call (torch tensors requiring grad, grad mode on): route it
+    through the custom op, whose backward is registered (SPEC §9)."""
+    ops = _torch_ops
+    if ops is None:
+        if sys.modules.get("torch") is None:
+            return False
+        ops = _load_torch_ops()
+    torch = ops.torch
+    return torch.is_grad_enabled() and any(
+        isinstance(x, torch.Tensor) and x.requires_grad for x in (q, k, v))
+
+
 def _no_stats_when_compiling(stats, entry: str) -> None:
     if stats is not None:
         raise ValueError(f"stats: not available inside torch.compile; call {entry} eagerly to "
@@ -59,7 +73,10 @@ def attention(q, k, v, *, causal: bool = False, scale: Optional[float] = None,
     causal: bottom-right aligned when Lq != Lk. skip: a blasst.SkipSoftmax (None: dense).
     stats: a dict (filled in place) or a blasst.SkipStats.
     """
-    if _torch_compiling(q):
+    if not _torch_compiling(q) and _needs_grad(q, k, v) and stats is not None:
+        raise ValueError("stats: not available while autograd records the call; collect "
+                         "statistics under torch.no_grad() or with detached tensors")
+    if _torch_compiling(q) or _needs_grad(q, k, v):
         _no_stats_when_compiling(stats, "blasst.attention")
         return _torch_ops.attention_op(q, k, v, causal, scale, skip, cu_seqlens_q, cu_seqlens_k,
                                        max_seqlen_q, max_seqlen_k, return_lse)

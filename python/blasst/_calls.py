@@ -141,6 +141,11 @@ class _Call:
         return self.out if self.lse is None else (self.out, self.lse)
 
 
+def torch_export(x):
+    """A torch tensor (or None) as a DLPack view for _core (the backward op's arguments)."""
+    return None if x is None else Frame(x).export(x, "tensor")
+
+
 def attention(q, k, v, causal, scale, skip, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
               max_seqlen_k, return_lse, stats):
     frame = Frame(q)

@@ -4,6 +4,13 @@ torch.compile traces through them without running them. Imported only when torch
 The ops run the eager calls of blasst._calls. The SkipSoftmax settings travel as a string (a repr
 of its primitive fields): op schemas take only primitive types. Timestep gating is read inside the
 op, i.e. at run time, not at trace time.
+
+blasst::attention is differentiable in q, k, v (torch.library.register_autograd, so torch.compile
+still traces it): SPEC §9, the gradient of the kept-tiles function with the skip set held fixed.
+The forward saves O, the LSE and whether skipping ran (the op's third output, so timestep gating
+is decided once, in the forward); the backward op blasst::attention_backward recomputes the skip
+set exactly with the reference engine's own vote (same inputs, same settings) and computes dQ, dK,
+dV in float64 (CPU tensors; CUDA tensors raise NotImplementedError until the GPU kernel exists).
 """
 from __future__ import annotations
 
@@ -38,6 +45,11 @@ def _op_result(res, q, return_lse: bool):
     return res, q.new_empty((0,), dtype=torch.float32)
 
 
+def _skip_active(skip: str) -> bool:
+    """Whether a forward with these settings runs the skip test now (timestep gating included)."""
+    return _calls._effective_skip(skip_from_str(skip))[0] is not None
+
+
 def _fake_result(q, out_shape, lse_shape, return_lse: bool):
     return (q.new_empty(out_shape),
             q.new_empty(lse_shape if return_lse else (0,), dtype=torch.float32))
@@ -47,18 +59,95 @@ def _fake_result(q, out_shape, lse_shape, return_lse: bool):
 def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                cu_seqlens_q: Optional[torch.Tensor], cu_seqlens_k: Optional[torch.Tensor],
                max_seqlen_q: int, max_seqlen_k: int, causal: bool, scale: Optional[float],
-               skip: str, return_lse: bool) -> Tuple[torch.Tensor, torch.Tensor]:
-    res = _calls.attention(q, k, v, causal, scale, skip_from_str(skip), cu_seqlens_q,
-                           cu_seqlens_k, max_seqlen_q or None, max_seqlen_k or None, return_lse,
-                           None)
-    return _op_result(res, q, return_lse)
+               skip: str, return_lse: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(out, lse, skip_active): skip_active (uint8 [1]) says whether the skip test ran (it did
+    not when skip is dense or timestep gating held it off); the backward needs it."""
+    active = _skip_active(skip)
+    res = _calls.attention(q, k, v, causal, scale, skip_from_str(skip) if active else None,
+                           cu_seqlens_q, cu_seqlens_k, max_seqlen_q or None, max_seqlen_k or None,
+                           return_lse, None)
+    out, lse = _op_result(res, q, return_lse)
+    # A fill on q's device (capturable; no host-to-device copy).
+    return out, lse, torch.full((1,), int(active), dtype=torch.uint8, device=q.device)
 
 
 @_attention.register_fake
 def _attention_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
                     scale, skip, return_lse):
-    return _fake_result(q, *_calls.attention_shapes(q.shape, v.shape, cu_seqlens_q is not None),
-                        return_lse)
+    out, lse = _fake_result(q, *_calls.attention_shapes(q.shape, v.shape,
+                                                        cu_seqlens_q is not None), return_lse)
+    return out, lse, q.new_empty((1,), dtype=torch.uint8)
+
+
+def _gpu_backward_error():
+    return NotImplementedError(
+        "blasst.attention backward: not implemented on the GPU yet (CUDA tensors); the CPU "
+        "reference computes it for CPU tensors")
+
+
+@torch.library.custom_op("blasst::attention_backward", mutates_args=())
+def _attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                        out: torch.Tensor, lse: Optional[torch.Tensor],
+                        dlse: Optional[torch.Tensor],
+                        cu_seqlens_q: Optional[torch.Tensor],
+                        cu_seqlens_k: Optional[torch.Tensor], max_seqlen_q: int,
+                        max_seqlen_k: int, causal: bool, scale: Optional[float],
+                        skip: str, skip_active: torch.Tensor
+                        ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dq, dk, dv of blasst::attention (SPEC §9). skip, skip_active: the forward's settings and
+    whether its skip test ran (read here, at run time: no data-dependent branch in a traced
+    backward). lse: the forward's (None: not computed, the backward computes
+    it). dlse: the gradient flowing into the returned lse, or None. The
+    forward's float32 LSE is used for float32/16 tensors; for float64 tensors the backward
+    computes the LSE over kept keys in float64 instead (a float32 LSE would cap the gradient at
+    float32 precision)."""
+    if q.is_cuda:
+        raise _gpu_backward_error()
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    ex = _calls.torch_export
+    # The settings as given: the forward already decided that its skip test ran (no gating here).
+    cfg = skip_from_str(skip)._cfg if skip and bool(skip_active[0]) else None
+    _calls._core.attention_backward(
+        ex(q), ex(k), ex(v), ex(out), ex(dout.contiguous()),
+        None if lse is None or q.dtype == torch.float64 else ex(lse),
+        None if dlse is None else ex(dlse.to(torch.float64).contiguous()), ex(dq), ex(dk), ex(dv),
+        ex(cu_seqlens_q), ex(cu_seqlens_k), max_seqlen_q, max_seqlen_k, causal, scale,
+        cfg, _calls._settings["num_threads"])
+    return dq, dk, dv
+
+
+@_attention_backward.register_fake
+def _attention_backward_fake(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k,
+                             max_seqlen_q, max_seqlen_k, causal, scale, skip, skip_active):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _attention_setup_context(ctx, inputs, output):
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, skip, \
+        return_lse = inputs
+    out, lse, active = output
+    ctx.save_for_backward(q, k, v, out, lse, active, cu_seqlens_q, cu_seqlens_k)
+    ctx.args = (max_seqlen_q, max_seqlen_k, causal, scale, skip, return_lse)
+
+
+def _attention_grad(ctx, grad_out, grad_lse, grad_active):
+    q, k, v, out, lse, active, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
+    max_seqlen_q, max_seqlen_k, causal, scale, skip, return_lse = ctx.args
+    if q.is_cuda:
+        raise _gpu_backward_error()
+    # The lse placeholder of a call without return_lse carries no gradient.
+    dlse = grad_lse if return_lse and grad_lse is not None and grad_lse.numel() else None
+    if grad_out is None:
+        grad_out = torch.zeros_like(out)
+    # The forward decided once whether its skip test ran (timestep gating): active says so.
+    dq, dk, dv = torch.ops.blasst.attention_backward(
+        grad_out, q, k, v, out, lse if return_lse else None, dlse, cu_seqlens_q, cu_seqlens_k,
+        max_seqlen_q, max_seqlen_k, causal, scale, skip, active)
+    return dq, dk, dv, None, None, None, None, None, None, None, None
+
+
+torch.library.register_autograd("blasst::attention", _attention_grad,
+                                setup_context=_attention_setup_context)
 
 
 @torch.library.custom_op("blasst::decode", mutates_args=())
@@ -85,10 +174,13 @@ def _as_tensor(x, name):
 
 def attention_op(q, k, v, causal, scale, skip, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                  max_seqlen_k, return_lse):
-    out, lse = torch.ops.blasst.attention(
+    # A gradient needs the LSE: the op computes it whenever autograd records the call.
+    wants_grad = torch.is_grad_enabled() and any(
+        isinstance(x, torch.Tensor) and x.requires_grad for x in (q, k, v))
+    out, lse, _ = torch.ops.blasst.attention(
         q, k, v, _as_tensor(cu_seqlens_q, "cu_seqlens_q"), _as_tensor(cu_seqlens_k, "cu_seqlens_k"),
         int(max_seqlen_q or 0), int(max_seqlen_k or 0), bool(causal), _calls.opt_scale(scale),
-        skip_to_str(skip), bool(return_lse))
+        skip_to_str(skip), bool(return_lse) or wants_grad)
     return (out, lse) if return_lse else out
 
 

@@ -125,6 +125,9 @@ void run_released(void (*entry)(const Problem&, const blasst::SkipConfig&,
   opt.record_deltas = stats != nullptr && record_deltas;
   opt.stream = reinterpret_cast<void*>(stream);
   opt.num_threads = num_threads;
+  // float64 tensors run the reference in float64 (oracle mode): gradcheck-grade forwards, and the
+  // backward's recomputed skip set votes on the same scores.
+  opt.fp64 = p.q.dtype == DType::f64;
   nb::gil_scoped_release release;
   entry(p, cfg, opt, stats);
 }
@@ -158,6 +161,49 @@ void py_attention(const InArray& q, const InArray& k, const InArray& v, const Ou
   p.max_seqlen_k = max_seqlen_k;
   run_released(&blasst::attention, p, causal, scale, skip, stream, stats, histogram, record_deltas,
                num_threads);
+}
+
+// SPEC §9 backward (CPU tensors; CUDA tensors raise "not implemented on the GPU yet"). The skip
+// set is recomputed by the reference forward's own vote from the same inputs and settings; lse
+// None: the backward computes the LSE over kept keys in float64; dlse: gradient into the LSE.
+void py_attention_backward(const InArray& q, const InArray& k, const InArray& v, const InArray& out,
+                           const InArray& dout, const std::optional<InArray>& lse,
+                           const std::optional<InArray>& dlse, const OutArray& dq,
+                           const OutArray& dk, const OutArray& dv,
+                           const std::optional<InArray>& cu_seqlens_q,
+                           const std::optional<InArray>& cu_seqlens_k, std::int64_t max_seqlen_q,
+                           std::int64_t max_seqlen_k, bool causal, std::optional<double> scale,
+                           const blasst::SkipConfig* skip, int num_threads) {
+  blasst::AttentionBackwardProblem p;
+  p.q = to_tensor(q, "q");
+  p.k = to_tensor(k, "k");
+  p.v = to_tensor(v, "v");
+  p.out = to_tensor(out, "out");
+  p.dout = to_tensor(dout, "dout");
+  if (lse) p.lse = to_tensor(*lse, "lse");
+  if (dlse) p.dlse = to_tensor(*dlse, "dlse");
+  p.dq = to_tensor(dq, "dq");
+  p.dk = to_tensor(dk, "dk");
+  p.dv = to_tensor(dv, "dv");
+  if (cu_seqlens_q.has_value() != cu_seqlens_k.has_value())
+    throw Error("cu_seqlens_q, cu_seqlens_k: give both offsets for a ragged batch, or neither");
+  if (cu_seqlens_q) {
+    p.cu_seqlens_q = index_array(*cu_seqlens_q, "cu_seqlens_q", p.q.device, 1);
+    p.cu_seqlens_k = index_array(*cu_seqlens_k, "cu_seqlens_k", p.q.device, 1);
+    if (cu_seqlens_q->shape(0) != cu_seqlens_k->shape(0) || cu_seqlens_q->shape(0) < 2)
+      throw Error("cu_seqlens_q, cu_seqlens_k: need the same length batch + 1 >= 2");
+    p.batch = static_cast<std::int64_t>(cu_seqlens_q->shape(0)) - 1;
+  }
+  p.max_seqlen_q = max_seqlen_q;
+  p.max_seqlen_k = max_seqlen_k;
+  p.mask = causal ? blasst::MaskKind::causal : blasst::MaskKind::full;
+  p.scale = scale;
+  const blasst::SkipConfig cfg = skip ? *skip : blasst::SkipConfig{};
+  blasst::RunOptions opt;
+  opt.num_threads = num_threads;
+  opt.fp64 = p.q.dtype == DType::f64;  // as the forward (run_released): the same skip set
+  nb::gil_scoped_release release;
+  blasst::attention_backward(p, cfg, opt);
 }
 
 void py_decode(const InArray& q, const InArray& k_cache, const InArray& v_cache,
@@ -344,6 +390,10 @@ NB_MODULE(_core, m) {
         "cu_seqlens_q"_a.none(), "cu_seqlens_k"_a.none(), "max_seqlen_q"_a, "max_seqlen_k"_a,
         "causal"_a, "scale"_a.none(), "skip"_a.none(), "stream"_a, "stats"_a.none(),
         "histogram"_a = false, "record_deltas"_a = false, "num_threads"_a = 0);
+  m.def("attention_backward", &py_attention_backward, "q"_a, "k"_a, "v"_a, "out"_a, "dout"_a,
+        "lse"_a.none(), "dlse"_a.none(), "dq"_a, "dk"_a, "dv"_a, "cu_seqlens_q"_a.none(), "cu_seqlens_k"_a.none(),
+        "max_seqlen_q"_a, "max_seqlen_k"_a, "causal"_a, "scale"_a.none(), "skip"_a.none(),
+        "num_threads"_a = 0);
   m.def("decode", &py_decode, "q"_a, "k_cache"_a, "v_cache"_a, "out"_a, "lse"_a.none(),
         "page_table"_a.none(), "seqlens"_a.none(), "max_seqlen_k"_a, "causal"_a,
         "scale"_a.none(), "skip"_a.none(), "stream"_a, "stats"_a.none(), "histogram"_a = false,

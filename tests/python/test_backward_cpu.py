@@ -1,0 +1,198 @@
+"""SPEC §9 backward through torch autograd on CPU tensors: blasst.attention is differentiable in q,
+k, v. Dense: torch.autograd.gradcheck in float64. Skipping: the gradient equals autograd through a
+float64 masked softmax whose block mask is the forward's own skip set (rebuilt from its recorded
+deltas). Also GQA, causal, torch.compile(fullgraph=True) and the CUDA error."""
+import math
+
+import numpy as np
+import pytest
+
+import blasst
+
+torch = pytest.importorskip("torch", reason="torch is not installed here")
+
+
+def randn(gen, *shape, sd=1.0):
+    return (torch.randn(*shape, generator=gen, dtype=torch.float64) * sd).requires_grad_(True)
+
+
+@pytest.fixture
+def gen(request):
+    seed = sum(ord(c) * (i + 1) for i, c in enumerate(request.node.nodeid)) % (2**31)
+    return torch.Generator().manual_seed(seed)
+
+
+def masked_attention(q, k, v, causal, keep=None):
+    """float64 softmax attention written from SPEC §1; keep [B, Hq, Lq, Lk] bool: the block mask."""
+    B, Lq, Hq, d = q.shape
+    Lk, Hk = k.shape[1], k.shape[2]
+    g = Hq // Hk
+    kk = k.repeat_interleave(g, dim=2)
+    vv = v.repeat_interleave(g, dim=2)
+    s = torch.einsum("bihc,bjhc->bhij", q, kk) / math.sqrt(d)
+    vis = torch.ones(Lq, Lk, dtype=torch.bool)
+    if causal:
+        vis = torch.arange(Lk)[None, :] <= torch.arange(Lq)[:, None] + (Lk - Lq)
+    mask = vis[None, None].expand(B, Hq, Lq, Lk)
+    if keep is not None:
+        mask = mask & keep
+    s = s.masked_fill(~mask, -math.inf)
+    p = torch.softmax(s, dim=-1).nan_to_num(0.0)  # fully masked rows: 0
+    return torch.einsum("bhij,bjhc->bihc", p, vv)
+
+
+def skip_set_from_deltas(deltas, lam, B, Hq, Lq, Lk, rows, tile, causal):
+    """keep [B, Hq, Lq, Lk] from the forward's recorded deltas: natural order, one head per vote
+    group, so they come in the order (sequence, head, row block, tile 0..n_vis-1)."""
+    keep = torch.ones(B, Hq, Lq, Lk, dtype=torch.bool)
+    n_tiles = -(-Lk // tile)
+    it = iter(np.asarray(deltas, dtype=np.float32))
+    skipped = 0
+    for b in range(B):
+        for h in range(Hq):
+            for r0 in range(0, Lq, rows):
+                r1 = min(r0 + rows, Lq)
+                last = min(Lk - 1, r1 - 1 + Lk - Lq) if causal else Lk - 1
+                n_vis = last // tile + 1 if last >= 0 else 0
+                for t in range(min(n_vis, n_tiles)):
+                    if float(next(it)) < math.log(lam):
+                        keep[b, h, r0:r1, t * tile:(t + 1) * tile] = False
+                        skipped += 1
+    assert next(it, None) is None, "deltas left over: the layout assumption is wrong"
+    return keep, skipped
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_gradcheck_dense_gqa(gen, causal):
+    q, k, v = randn(gen, 1, 5, 4, 4), randn(gen, 1, 7, 2, 4), randn(gen, 1, 7, 2, 3)
+    assert torch.autograd.gradcheck(lambda q, k, v: blasst.attention(q, k, v, causal=causal),
+                                    (q, k, v), eps=1e-6, atol=1e-7)
+
+
+def test_gradcheck_with_skipping(gen):
+    q, k, v = randn(gen, 1, 8, 2, 4, sd=2.0), randn(gen, 1, 12, 1, 4, sd=2.0), randn(gen, 1, 12, 1, 4)
+    skip = blasst.SkipSoftmax(threshold=0.05, tile_keys=3, vote_rows=2)
+    st = blasst.SkipStats()
+    blasst.attention(q.detach(), k.detach(), v.detach(), skip=skip, stats=st)
+    assert st.total_skipped > 0
+    # Kept-tiles function: piecewise smooth; the perturbations of gradcheck move no decision here.
+    assert torch.autograd.gradcheck(lambda q, k, v: blasst.attention(q, k, v, skip=skip),
+                                    (q, k, v), eps=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("causal,Lq,Lk,Hq,Hk", [(True, 40, 40, 2, 1), (False, 33, 50, 4, 2),
+                                                (True, 17, 60, 2, 2)])
+def test_skip_gradient_is_masked_softmax_gradient(gen, causal, Lq, Lk, Hq, Hk):
+    rows, tile, lam = 4, 8, 0.05
+    q, k, v = randn(gen, 2, Lq, Hq, 8, sd=2.0), randn(gen, 2, Lk, Hk, 8, sd=2.0), randn(gen, 2, Lk, Hk, 8)
+    skip = blasst.SkipSoftmax(threshold=lam, tile_keys=tile, vote_rows=rows)
+    st = blasst.SkipStats(record_deltas=True)
+    with torch.no_grad():
+        blasst.attention(q, k, v, causal=causal, skip=skip, stats=st)
+    keep, skipped = skip_set_from_deltas(st._raw.deltas, lam, 2, Hq, Lq, Lk, rows, tile, causal)
+    assert skipped == st.total_skipped > 0
+    dout = torch.randn(2, Lq, Hq, 8, generator=gen, dtype=torch.float64)
+    out = blasst.attention(q, k, v, causal=causal, skip=skip)
+    got = torch.autograd.grad(out, (q, k, v), dout)
+    want_out = masked_attention(q, k, v, causal, keep)
+    want = torch.autograd.grad(want_out, (q, k, v), dout)
+    torch.testing.assert_close(out, want_out, rtol=1e-10, atol=1e-12)
+    for name, a, b in zip("qkv", got, want):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11, msg=f"d{name}")
+    # The dense gradient differs: the mask matters in this case.
+    dense = torch.autograd.grad(masked_attention(q, k, v, causal), (q, k, v), dout)
+    assert (got[0] - dense[0]).abs().max() > 1e-6
+
+
+@pytest.mark.parametrize("with_skip", [False, True])
+def test_gradient_through_lse(gen, with_skip):
+    """return_lse=True in training: a loss reading lse gets dlse * P in dS (SPEC §9 with the LSE
+    over kept keys)."""
+    B, Lq, Lk, Hq, Hk, rows, tile, lam = 1, 40, 40, 2, 1, 4, 8, 0.1
+    q, k, v = randn(gen, B, Lq, Hq, 8, sd=3.0), randn(gen, B, Lk, Hk, 8, sd=3.0), randn(gen, B, Lk, Hk, 8)
+    skip = blasst.SkipSoftmax(threshold=lam, tile_keys=tile, vote_rows=rows) if with_skip else None
+    keep = None
+    if with_skip:
+        st = blasst.SkipStats(record_deltas=True)
+        with torch.no_grad():
+            blasst.attention(q, k, v, causal=True, skip=skip, stats=st)
+        keep, skipped = skip_set_from_deltas(st._raw.deltas, lam, B, Hq, Lq, Lk, rows, tile, True)
+        assert skipped > 0
+    w = torch.randn(B, Hq, Lq, generator=gen, dtype=torch.float64)
+    out, lse = blasst.attention(q, k, v, causal=True, skip=skip, return_lse=True)
+    got = torch.autograd.grad((out ** 2).sum() + (lse * w).sum(), (q, k, v))
+    # The reference LSE: logsumexp over the visible keys of the kept tiles.
+    d = q.shape[-1]
+    s = torch.einsum("bihc,bjhc->bhij", q, k.repeat_interleave(Hq // Hk, dim=2)) / math.sqrt(d)
+    mask = torch.arange(Lk)[None, :] <= torch.arange(Lq)[:, None] + (Lk - Lq)
+    mask = mask[None, None].expand(B, Hq, Lq, Lk) & (keep if keep is not None else True)
+    want_lse = torch.logsumexp(s.masked_fill(~mask, -math.inf), dim=-1)
+    want_out = masked_attention(q, k, v, True, keep)
+    torch.testing.assert_close(lse.double(), want_lse, rtol=1e-6, atol=1e-6)  # lse is float32
+    # The returned lse is float32, so the gradient flowing into it is w rounded to float32.
+    want = torch.autograd.grad((want_out ** 2).sum() + (want_lse.float() * w).sum(), (q, k, v))
+    for name, a, b in zip("qkv", got, want):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11, msg=f"d{name}")
+
+
+def test_gating_is_decided_at_the_forward(gen):
+    """A forward that timestep gating held dense has the dense gradient, even when the published
+    step changes before the backward."""
+    q, k, v = randn(gen, 1, 24, 1, 8, sd=3.0), randn(gen, 1, 24, 1, 8, sd=3.0), randn(gen, 1, 24, 1, 8)
+    skip = blasst.SkipSoftmax(threshold=0.1, tile_keys=4, vote_rows=4, disabled_until_timestep=0.5)
+    st = blasst.SkipStats()
+    with torch.no_grad():
+        blasst.attention(q, k, v, causal=True, skip=skip, stats=st)  # no step published: dense
+    assert st.total_skipped == 0
+    blasst.diffusion.record_sigma(0.9)  # t = 0.9 > D = 0.5: gated, dense
+    out = blasst.attention(q, k, v, causal=True, skip=skip)
+    blasst.diffusion.record_sigma(0.1)  # now skipping would run
+    with torch.no_grad():
+        st = blasst.SkipStats()
+        blasst.attention(q, k, v, causal=True, skip=skip, stats=st)
+    assert st.total_skipped > 0, "the case must skip once gating lets it"
+    got = torch.autograd.grad(out.sum(), (q, k, v))
+    want = torch.autograd.grad(masked_attention(q, k, v, True).sum(), (q, k, v))
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
+
+
+def test_float32_gradient_close_to_float64(gen):
+    q, k, v = (randn(gen, 1, 30, 2, 16), randn(gen, 1, 30, 1, 16), randn(gen, 1, 30, 1, 16))
+    q32, k32, v32 = (x.detach().float().requires_grad_(True) for x in (q, k, v))
+    blasst.attention(q32, k32, v32, causal=True).sum().backward()
+    masked_attention(q, k, v, True).sum().backward()
+    for a, b in ((q32, q), (k32, k), (v32, v)):
+        torch.testing.assert_close(a.grad.double(), b.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_torch_compile_fullgraph_backward(gen):
+    q, k, v = randn(gen, 1, 20, 2, 8), randn(gen, 1, 20, 1, 8), randn(gen, 1, 20, 1, 8)
+    skip = blasst.SkipSoftmax(threshold=0.05, tile_keys=4, vote_rows=4)
+
+    def f(q, k, v):
+        return (blasst.attention(q * 2.0, k, v, skip=skip, causal=True) ** 2).sum()
+
+    torch._dynamo.reset()
+    got = torch.autograd.grad(torch.compile(f, backend="aot_eager", fullgraph=True)(q, k, v),
+                              (q, k, v))
+    want = torch.autograd.grad(f(q, k, v), (q, k, v))
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+
+
+def test_stats_with_autograd_is_a_clear_error(gen):
+    q = randn(gen, 1, 4, 1, 8)
+    with pytest.raises(ValueError, match="stats: not available while autograd records"):
+        blasst.attention(q, q, q, stats={})
+
+
+@pytest.mark.gpu
+def test_cuda_backward_is_not_implemented():
+    """Until the GPU kernel exists: CUDA tensors get a clear NotImplementedError at backward."""
+    if not (torch.cuda.is_available() and blasst.cuda_available()):
+        pytest.skip("GPU test: needs a CUDA device and blasst built with the kernels")
+    q = torch.randn(1, 128, 1, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    out = blasst.attention(q, q, q)
+    with pytest.raises(NotImplementedError, match="not implemented on the GPU yet"):
+        out.float().sum().backward()
