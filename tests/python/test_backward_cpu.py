@@ -196,3 +196,28 @@ def test_cuda_backward_is_not_implemented():
     out = blasst.attention(q, q, q)
     with pytest.raises(NotImplementedError, match="not implemented on the GPU yet"):
         out.float().sum().backward()
+
+
+def test_ragged_gradient_equals_each_sequence(gen):
+    """A ragged batch (cu_seqlens) with skipping: each sequence's gradient is the one it gets
+    alone."""
+    lens = [(9, 20), (1, 3), (16, 16)]
+    skip = blasst.SkipSoftmax(threshold=0.1, tile_keys=4, vote_rows=4)
+    qs = [randn(gen, lq, 2, 8, sd=3.0) for lq, _ in lens]
+    ks = [randn(gen, lk, 1, 8, sd=3.0) for _, lk in lens]
+    vs = [randn(gen, lk, 1, 8) for _, lk in lens]
+    cq = torch.tensor([0, 9, 10, 26], dtype=torch.int32)
+    ck = torch.tensor([0, 20, 23, 39], dtype=torch.int32)
+    q, k, v = (torch.cat(x).detach().requires_grad_(True) for x in (qs, ks, vs))
+    st = blasst.SkipStats()
+    with torch.no_grad():
+        blasst.attention(q, k, v, causal=True, skip=skip, cu_seqlens_q=cq, cu_seqlens_k=ck, stats=st)
+    assert st.total_skipped > 0, "the case must skip something"
+    out = blasst.attention(q, k, v, causal=True, skip=skip, cu_seqlens_q=cq, cu_seqlens_k=ck)
+    got = torch.autograd.grad((out ** 2).sum(), (q, k, v))
+    for b in range(3):
+        o = blasst.attention(qs[b][None], ks[b][None], vs[b][None], causal=True, skip=skip)
+        want = torch.autograd.grad((o ** 2).sum(), (qs[b], ks[b], vs[b]))
+        torch.testing.assert_close(got[0][cq[b]:cq[b + 1]], want[0], rtol=0, atol=0)
+        torch.testing.assert_close(got[1][ck[b]:ck[b + 1]], want[1], rtol=0, atol=0)
+        torch.testing.assert_close(got[2][ck[b]:ck[b + 1]], want[2], rtol=0, atol=0)
