@@ -147,7 +147,10 @@ def torch_export(x):
 
 
 def attention(q, k, v, causal, scale, skip, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-              max_seqlen_k, return_lse, stats):
+              max_seqlen_k, return_lse, stats, record_skip_set: bool = False):
+    """record_skip_set: also return the skip set the call recorded (SPEC §9: int32 words on q's
+    device, blasst::skip_set_shape's layout), or None when its skip test did not run (dense,
+    or held off by timestep gating): (result, words)."""
     frame = Frame(q)
     qs, vs = _shape(q, "q"), _shape(v, "v")
     ragged = cu_seqlens_q is not None or cu_seqlens_k is not None
@@ -159,13 +162,22 @@ def attention(q, k, v, causal, scale, skip, cu_seqlens_q, cu_seqlens_k, max_seql
         raise ValueError(f"q, v: expected q [B, Lq, Hq, d] and v [B, Lk, Hk, dv] (or rank 3 "
                          f"with cu_seqlens), got q {list(qs)} and v {list(vs)}")
     call = _Call(frame, *attention_shapes(qs, vs, ragged), skip, stats, return_lse)
+    # DLPack capsules are consumed by one call: each _core call gets its own.
+    def inputs():
+        return (frame.export(q, "q"), frame.export(k, "k"), frame.export(v, "v"))
+
+    def lengths():
+        return (frame.index(cu_seqlens_q, "cu_seqlens_q"), frame.index(cu_seqlens_k, "cu_seqlens_k"),
+                _opt_int("max_seqlen_q", max_seqlen_q), _opt_int("max_seqlen_k", max_seqlen_k))
+
     with frame.device_guard():
-        _core.attention(frame.export(q, "q"), frame.export(k, "k"), frame.export(v, "v"),
-                        *call.outputs(), frame.index(cu_seqlens_q, "cu_seqlens_q"),
-                        frame.index(cu_seqlens_k, "cu_seqlens_k"),
-                        _opt_int("max_seqlen_q", max_seqlen_q),
-                        _opt_int("max_seqlen_k", max_seqlen_k), *call.options(causal, scale))
-    return call.result()
+        words = None
+        if record_skip_set and call.cfg is not None:
+            words = frame.empty_int32(_core.skip_set_words(
+                *inputs(), call.outputs()[0], *lengths(), bool(causal), call.cfg))
+        _core.attention(*inputs(), *call.outputs(), *lengths(), *call.options(causal, scale),
+                        skip_set=None if words is None else frame.export(words, "skip_set"))
+    return (call.result(), words) if record_skip_set else call.result()
 
 
 def decode(q, k_cache, v_cache, page_table, seqlens, max_seqlen_k, skip, scale, causal,

@@ -52,6 +52,10 @@ class Adapter:
         """A Python sequence as an int32 array next to `like` (offsets, lengths, page tables)."""
         raise NotImplementedError
 
+    def empty_int32(self, like, n: int):
+        """Uninitialised int32 [n] next to `like` (the skip set's words, SPEC §9)."""
+        raise NotImplementedError
+
 
 class _ArrayModule(Adapter):
     """numpy, and the base of cupy: one array API, in the module of the framework's name."""
@@ -69,6 +73,10 @@ class _ArrayModule(Adapter):
     def int32(self, like, values):
         xp = self._xp()
         return xp.asarray(values, dtype=xp.int32)
+
+    def empty_int32(self, like, n):
+        xp = self._xp()
+        return xp.empty((n,), dtype=xp.int32)
 
 
 class _Torch(Adapter):
@@ -105,6 +113,10 @@ class _Torch(Adapter):
     def int32(self, like, values):
         import torch
         return torch.tensor(values, dtype=torch.int32, device=like.device)
+
+    def empty_int32(self, like, n):
+        import torch
+        return torch.empty((n,), dtype=torch.int32, device=like.device)
 
 
 class _Cupy(_ArrayModule):
@@ -188,6 +200,9 @@ class Frame:
 
     def empty(self, shape, same_dtype: bool):
         return self.adapter.empty(self.like, shape, same_dtype)
+
+    def empty_int32(self, n: int):
+        return self.adapter.empty_int32(self.like, n)
 
     def stream(self) -> int:
         return self.adapter.stream(self.like)

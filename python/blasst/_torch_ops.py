@@ -7,10 +7,12 @@ op, i.e. at run time, not at trace time.
 
 blasst::attention is differentiable in q, k, v (torch.library.register_autograd, so torch.compile
 still traces it): SPEC §9, the gradient of the kept-tiles function with the skip set held fixed.
-The forward saves O, the LSE and whether skipping ran (the op's third output, so timestep gating
-is decided once, in the forward); the backward op blasst::attention_backward recomputes the skip
-set exactly with the reference engine's own vote (same inputs, same settings) and computes dQ, dK,
-dV in float64 (CPU tensors; CUDA tensors raise NotImplementedError until the GPU kernel exists).
+When autograd records the call, the forward also records its skip set (the op's third output:
+int32 words in blasst::skip_set_shape's layout, on q's device; empty when the skip test did not
+run, i.e. dense or held off by timestep gating, which is so decided once, in the forward), and
+the backward op blasst::attention_backward reads exactly that set (CPU tensors: the reference
+backward in float64 accumulation; CUDA tensors raise NotImplementedError until the GPU kernel
+exists).
 """
 from __future__ import annotations
 
@@ -45,11 +47,6 @@ def _op_result(res, q, return_lse: bool):
     return res, q.new_empty((0,), dtype=torch.float32)
 
 
-def _skip_active(skip: str) -> bool:
-    """Whether a forward with these settings runs the skip test now (timestep gating included)."""
-    return _calls._effective_skip(skip_from_str(skip))[0] is not None
-
-
 def _fake_result(q, out_shape, lse_shape, return_lse: bool):
     return (q.new_empty(out_shape),
             q.new_empty(lse_shape if return_lse else (0,), dtype=torch.float32))
@@ -59,24 +56,28 @@ def _fake_result(q, out_shape, lse_shape, return_lse: bool):
 def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                cu_seqlens_q: Optional[torch.Tensor], cu_seqlens_k: Optional[torch.Tensor],
                max_seqlen_q: int, max_seqlen_k: int, causal: bool, scale: Optional[float],
-               skip: str, return_lse: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(out, lse, skip_active): skip_active (uint8 [1]) says whether the skip test ran (it did
-    not when skip is dense or timestep gating held it off); the backward needs it."""
-    active = _skip_active(skip)
-    res = _calls.attention(q, k, v, causal, scale, skip_from_str(skip) if active else None,
-                           cu_seqlens_q, cu_seqlens_k, max_seqlen_q or None, max_seqlen_k or None,
-                           return_lse, None)
+               skip: str, return_lse: bool, record_skip_set: bool
+               ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(out, lse, skip_set): skip_set, when record_skip_set, the words the forward recorded
+    (SPEC §9), empty when its skip test did not run; the backward reads them."""
+    res = _calls.attention(q, k, v, causal, scale, skip_from_str(skip), cu_seqlens_q,
+                           cu_seqlens_k, max_seqlen_q or None, max_seqlen_k or None,
+                           return_lse, None, record_skip_set=record_skip_set)
+    res, words = res if record_skip_set else (res, None)
     out, lse = _op_result(res, q, return_lse)
-    # A fill on q's device (capturable; no host-to-device copy).
-    return out, lse, torch.full((1,), int(active), dtype=torch.uint8, device=q.device)
+    if words is None:
+        words = q.new_empty((0,), dtype=torch.int32)
+    return out, lse, words
 
 
 @_attention.register_fake
 def _attention_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
-                    scale, skip, return_lse):
+                    scale, skip, return_lse, record_skip_set):
     out, lse = _fake_result(q, *_calls.attention_shapes(q.shape, v.shape,
                                                         cu_seqlens_q is not None), return_lse)
-    return out, lse, q.new_empty((1,), dtype=torch.uint8)
+    # The number of words depends on the run-time gating and, ragged, on the offsets.
+    n = torch.library.get_ctx().new_dynamic_size() if record_skip_set else 0
+    return out, lse, q.new_empty((n,), dtype=torch.int32)
 
 
 def _gpu_backward_error():
@@ -92,46 +93,46 @@ def _attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v:
                         cu_seqlens_q: Optional[torch.Tensor],
                         cu_seqlens_k: Optional[torch.Tensor], max_seqlen_q: int,
                         max_seqlen_k: int, causal: bool, scale: Optional[float],
-                        skip: str, skip_active: torch.Tensor
+                        skip: str, skip_set: torch.Tensor
                         ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dq, dk, dv of blasst::attention (SPEC §9). skip, skip_active: the forward's settings and
-    whether its skip test ran (read here, at run time: no data-dependent branch in a traced
-    backward). lse: the forward's (None: not computed, the backward computes
-    it). dlse: the gradient flowing into the returned lse, or None. The
-    forward's float32 LSE is used for float32/16 tensors; for float64 tensors the backward
-    computes the LSE over kept keys in float64 instead (a float32 LSE would cap the gradient at
-    float32 precision)."""
+    """dq, dk, dv of blasst::attention (SPEC §9). skip, skip_set: the forward's settings and the
+    skip set it recorded (empty: its skip test did not run, the backward is dense; read at run
+    time: no data-dependent branch in a traced backward). lse: the forward's (None: not
+    computed, the backward computes it). dlse: the gradient flowing into the returned lse, or
+    None. The forward's float32 LSE is used for float32/16 tensors; for float64 tensors the
+    backward computes the LSE over kept keys in float64 instead (a float32 LSE would cap the
+    gradient at float32 precision)."""
     if q.is_cuda:
         raise _gpu_backward_error()
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     ex = _calls.torch_export
-    # The settings as given: the forward already decided that its skip test ran (no gating here).
-    cfg = skip_from_str(skip)._cfg if skip and bool(skip_active[0]) else None
+    recorded = skip and skip_set.numel() > 0
     _calls._core.attention_backward(
         ex(q), ex(k), ex(v), ex(out), ex(dout.contiguous()),
         None if lse is None or q.dtype == torch.float64 else ex(lse),
         None if dlse is None else ex(dlse.to(torch.float64).contiguous()), ex(dq), ex(dk), ex(dv),
         ex(cu_seqlens_q), ex(cu_seqlens_k), max_seqlen_q, max_seqlen_k, causal, scale,
-        cfg, _calls._settings["num_threads"])
+        skip_from_str(skip)._cfg if recorded else None, ex(skip_set) if recorded else None,
+        _calls.Frame(q).stream(), _calls._settings["num_threads"])
     return dq, dk, dv
 
 
 @_attention_backward.register_fake
 def _attention_backward_fake(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k,
-                             max_seqlen_q, max_seqlen_k, causal, scale, skip, skip_active):
+                             max_seqlen_q, max_seqlen_k, causal, scale, skip, skip_set):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
 def _attention_setup_context(ctx, inputs, output):
     q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, skip, \
-        return_lse = inputs
-    out, lse, active = output
-    ctx.save_for_backward(q, k, v, out, lse, active, cu_seqlens_q, cu_seqlens_k)
+        return_lse, _ = inputs
+    out, lse, skip_set = output
+    ctx.save_for_backward(q, k, v, out, lse, skip_set, cu_seqlens_q, cu_seqlens_k)
     ctx.args = (max_seqlen_q, max_seqlen_k, causal, scale, skip, return_lse)
 
 
-def _attention_grad(ctx, grad_out, grad_lse, grad_active):
-    q, k, v, out, lse, active, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
+def _attention_grad(ctx, grad_out, grad_lse, grad_skip_set):
+    q, k, v, out, lse, skip_set, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
     max_seqlen_q, max_seqlen_k, causal, scale, skip, return_lse = ctx.args
     if q.is_cuda:
         raise _gpu_backward_error()
@@ -139,11 +140,10 @@ def _attention_grad(ctx, grad_out, grad_lse, grad_active):
     dlse = grad_lse if return_lse and grad_lse is not None and grad_lse.numel() else None
     if grad_out is None:
         grad_out = torch.zeros_like(out)
-    # The forward decided once whether its skip test ran (timestep gating): active says so.
     dq, dk, dv = torch.ops.blasst.attention_backward(
         grad_out, q, k, v, out, lse if return_lse else None, dlse, cu_seqlens_q, cu_seqlens_k,
-        max_seqlen_q, max_seqlen_k, causal, scale, skip, active)
-    return dq, dk, dv, None, None, None, None, None, None, None, None
+        max_seqlen_q, max_seqlen_k, causal, scale, skip, skip_set)
+    return dq, dk, dv, None, None, None, None, None, None, None, None, None
 
 
 torch.library.register_autograd("blasst::attention", _attention_grad,
@@ -180,7 +180,7 @@ def attention_op(q, k, v, causal, scale, skip, cu_seqlens_q, cu_seqlens_k, max_s
     out, lse, _ = torch.ops.blasst.attention(
         q, k, v, _as_tensor(cu_seqlens_q, "cu_seqlens_q"), _as_tensor(cu_seqlens_k, "cu_seqlens_k"),
         int(max_seqlen_q or 0), int(max_seqlen_k or 0), bool(causal), _calls.opt_scale(scale),
-        skip_to_str(skip), bool(return_lse) or wants_grad)
+        skip_to_str(skip), bool(return_lse) or wants_grad, wants_grad)
     return (out, lse) if return_lse else out
 
 

@@ -132,18 +132,15 @@ void run_released(void (*entry)(const Problem&, const blasst::SkipConfig&,
   entry(p, cfg, opt, stats);
 }
 
-void py_attention(const InArray& q, const InArray& k, const InArray& v, const OutArray& out,
-                  const std::optional<OutArray>& lse, const std::optional<InArray>& cu_seqlens_q,
-                  const std::optional<InArray>& cu_seqlens_k, std::int64_t max_seqlen_q,
-                  std::int64_t max_seqlen_k, bool causal, std::optional<double> scale,
-                  const blasst::SkipConfig* skip, std::uintptr_t stream, blasst::SkipStats* stats,
-                  bool histogram, bool record_deltas, int num_threads) {
+blasst::AttentionProblem attention_problem(const InArray& q, const InArray& k, const InArray& v,
+                                           const OutArray& out, const std::optional<InArray>& cu_seqlens_q,
+                                           const std::optional<InArray>& cu_seqlens_k,
+                                           std::int64_t max_seqlen_q, std::int64_t max_seqlen_k) {
   blasst::AttentionProblem p;
   p.q = to_tensor(q, "q");
   p.k = to_tensor(k, "k");
   p.v = to_tensor(v, "v");
   p.out = to_tensor(out, "out");
-  if (lse) p.lse = to_tensor(*lse, "lse");
   if (cu_seqlens_q.has_value() != cu_seqlens_k.has_value())
     throw Error("cu_seqlens_q, cu_seqlens_k: give both offsets for a ragged batch, or neither");
   if (cu_seqlens_q) {
@@ -159,13 +156,47 @@ void py_attention(const InArray& q, const InArray& k, const InArray& v, const Ou
   }
   p.max_seqlen_q = max_seqlen_q;
   p.max_seqlen_k = max_seqlen_k;
+  return p;
+}
+
+// SPEC §9 skip-set words: a 1-D int32 array on q's device (recorded by the forward, read by the
+// backward), as index_array checks it.
+std::uint32_t* skip_set_words(const InArray& a, DeviceKind device, std::int64_t* count) {
+  const std::int32_t* w = index_array(a, "skip_set", device, 1);
+  *count = static_cast<std::int64_t>(a.shape(0));
+  return reinterpret_cast<std::uint32_t*>(const_cast<std::int32_t*>(w));
+}
+
+void py_attention(const InArray& q, const InArray& k, const InArray& v, const OutArray& out,
+                  const std::optional<OutArray>& lse, const std::optional<InArray>& cu_seqlens_q,
+                  const std::optional<InArray>& cu_seqlens_k, std::int64_t max_seqlen_q,
+                  std::int64_t max_seqlen_k, bool causal, std::optional<double> scale,
+                  const blasst::SkipConfig* skip, std::uintptr_t stream, blasst::SkipStats* stats,
+                  bool histogram, bool record_deltas, int num_threads,
+                  const std::optional<InArray>& skip_set) {
+  blasst::AttentionProblem p =
+      attention_problem(q, k, v, out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
+  if (lse) p.lse = to_tensor(*lse, "lse");
+  if (skip_set) p.skip_set = skip_set_words(*skip_set, p.q.device, &p.skip_set_words);
   run_released(&blasst::attention, p, causal, scale, skip, stream, stats, histogram, record_deltas,
                num_threads);
 }
 
-// SPEC §9 backward (CPU tensors; CUDA tensors raise "not implemented on the GPU yet"). The skip
-// set is recomputed by the reference forward's own vote from the same inputs and settings; lse
-// None: the backward computes the LSE over kept keys in float64; dlse: gradient into the LSE.
+// The number of skip-set words the same attention call records (blasst::skip_set_shape).
+std::int64_t py_skip_set_words(const InArray& q, const InArray& k, const InArray& v,
+                               const OutArray& out, const std::optional<InArray>& cu_seqlens_q,
+                               const std::optional<InArray>& cu_seqlens_k,
+                               std::int64_t max_seqlen_q, std::int64_t max_seqlen_k, bool causal,
+                               const blasst::SkipConfig* skip) {
+  blasst::AttentionProblem p =
+      attention_problem(q, k, v, out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
+  p.mask = causal ? blasst::MaskKind::causal : blasst::MaskKind::full;
+  return blasst::skip_set_shape(p, skip ? *skip : blasst::SkipConfig{}).words();
+}
+
+// SPEC §9 backward. skip_set: the forward's recorded words (None: dense when skip is None, else
+// recomputed by the reference forward's own vote); lse None: the backward computes the LSE over
+// kept keys in float64; dlse: gradient into the LSE.
 void py_attention_backward(const InArray& q, const InArray& k, const InArray& v, const InArray& out,
                            const InArray& dout, const std::optional<InArray>& lse,
                            const std::optional<InArray>& dlse, const OutArray& dq,
@@ -173,7 +204,8 @@ void py_attention_backward(const InArray& q, const InArray& k, const InArray& v,
                            const std::optional<InArray>& cu_seqlens_q,
                            const std::optional<InArray>& cu_seqlens_k, std::int64_t max_seqlen_q,
                            std::int64_t max_seqlen_k, bool causal, std::optional<double> scale,
-                           const blasst::SkipConfig* skip, int num_threads) {
+                           const blasst::SkipConfig* skip, const std::optional<InArray>& skip_set,
+                           std::uintptr_t stream, int num_threads) {
   blasst::AttentionBackwardProblem p;
   p.q = to_tensor(q, "q");
   p.k = to_tensor(k, "k");
@@ -198,9 +230,11 @@ void py_attention_backward(const InArray& q, const InArray& k, const InArray& v,
   p.max_seqlen_k = max_seqlen_k;
   p.mask = causal ? blasst::MaskKind::causal : blasst::MaskKind::full;
   p.scale = scale;
+  if (skip_set) p.skip_set = skip_set_words(*skip_set, p.q.device, &p.skip_set_words);
   const blasst::SkipConfig cfg = skip ? *skip : blasst::SkipConfig{};
   blasst::RunOptions opt;
   opt.num_threads = num_threads;
+  opt.stream = reinterpret_cast<void*>(stream);
   opt.fp64 = p.q.dtype == DType::f64;  // as the forward (run_released): the same skip set
   nb::gil_scoped_release release;
   blasst::attention_backward(p, cfg, opt);
@@ -389,11 +423,15 @@ NB_MODULE(_core, m) {
   m.def("attention", &py_attention, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a.none(),
         "cu_seqlens_q"_a.none(), "cu_seqlens_k"_a.none(), "max_seqlen_q"_a, "max_seqlen_k"_a,
         "causal"_a, "scale"_a.none(), "skip"_a.none(), "stream"_a, "stats"_a.none(),
-        "histogram"_a = false, "record_deltas"_a = false, "num_threads"_a = 0);
+        "histogram"_a = false, "record_deltas"_a = false, "num_threads"_a = 0,
+        "skip_set"_a.none() = nb::none());
+  m.def("skip_set_words", &py_skip_set_words, "q"_a, "k"_a, "v"_a, "out"_a,
+        "cu_seqlens_q"_a.none(), "cu_seqlens_k"_a.none(), "max_seqlen_q"_a, "max_seqlen_k"_a,
+        "causal"_a, "skip"_a.none());
   m.def("attention_backward", &py_attention_backward, "q"_a, "k"_a, "v"_a, "out"_a, "dout"_a,
         "lse"_a.none(), "dlse"_a.none(), "dq"_a, "dk"_a, "dv"_a, "cu_seqlens_q"_a.none(), "cu_seqlens_k"_a.none(),
         "max_seqlen_q"_a, "max_seqlen_k"_a, "causal"_a, "scale"_a.none(), "skip"_a.none(),
-        "num_threads"_a = 0);
+        "skip_set"_a.none(), "stream"_a = 0, "num_threads"_a = 0);
   m.def("decode", &py_decode, "q"_a, "k_cache"_a, "v_cache"_a, "out"_a, "lse"_a.none(),
         "page_table"_a.none(), "seqlens"_a.none(), "max_seqlen_k"_a, "causal"_a,
         "scale"_a.none(), "skip"_a.none(), "stream"_a, "stats"_a.none(), "histogram"_a = false,

@@ -221,3 +221,67 @@ def test_ragged_gradient_equals_each_sequence(gen):
         torch.testing.assert_close(got[0][cq[b]:cq[b + 1]], want[0], rtol=0, atol=0)
         torch.testing.assert_close(got[1][ck[b]:ck[b + 1]], want[1], rtol=0, atol=0)
         torch.testing.assert_close(got[2][ck[b]:ck[b + 1]], want[2], rtol=0, atol=0)
+
+
+def _bits(words, n):
+    """The first n bits of int32 words (little-endian within each word) as a bool tensor."""
+    w = words.to(torch.int64) & 0xFFFFFFFF
+    bits = (w[:, None] >> torch.arange(32)[None, :]) & 1
+    return bits.reshape(-1)[:n].bool()
+
+
+def test_forward_records_the_skip_set_it_used(gen):
+    """The op's third output under autograd (SPEC §9): the skip set as 32-bit words, bit
+    ((b * Hq + h) * groups + g) * tiles + t, equal to the pairs the forward's statistics say it
+    skipped (from its recorded deltas); no bit past the last pair."""
+    B, Lq, Lk, Hq, Hk, rows, tile, lam = 2, 33, 50, 4, 2, 4, 8, 0.05
+    q, k, v = randn(gen, B, Lq, Hq, 8, sd=2.0), randn(gen, B, Lk, Hk, 8, sd=2.0), randn(gen, B, Lk, Hk, 8)
+    skip = blasst.SkipSoftmax(threshold=lam, tile_keys=tile, vote_rows=rows)
+    st = blasst.SkipStats(record_deltas=True)
+    with torch.no_grad():
+        blasst.attention(q, k, v, skip=skip, stats=st)
+    keep, skipped = skip_set_from_deltas(st._raw.deltas, lam, B, Hq, Lq, Lk, rows, tile, False)
+    assert skipped > 0
+    _, _, words = torch.ops.blasst.attention(q, k, v, None, None, 0, 0, False, None,
+                                             blasst._torch_ops.skip_to_str(skip), True, True)
+    groups, tiles = -(-Lq // rows), -(-Lk // tile)
+    n = B * Hq * groups * tiles
+    assert words.dtype == torch.int32 and words.numel() == -(-n // 32)
+    bits = _bits(words, words.numel() * 32)
+    assert not bits[n:].any(), "bits past the last pair"
+    want = ~keep[:, :, ::rows, ::tile]  # one entry per (b, h, group, tile)
+    assert want.shape == (B, Hq, groups, tiles)
+    assert torch.equal(bits[:n].reshape(B, Hq, groups, tiles), want)
+    assert int(bits.sum()) == skipped
+    # Dense, or not recording: an empty set.
+    for s, rec in ((None, True), (skip, False)):
+        _, _, w = torch.ops.blasst.attention(q, k, v, None, None, 0, 0, False, None,
+                                             blasst._torch_ops.skip_to_str(s), True, rec)
+        assert w.numel() == 0
+
+
+@pytest.mark.gpu
+def test_cuda_forward_records_its_skip_set():
+    """On the GPU the prefill kernel records the set (64 rows x 1 head x 128 keys): as many bits
+    as its statistics count skipped pairs."""
+    if not (torch.cuda.is_available() and blasst.cuda_available()):
+        pytest.skip("GPU test: needs a CUDA device and blasst built with the kernels")
+    g = torch.Generator(device="cuda").manual_seed(1234)
+    B, L, H, d = 2, 1000, 4, 64
+    q = torch.randn(B, L, H, d, device="cuda", generator=g).bfloat16()
+    k = torch.randn(B, L, H, d, device="cuda", generator=g)
+    k[:, 0] += 8.0  # a sink: later tiles fall below it
+    q = (q.float() + 1.0).bfloat16()
+    k, v = k.bfloat16(), torch.randn(B, L, H, d, device="cuda", generator=g).bfloat16()
+    skip = blasst.SkipSoftmax(threshold=1e-2)
+    st = blasst.SkipStats()
+    blasst.attention(q, k, v, causal=True, skip=skip, stats=st)
+    assert st.total_skipped > 0, "the case must skip"
+    _, _, words = torch.ops.blasst.attention(q, k, v, None, None, 0, 0, True, None,
+                                             blasst._torch_ops.skip_to_str(skip), True, True)
+    groups, tiles = -(-L // 64), -(-L // 128)
+    n = B * H * groups * tiles
+    assert words.is_cuda and words.numel() == -(-n // 32)
+    bits = _bits(words.cpu(), words.numel() * 32)
+    assert not bits[n:].any()
+    assert int(bits.sum()) == st.total_skipped

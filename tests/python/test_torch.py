@@ -105,10 +105,13 @@ def test_cpu_int64_offsets_rejected_clearly(gen):
 def test_custom_ops_opcheck(gen):
     q, k, v = randn(gen, 1, 20, 4, 16), randn(gen, 1, 40, 2, 16), randn(gen, 1, 40, 2, 16)
     torch.library.opcheck(torch.ops.blasst.attention.default,
-                          (q, k, v, None, None, 0, 0, True, None, "", True))
+                          (q, k, v, None, None, 0, 0, True, None, "", True, False))
     skip = blasst._torch_ops.skip_to_str(blasst.SkipSoftmax(threshold=1e-3))
     torch.library.opcheck(torch.ops.blasst.attention.default,
-                          (q, k, v, None, None, 0, 0, False, 0.3, skip, False))
+                          (q, k, v, None, None, 0, 0, False, 0.3, skip, False, False))
+    # Recording the skip set (SPEC §9): the third output's length is known only at run time.
+    torch.library.opcheck(torch.ops.blasst.attention.default,
+                          (q, k, v, None, None, 0, 0, False, 0.3, skip, True, True))
     qd = randn(gen, 2, 1, 4, 16)
     kc, vc = randn(gen, 2, 64, 2, 16), randn(gen, 2, 64, 2, 16)
     torch.library.opcheck(torch.ops.blasst.decode.default,
