@@ -132,8 +132,9 @@ void run_released(void (*entry)(const Problem&, const blasst::SkipConfig&,
   entry(p, cfg, opt, stats);
 }
 
+template <class Out>
 blasst::AttentionProblem attention_problem(const InArray& q, const InArray& k, const InArray& v,
-                                           const OutArray& out, const std::optional<InArray>& cu_seqlens_q,
+                                           const Out& out, const std::optional<InArray>& cu_seqlens_q,
                                            const std::optional<InArray>& cu_seqlens_k,
                                            std::int64_t max_seqlen_q, std::int64_t max_seqlen_k) {
   blasst::AttentionProblem p;
@@ -206,28 +207,25 @@ void py_attention_backward(const InArray& q, const InArray& k, const InArray& v,
                            std::int64_t max_seqlen_k, bool causal, std::optional<double> scale,
                            const blasst::SkipConfig* skip, const std::optional<InArray>& skip_set,
                            std::uintptr_t stream, int num_threads) {
+  // The forward's arguments, checked as the forward checks them.
+  const blasst::AttentionProblem f =
+      attention_problem(q, k, v, out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
   blasst::AttentionBackwardProblem p;
-  p.q = to_tensor(q, "q");
-  p.k = to_tensor(k, "k");
-  p.v = to_tensor(v, "v");
-  p.out = to_tensor(out, "out");
+  p.q = f.q;
+  p.k = f.k;
+  p.v = f.v;
+  p.out = f.out;
+  p.cu_seqlens_q = f.cu_seqlens_q;
+  p.cu_seqlens_k = f.cu_seqlens_k;
+  p.batch = f.batch;
+  p.max_seqlen_q = f.max_seqlen_q;
+  p.max_seqlen_k = f.max_seqlen_k;
   p.dout = to_tensor(dout, "dout");
   if (lse) p.lse = to_tensor(*lse, "lse");
   if (dlse) p.dlse = to_tensor(*dlse, "dlse");
   p.dq = to_tensor(dq, "dq");
   p.dk = to_tensor(dk, "dk");
   p.dv = to_tensor(dv, "dv");
-  if (cu_seqlens_q.has_value() != cu_seqlens_k.has_value())
-    throw Error("cu_seqlens_q, cu_seqlens_k: give both offsets for a ragged batch, or neither");
-  if (cu_seqlens_q) {
-    p.cu_seqlens_q = index_array(*cu_seqlens_q, "cu_seqlens_q", p.q.device, 1);
-    p.cu_seqlens_k = index_array(*cu_seqlens_k, "cu_seqlens_k", p.q.device, 1);
-    if (cu_seqlens_q->shape(0) != cu_seqlens_k->shape(0) || cu_seqlens_q->shape(0) < 2)
-      throw Error("cu_seqlens_q, cu_seqlens_k: need the same length batch + 1 >= 2");
-    p.batch = static_cast<std::int64_t>(cu_seqlens_q->shape(0)) - 1;
-  }
-  p.max_seqlen_q = max_seqlen_q;
-  p.max_seqlen_k = max_seqlen_k;
   p.mask = causal ? blasst::MaskKind::causal : blasst::MaskKind::full;
   p.scale = scale;
   if (skip_set) p.skip_set = skip_set_words(*skip_set, p.q.device, &p.skip_set_words);
