@@ -27,8 +27,17 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1) backward_kernel(CUTE_G
   extern __shared__ __align__(128) unsigned char smem_raw[];
   SharedStorage& ss = *reinterpret_cast<SharedStorage*>(smem_raw);
 
-  BackwardWork w;
-  if (!BackwardScheduler::get<kBlockM, kBlockN>(p, w)) return;
+  // The CTA's work lives in shared memory: read once per step, it would otherwise hold registers
+  // across the step's register peak (ptxas at d = 128: a 24-byte spill).
+  __shared__ BackwardWork w_shared;
+  {
+    BackwardWork wr;
+    const bool mine = BackwardScheduler::get<kBlockM, kBlockN>(p, wr);
+    if (!mine) return;  // uniform: the whole CTA
+    if (threadIdx.x == 0) w_shared = wr;
+    __syncthreads();
+  }
+  const BackwardWork& w = w_shared;
   const int tid = int(threadIdx.x);
   const int n0 = w.n_block * kBlockN;
   const int nm = w.m_end - w.m_begin;
@@ -48,10 +57,11 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1) backward_kernel(CUTE_G
 
   auto const* k = static_cast<Element const*>(p.k);
   auto const* v = static_cast<Element const*>(p.v);
-  auto const* q = static_cast<Element const*>(p.q);
-  auto const* dout = static_cast<Element const*>(p.dout_main);
+  int hh = 0, m = w.m_begin;  // the current step: query head w.kh * g + hh, query block m
+  bool have = BackwardScheduler::next_kept(p, w, hh, m);  // true: `any` found one
   load_tile_async<Traits, kBlockN>(ss.k, k + key_offset(p.k_s, w, n0), p.k_s.row, w.len_k - n0, k, tid);
   load_tile_async<Traits, kBlockN>(ss.v, v + key_offset(p.v_s, w, n0), p.v_s.row, w.len_k - n0, v, tid);
+  if (have) load_q_dout_async<Traits>(p, w, ss, 0, w.kh * p.group + hh, m, tid);
   cp_async_fence();
 
   typename Traits::TiledMmaDKV mma_dkv;
@@ -60,26 +70,31 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1) backward_kernel(CUTE_G
   clear(acc_dk);
   clear(acc_dv);
 
-  for (int hh = 0; hh < p.group; ++hh) {
+  // Steps the skip set removes are never visited: no loads, no scores, no work (uniform over the
+  // CTA). Q / dO of the next kept step load into the other stage while this one computes; that
+  // stage was last read by the previous step, whose closing barrier every thread has passed.
+  static_assert(Traits::kQStages == 2, "two Q / dO stages: the current step's and the next one's");
+  int stage = 0;
+  while (have) {
     const int h = w.kh * p.group + hh;
-    for (int m = w.m_begin; m < w.m_end; ++m) {
-      if (BackwardScheduler::skipped(p, w, h, m)) continue;  // uniform over the CTA: no scores, no work
-      const int m0 = m * kBlockM;
-      load_tile_async<Traits, kBlockM>(ss.q, q + query_offset(p.q_s, w, h, m0), p.q_s.row, w.len_q - m0, q, tid);
-      load_tile_async<Traits, kBlockM>(ss.dout, dout + query_offset(p.dout_main_s, w, h, m0), p.dout_main_s.row,
-                                       w.len_q - m0, dout, tid);
-      cp_async_fence();
-      if (tid < kBlockM) {
-        const int row = m0 + tid;
-        const std::int64_t at = std::int64_t(h) * p.tokens_q + w.tok_start + row;
-        ss.lse_log2[tid] = row < w.len_q ? p.lse_log2[at] : INFINITY;
-        ss.dsum[tid] = row < w.len_q ? p.dsum[at] : 0.f;
-      }
-      cp_async_wait<0>();
-      __syncthreads();  // Q, dO, LSE, D (and K, V on the first step) in shared memory
-      backward_step<Traits>(p, w, ss, h, m, tid, acc_dk, acc_dv);
-      __syncthreads();  // every read of this step's tiles done before the next step's loads
+    int next_hh = hh, next_m = m + 1;
+    const bool next = BackwardScheduler::next_kept(p, w, next_hh, next_m);
+    if (next) load_q_dout_async<Traits>(p, w, ss, stage ^ 1, w.kh * p.group + next_hh, next_m, tid);
+    cp_async_fence();  // possibly empty: the wait below counts groups
+    if (tid < kBlockM) {
+      const int row = m * kBlockM + tid;
+      const std::int64_t at = std::int64_t(h) * p.tokens_q + w.tok_start + row;
+      ss.lse_log2[tid] = row < w.len_q ? p.lse_log2[at] : INFINITY;
+      ss.dsum[tid] = row < w.len_q ? p.dsum[at] : 0.f;
     }
+    cp_async_wait<1>();  // every group but the newest (the next step's) has landed
+    __syncthreads();     // this step's Q, dO, LSE, D (and K, V on the first step) visible to all
+    backward_step<Traits>(p, w, ss, stage, h, m, tid, acc_dk, acc_dv);
+    __syncthreads();     // every read of this step's tiles done before they are overwritten
+    stage ^= 1;
+    hh = next_hh;
+    m = next_m;
+    have = next;
   }
   write_dkdv<Traits>(p, w, tid, acc_dk, acc_dv);
 #endif

@@ -59,6 +59,21 @@ struct BackwardScheduler {
     const std::int64_t i = ((std::int64_t(w.b) * p.hq + h) * p.skip_groups + m) * p.skip_tiles + w.n_block;
     return (p.skip_bits[i >> 3] >> (i & 7)) & 1u;
   }
+
+  // The first step at or after (query head hh of the KV group, query block m), in that order,
+  // that the skip set keeps; false when none is left. The same answer in every thread.
+  __device__ static bool next_kept(const BackwardParams& p, const BackwardWork& w, int& hh, int& m) {
+    while (hh < p.group) {
+      if (m >= w.m_end) {
+        ++hh;
+        m = w.m_begin;
+        continue;
+      }
+      if (!skipped(p, w, w.kh * p.group + hh, m)) return true;
+      ++m;
+    }
+    return false;
+  }
 };
 
 }  // namespace blasst::sm90::backward

@@ -53,6 +53,13 @@ struct BackwardTraits {
   // dQ = dS K: 64 rows x d, warps 2 (rows) x 4 (d).
   using TiledMmaDQ = TiledMMA<MmaAtom, Layout<Shape<_2, _4, _1>>, Tile<_32, _64, _16>>;
   static_assert(kHeadDim % 64 == 0, "the d tilings (32 and 64 columns) divide d");
+  // S and dP are computed in kSdPSplit key slices of kBlockNSdP keys, each turned into P / dS in
+  // shared memory before the next: the S, dP, dK and dV accumulators are all live there (the
+  // register peak), and at d = 128 dK + dV alone take 128 registers per thread (ptxas, one
+  // 128-key pass: 254 registers and a 16-28 byte spill; two slices: 255 registers, no spill).
+  static constexpr int kSdPSplit = kHeadDim == 128 ? 2 : 1;
+  static constexpr int kBlockNSdP = kBlockN / kSdPSplit;
+  static_assert(kBlockNSdP % 64 == 0, "a key slice is a whole TiledMmaSdP tile");
 
   // Row-major tiles with padded rows, and their transposed views (same bytes).
   using SmemLayoutQ = Layout<Shape<Int<kBlockM>, Int<kHeadDim>>, Stride<Int<kLdD>, _1>>;   // Q, dO
@@ -60,17 +67,21 @@ struct BackwardTraits {
   using SmemLayoutK = Layout<Shape<Int<kBlockN>, Int<kHeadDim>>, Stride<Int<kLdD>, _1>>;   // K, V
   using SmemLayoutKt = Layout<Shape<Int<kHeadDim>, Int<kBlockN>>, Stride<_1, Int<kLdD>>>;  // K^T
   using SmemLayoutP = Layout<Shape<Int<kBlockM>, Int<kBlockN>>, Stride<Int<kLdN>, _1>>;    // P, dS
+  using SmemLayoutKSlice = Layout<Shape<Int<kBlockNSdP>, Int<kHeadDim>>, Stride<Int<kLdD>, _1>>;  // K, V slice
+  using SmemLayoutPSlice = Layout<Shape<Int<kBlockM>, Int<kBlockNSdP>>, Stride<Int<kLdN>, _1>>;   // P, dS slice
   using SmemLayoutPt = Layout<Shape<Int<kBlockN>, Int<kBlockM>>, Stride<_1, Int<kLdN>>>;   // P^T, dS^T
 
   // ldmatrix: K-major operands plain, MN-major operands (the transposed views) with .trans.
   using SmemCopyN = Copy_Atom<SM75_U32x4_LDSM_N, Element>;
   using SmemCopyT = Copy_Atom<SM75_U16x8_LDSM_T, Element>;
 
+  static constexpr int kQStages = 2;
   struct SharedStorage {
     alignas(128) Element k[kBlockN * kLdD];
     alignas(128) Element v[kBlockN * kLdD];
-    alignas(128) Element q[kBlockM * kLdD];
-    alignas(128) Element dout[kBlockM * kLdD];
+    // Q and dO of the current step and of the next one (cp.async while this step computes).
+    alignas(128) Element q[kQStages][kBlockM * kLdD];
+    alignas(128) Element dout[kQStages][kBlockM * kLdD];
     alignas(128) Element p[kBlockM * kLdN];
     alignas(128) Element ds[kBlockM * kLdN];
     alignas(16) float lse_log2[kBlockM];
