@@ -171,11 +171,6 @@ void check_like(const Tensor& t, const char* name, const Tensor& like, const cha
     throw Error(std::string(name) + ": tensor is not defined (data == nullptr)");
 }
 
-bool same_vote(const VoteGranularity& a, const VoteGranularity& b) {
-  return a.tile_keys == b.tile_keys && a.rows == b.rows && a.heads == b.heads &&
-         a.split_tiles == b.split_tiles && a.order == b.order;
-}
-
 }  // namespace
 
 ResolvedAttention validate_attention(const AttentionProblem& p, DeviceKind device) {

@@ -627,6 +627,43 @@ TEST(GpuBackward, RefusesClearly) {
   }
 }
 
+// attention_backward_workspace_bytes: the f32 dQ accumulator [tokens_q, Hq, d], D and LSE
+// [Hq, tokens_q], the converted dO (f32 dout only) and the skip bits, each 256-byte aligned; 0 for
+// the reference. Sizing runs no CUDA work (a CUDA build without a GPU answers too).
+TEST(GpuBackward, WorkspaceBytes) {
+  Case c;
+  c.B = 2;
+  c.Lq = 300;
+  c.Lk = 200;
+  c.hq = 4;
+  c.hk = 2;
+  SkipConfig cfg = SkipConfig::from_threshold(std::exp(-2.0));
+  cfg.vote = vote_cfg().vote;
+  Data in = make_data(c, 11, cfg);
+  auto up = [](std::size_t n) { return (n + 255) / 256 * 256; };
+  const std::size_t tokens = std::size_t(c.B * c.Lq), rows = tokens * std::size_t(c.hq);
+  {
+    Call call(c, in, DType::bf16, DType::bf16, DType::bf16, DType::f32);
+    EXPECT_EQ(attention_backward_workspace_bytes(call.p), 0u);  // CPU tensors: the reference
+    RunOptions opt;
+    opt.device = DeviceKind::cuda;
+    if (!detail::cuda_built()) {
+      EXPECT_THROW(attention_backward_workspace_bytes(call.p, {}, opt), Error);
+      return;
+    }
+    EXPECT_EQ(attention_backward_workspace_bytes(call.p, {}, opt), up(rows * 64 * 4) + 2 * up(rows * 4));
+    EXPECT_EQ(attention_backward_workspace_bytes(call.p, cfg, opt, &in.set),
+              up(rows * 64 * 4) + 2 * up(rows * 4) + up(in.set.bits.size()));
+  }
+  {
+    Call call(c, in, DType::bf16, DType::f32, DType::bf16, DType::f32);  // f32 out / dout
+    RunOptions opt;
+    opt.device = DeviceKind::cuda;
+    EXPECT_EQ(attention_backward_workspace_bytes(call.p, {}, opt),
+              up(rows * 64 * 4) + 2 * up(rows * 4) + up(rows * 64 * 2));
+  }
+}
+
 }  // namespace
 }  // namespace blasst::test
 
