@@ -57,10 +57,11 @@ BLASST_TEST_DECODE_LOADS=cpasync timeout ${CPASYNC_TIMEOUT:-120} "$BUILD/tests/g
   --gtest_brief=1 > "$OUT/decode_cpasync.log" 2>&1
 SUMMARY+=("decode tests, cp.async loads: rc=$? ($(( $(date +%s) - t0 )) s): $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/decode_cpasync.log" | tr '\n' ' ')")
 
-# compute-sanitizer on the small sanitizer suites of both kernels (SANITIZE=0 skips them).
+# compute-sanitizer on the small sanitizer suites of the kernels (SANITIZE=0 skips them).
 if [ "${SANITIZE:-1}" = 1 ]; then
   for tool in memcheck racecheck; do
-    for suite in "gpu_decode/test_gpu_decode GpuDecodeSanitizer.*" "gpu_prefill/test_gpu_prefill GpuPrefillSanitizer.*"; do
+    for suite in "gpu_decode/test_gpu_decode GpuDecodeSanitizer.*" "gpu_prefill/test_gpu_prefill GpuPrefillSanitizer.*" \
+                 "gpu_backward/test_gpu_backward GpuBackwardSanitizer.*"; do
       set -- $suite
       t0=$(date +%s)
       timeout ${SAN_TIMEOUT_S:-90} compute-sanitizer --tool $tool --error-exitcode 9 "$BUILD/tests/$1" \

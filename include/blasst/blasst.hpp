@@ -316,12 +316,23 @@ void decode(const DecodeProblem& p, const SkipConfig& skip = {}, const RunOption
 
 // SPEC §9: the gradient of the kept-tiles function with the skip set held fixed. skip_set (or the
 // problem's skip_set words, not both): the set the forward recorded (must match the problem and
-// skip.vote); neither: dense when skipping is off, else the set is recomputed exactly by the
-// reference forward's own vote (same inputs, same settings: the running maxima do not depend on
-// lambda). CPU tensors only: CUDA tensors are an
-// Error ("not implemented on the GPU yet").
+// skip.vote); neither: dense when skipping is off, else (CPU only) the set is recomputed exactly by the reference forward's own vote (same
+// inputs, same settings: the running maxima do not depend on lambda).
+// CUDA path (device tensors, or host tensors with opt.device == cuda, staged): the sm_90a kernels
+// (docs/architecture.md, Backward). Limits, each an Error naming the argument: q/k/v bf16 or f16,
+// d = dv = 64 or 128, out/dout in q's dtype or f32, lse required (f32), dlse f32, dq/dk/dv in
+// q's dtype or f32, 16-byte aligned rows; a skip set recorded at vote rows 64 x tile_keys 128
+// (heads 1 or more: its per-head bits are read); skipping on with skip_set == nullptr is refused
+// (pass the forward's skip set). The host skip set is uploaded on every call (bits / 8 bytes,
+// one host-to-device copy in stream order; a device-resident set written by the forward comes
+// later). Scratch (dQ accumulator, D, LSE) from opt.workspace or the library's pool: see
+// attention_backward_workspace_bytes.
 void attention_backward(const AttentionBackwardProblem& p, const SkipConfig& skip = {},
                         const RunOptions& opt = {}, const SkipSet* skip_set = nullptr);
+// Scratch bytes of the same backward call on the CUDA path (0 for the reference): f32 dQ
+// accumulator [tokens_q, Hq, d], D and LSE [Hq, tokens_q], the uploaded skip set.
+std::size_t attention_backward_workspace_bytes(const AttentionBackwardProblem& p, const SkipConfig& skip = {},
+                                               const RunOptions& opt = {}, const SkipSet* skip_set = nullptr);
 
 // SPEC §9: the shape of the skip set an attention call with these arguments records
 // (AttentionProblem::skip_set): the vote granularity of the path it takes (the prefill kernel's

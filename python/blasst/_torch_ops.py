@@ -11,8 +11,7 @@ When autograd records the call, the forward also records its skip set (the op's 
 int32 words in blasst::skip_set_shape's layout, on q's device; empty when the skip test did not
 run, i.e. dense or held off by timestep gating, which is so decided once, in the forward), and
 the backward op blasst::attention_backward reads exactly that set (CPU tensors: the reference
-backward in float64 accumulation; CUDA tensors raise NotImplementedError until the GPU kernel
-exists).
+backward in float64 accumulation; CUDA tensors: the sm_90a backward kernels).
 """
 from __future__ import annotations
 
@@ -80,12 +79,6 @@ def _attention_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
     return out, lse, q.new_empty((n,), dtype=torch.int32)
 
 
-def _gpu_backward_error():
-    return NotImplementedError(
-        "blasst.attention backward: not implemented on the GPU yet (CUDA tensors); the CPU "
-        "reference computes it for CPU tensors")
-
-
 @torch.library.custom_op("blasst::attention_backward", mutates_args=())
 def _attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                         out: torch.Tensor, lse: Optional[torch.Tensor],
@@ -102,15 +95,15 @@ def _attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v:
     None. The forward's float32 LSE is used for float32/16 tensors; for float64 tensors the
     backward computes the LSE over kept keys in float64 instead (a float32 LSE would cap the
     gradient at float32 precision)."""
-    if q.is_cuda:
-        raise _gpu_backward_error()
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     ex = _calls.torch_export
     recorded = skip and skip_set.numel() > 0
     _calls._core.attention_backward(
         ex(q), ex(k), ex(v), ex(out), ex(dout.contiguous()),
         None if lse is None or q.dtype == torch.float64 else ex(lse),
-        None if dlse is None else ex(dlse.to(torch.float64).contiguous()), ex(dq), ex(dk), ex(dv),
+        # dlse: float64 for the reference, float32 for the kernels (their limit).
+        None if dlse is None else ex(dlse.to(torch.float32 if q.is_cuda else torch.float64)
+                                     .contiguous()), ex(dq), ex(dk), ex(dv),
         ex(cu_seqlens_q), ex(cu_seqlens_k), max_seqlen_q, max_seqlen_k, causal, scale,
         skip_from_str(skip)._cfg if recorded else None, ex(skip_set) if recorded else None,
         _calls.Frame(q).stream(), _calls._settings["num_threads"])
@@ -134,8 +127,6 @@ def _attention_setup_context(ctx, inputs, output):
 def _attention_grad(ctx, grad_out, grad_lse, grad_skip_set):
     q, k, v, out, lse, skip_set, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
     max_seqlen_q, max_seqlen_k, causal, scale, skip, return_lse = ctx.args
-    if q.is_cuda:
-        raise _gpu_backward_error()
     # The lse placeholder of a call without return_lse carries no gradient.
     dlse = grad_lse if return_lse and grad_lse is not None and grad_lse.numel() else None
     if grad_out is None:

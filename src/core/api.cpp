@@ -72,6 +72,20 @@ SkipSetShape skip_set_shape(const AttentionProblem& p, const SkipConfig& skip, c
   return detail::skip_set_shape_of(r, cuda ? detail::prefill_vote_granularity(skip.vote.order) : skip.vote);
 }
 
+// SPEC §9: device tensors (or host tensors with opt.device == cuda) go to the sm_90a backward
+// kernels; CPU tensors to the reference, which also names a tensor on the wrong device.
+void attention_backward(const AttentionBackwardProblem& p, const SkipConfig& skip, const RunOptions& opt,
+                        const SkipSet* skip_set) {
+  if (wants_cuda(p.q, opt)) return detail::cuda_attention_backward(p, skip, opt, skip_set);
+  reference::attention_backward(p, skip, opt, skip_set);
+}
+
+std::size_t attention_backward_workspace_bytes(const AttentionBackwardProblem& p, const SkipConfig& skip,
+                                               const RunOptions& opt, const SkipSet* skip_set) {
+  if (!wants_cuda(p.q, opt)) return 0;
+  return detail::cuda_attention_backward_workspace_bytes(p, skip, opt, skip_set);
+}
+
 bool cuda_available() { return detail::cuda_built() && detail::cuda_device_present(); }
 std::string cuda_device_name() { return cuda_available() ? detail::cuda_device_name_impl() : std::string(); }
 

@@ -137,6 +137,40 @@ void check_offsets(const std::vector<std::int32_t>& cu, std::int64_t total, cons
                 total_what + " = " + std::to_string(total));
 }
 
+// A gradient tensor (or dout) must have the layout of its partner: rank, shape, the call's device, a dtype
+// of f32, f64 or q's, non-negative strides with a contiguous last dimension, storage when not empty.
+void check_like(const Tensor& t, const char* name, const Tensor& like, const char* like_name,
+                DType qdtype, DeviceKind device) {
+  if (t.rank != like.rank)
+    throw Error(std::string(name) + ": expected rank " + std::to_string(like.rank) + " (as " +
+                like_name + "), got rank " + std::to_string(t.rank));
+  if (t.device != device)
+    throw Error(std::string(name) + ": tensor is on " + dev_str(t.device) + " but the call runs on " +
+                dev_str(device));
+  for (int i = 0; i < t.rank; ++i)
+    if (t.shape[i] != like.shape[i])
+      throw Error(std::string(name) + ": shape " + shape_str(t) + " differs from " + like_name + "'s " +
+                  shape_str(like));
+  if (t.dtype != DType::f32 && t.dtype != DType::f64 && t.dtype != qdtype)
+    throw Error(std::string(name) + ": dtype " + to_string(t.dtype) + " not allowed (f32, f64 or q's dtype " +
+                to_string(qdtype) + ")");
+  std::int64_t max_off = 0;
+  for (int i = 0; i < t.rank; ++i) {
+    if (t.stride[i] < 0)
+      throw Error(std::string(name) + ": negative stride " + std::to_string(t.stride[i]) +
+                  " in dimension " + std::to_string(i));
+    std::int64_t span;
+    if (t.shape[i] > 1 && (__builtin_mul_overflow(t.shape[i] - 1, t.stride[i], &span) ||
+                           __builtin_add_overflow(max_off, span, &max_off)))
+      throw Error(std::string(name) + ": element offsets overflow int64 (shape " + shape_str(t) + ")");
+  }
+  if (t.rank > 0 && t.shape[t.rank - 1] > 1 && t.stride[t.rank - 1] != 1)
+    throw Error(std::string(name) + ": the last dimension must be contiguous (stride 1), got stride " +
+                std::to_string(t.stride[t.rank - 1]));
+  if (!t.defined() && t.numel() != 0)
+    throw Error(std::string(name) + ": tensor is not defined (data == nullptr)");
+}
+
 }  // namespace
 
 ResolvedAttention validate_attention(const AttentionProblem& p, DeviceKind device) {
@@ -357,6 +391,71 @@ ResolvedDecode validate_decode(const DecodeProblem& p, DeviceKind device) {
     r.max_k_len = p.max_seqlen_k;
   }
   return r;
+}
+
+}  // namespace blasst::detail
+
+namespace blasst::detail {
+
+AttentionProblem forward_of(const AttentionBackwardProblem& p) {
+  AttentionProblem f;
+  f.q = p.q;
+  f.k = p.k;
+  f.v = p.v;
+  f.out = p.out;
+  f.lse = p.lse;
+  f.cu_seqlens_q = p.cu_seqlens_q;
+  f.cu_seqlens_k = p.cu_seqlens_k;
+  f.batch = p.batch;
+  f.max_seqlen_q = p.max_seqlen_q;
+  f.max_seqlen_k = p.max_seqlen_k;
+  f.mask = p.mask;
+  f.scale = p.scale;
+  return f;
+}
+
+ResolvedAttention validate_attention_backward(const AttentionBackwardProblem& p, DeviceKind device) {
+  const ResolvedAttention r = validate_attention(forward_of(p), device);
+  check_like(p.dout, "dout", p.out, "out", r.dtype, device);
+  check_like(p.dq, "dq", p.q, "q", r.dtype, device);
+  check_like(p.dk, "dk", p.k, "k", r.dtype, device);
+  check_like(p.dv, "dv", p.v, "v", r.dtype, device);
+  if (p.dlse.defined() || p.dlse.rank != 0) {
+    Tensor lse_like;  // the layout of lse, from q: [B, Hq, Lq] or ragged [Hq, Tq]
+    lse_like.rank = p.q.rank - 1;
+    if (r.ragged) {
+      lse_like.shape[0] = p.q.shape[1];
+      lse_like.shape[1] = p.q.shape[0];
+    } else {
+      lse_like.shape[0] = p.q.shape[0];
+      lse_like.shape[1] = p.q.shape[2];
+      lse_like.shape[2] = p.q.shape[1];
+    }
+    check_like(p.dlse, "dlse", lse_like, "lse", DType::f32, device);
+    if (p.dlse.dtype != DType::f32 && p.dlse.dtype != DType::f64)
+      throw Error(std::string("dlse: dtype ") + to_string(p.dlse.dtype) + " not allowed (f32 or f64)");
+  }
+  return r;
+}
+
+void validate_skip_set(const SkipSet& set, const SkipConfig& skip, std::int64_t batch, std::int64_t hq,
+                       std::int64_t max_q, std::int64_t max_k) {
+  const VoteGranularity& vt = skip.vote;
+  const VoteGranularity& a = set.vote;
+  if (!(a.tile_keys == vt.tile_keys && a.rows == vt.rows && a.heads == vt.heads && a.split_tiles == vt.split_tiles &&
+        a.order == vt.order))
+    throw Error("skip_set: recorded with another vote granularity than skip.vote");
+  if (vt.rows < 1 || vt.tile_keys < 1)
+    throw Error("skip_set: vote rows and tile_keys must be >= 1");
+  const std::int64_t groups = (max_q + vt.rows - 1) / vt.rows, tiles = (max_k + vt.tile_keys - 1) / vt.tile_keys;
+  if (set.batch != batch || set.heads != hq || set.groups != groups || set.tiles != tiles)
+    throw Error("skip_set: dimensions [" + std::to_string(set.batch) + ", " + std::to_string(set.heads) + ", " +
+                std::to_string(set.groups) + ", " + std::to_string(set.tiles) +
+                "] do not match the problem's [batch, Hq, vote groups, tiles] = [" + std::to_string(batch) + ", " +
+                std::to_string(hq) + ", " + std::to_string(groups) + ", " + std::to_string(tiles) + "]");
+  if (static_cast<std::int64_t>(set.bits.size()) != (batch * hq * groups * tiles + 7) / 8)
+    throw Error("skip_set: bits holds " + std::to_string(set.bits.size()) + " bytes, expected one bit per pair (" +
+                std::to_string((batch * hq * groups * tiles + 7) / 8) + " bytes)");
 }
 
 }  // namespace blasst::detail

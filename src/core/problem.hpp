@@ -46,6 +46,17 @@ struct ResolvedDecode {
 ResolvedAttention validate_attention(const AttentionProblem& p, DeviceKind device);
 ResolvedDecode validate_decode(const DecodeProblem& p, DeviceKind device);
 
+// SPEC §9 backward: the forward's checks of q, k, v, out, lse (on `device`), then dout like out,
+// dq / dk / dv like q / k / v (dtype f32, f64 or q's; contiguous last dimension), dlse like lse
+// (f32 or f64; needs lse).
+ResolvedAttention validate_attention_backward(const AttentionBackwardProblem& p, DeviceKind device);
+// The forward problem of a backward problem (its q, k, v, out, lse, offsets, mask, scale).
+AttentionProblem forward_of(const AttentionBackwardProblem& p);
+// A recorded skip set against the problem: the vote of skip.vote, dimensions [batch, hq,
+// ceil(max_q / rows), ceil(max_k / tile_keys)], one bit per pair.
+void validate_skip_set(const SkipSet& set, const SkipConfig& skip, std::int64_t batch, std::int64_t hq,
+                       std::int64_t max_q, std::int64_t max_k);
+
 // Copies n bytes from device memory to host; installed by the CUDA layer when it is built.
 using DeviceToHostCopy = void (*)(void* dst, const void* src, std::size_t n);
 extern DeviceToHostCopy copy_to_host;

@@ -18,6 +18,11 @@ void cuda_attention(const AttentionProblem& p, const SkipConfig& skip, const Run
                     SkipStats* stats);
 void cuda_decode(const DecodeProblem& p, const SkipConfig& skip, const RunOptions& opt,
                  SkipStats* stats);
+// SPEC §9 backward (backward_api.cu); same device rules as cuda_attention.
+void cuda_attention_backward(const AttentionBackwardProblem& p, const SkipConfig& skip, const RunOptions& opt,
+                             const SkipSet* skip_set);
+std::size_t cuda_attention_backward_workspace_bytes(const AttentionBackwardProblem& p, const SkipConfig& skip,
+                                                    const RunOptions& opt, const SkipSet* skip_set);
 // RunOptions::workspace bytes of the same calls (statistics as asked by opt and stats != nullptr).
 std::size_t cuda_attention_workspace_bytes(const AttentionProblem& p, const SkipConfig& skip,
                                            const RunOptions& opt, bool stats);

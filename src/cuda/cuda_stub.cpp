@@ -15,6 +15,13 @@ std::string cuda_device_name_impl() { return {}; }
 
 void cuda_attention(const AttentionProblem&, const SkipConfig&, const RunOptions&, SkipStats*) { no_cuda(); }
 void cuda_decode(const DecodeProblem&, const SkipConfig&, const RunOptions&, SkipStats*) { no_cuda(); }
+void cuda_attention_backward(const AttentionBackwardProblem&, const SkipConfig&, const RunOptions&, const SkipSet*) {
+  no_cuda();
+}
+std::size_t cuda_attention_backward_workspace_bytes(const AttentionBackwardProblem&, const SkipConfig&,
+                                                    const RunOptions&, const SkipSet*) {
+  no_cuda();
+}
 std::size_t cuda_attention_workspace_bytes(const AttentionProblem&, const SkipConfig&, const RunOptions&, bool) {
   no_cuda();
 }

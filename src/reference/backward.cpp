@@ -50,60 +50,6 @@ namespace {
 
 using i64 = std::int64_t;
 
-std::string shape_str(const Tensor& t) {
-  std::string s = "[";
-  for (int i = 0; i < t.rank && i < 4; ++i) s += (i ? ", " : "") + std::to_string(t.shape[i]);
-  return s + "]";
-}
-
-bool on_gpu(const AttentionBackwardProblem& p) {
-  for (const Tensor* t : {&p.q, &p.k, &p.v, &p.out, &p.dout, &p.lse, &p.dlse, &p.dq, &p.dk, &p.dv})
-    if (t->device == DeviceKind::cuda) return true;
-  return false;
-}
-
-void gpu_not_implemented() {
-  throw Error("attention_backward: not implemented on the GPU yet (CUDA tensors); the CPU reference "
-              "computes it for CPU tensors");
-}
-
-// A gradient tensor (or dout) must have the layout of its partner: rank, shape, CPU memory, a dtype
-// of f32, f64 or q's, non-negative strides with a contiguous last dimension, storage when not empty.
-void check_like(const Tensor& t, const char* name, const Tensor& like, const char* like_name,
-                DType qdtype) {
-  if (t.rank != like.rank)
-    throw Error(std::string(name) + ": expected rank " + std::to_string(like.rank) + " (as " +
-                like_name + "), got rank " + std::to_string(t.rank));
-  if (t.device != DeviceKind::cpu)
-    throw Error(std::string(name) + ": tensor is on cuda but the call runs on cpu");
-  for (int i = 0; i < t.rank; ++i)
-    if (t.shape[i] != like.shape[i])
-      throw Error(std::string(name) + ": shape " + shape_str(t) + " differs from " + like_name + "'s " +
-                  shape_str(like));
-  if (t.dtype != DType::f32 && t.dtype != DType::f64 && t.dtype != qdtype)
-    throw Error(std::string(name) + ": dtype " + to_string(t.dtype) + " not allowed (f32, f64 or q's dtype " +
-                to_string(qdtype) + ")");
-  std::int64_t max_off = 0;
-  for (int i = 0; i < t.rank; ++i) {
-    if (t.stride[i] < 0)
-      throw Error(std::string(name) + ": negative stride " + std::to_string(t.stride[i]) +
-                  " in dimension " + std::to_string(i));
-    std::int64_t span;
-    if (t.shape[i] > 1 && (__builtin_mul_overflow(t.shape[i] - 1, t.stride[i], &span) ||
-                           __builtin_add_overflow(max_off, span, &max_off)))
-      throw Error(std::string(name) + ": element offsets overflow int64 (shape " + shape_str(t) + ")");
-  }
-  if (t.rank > 0 && t.shape[t.rank - 1] > 1 && t.stride[t.rank - 1] != 1)
-    throw Error(std::string(name) + ": the last dimension must be contiguous (stride 1), got stride " +
-                std::to_string(t.stride[t.rank - 1]));
-  if (!t.defined() && t.numel() != 0)
-    throw Error(std::string(name) + ": tensor is not defined (data == nullptr)");
-}
-
-bool same_vote(const VoteGranularity& a, const VoteGranularity& b) {
-  return a.tile_keys == b.tile_keys && a.rows == b.rows && a.heads == b.heads &&
-         a.split_tiles == b.split_tiles && a.order == b.order;
-}
 
 double load(const void* base, i64 off, DType t) {
   switch (t) {
@@ -255,57 +201,14 @@ class Backward {
   std::vector<double> K_, V_, dK_, dV_, q_, dq_, do_, s_;
 };
 
-AttentionProblem forward_problem(const AttentionBackwardProblem& p) {
-  AttentionProblem f;
-  f.q = p.q;
-  f.k = p.k;
-  f.v = p.v;
-  f.out = p.out;
-  f.lse = p.lse;
-  f.cu_seqlens_q = p.cu_seqlens_q;
-  f.cu_seqlens_k = p.cu_seqlens_k;
-  f.batch = p.batch;
-  f.max_seqlen_q = p.max_seqlen_q;
-  f.max_seqlen_k = p.max_seqlen_k;
-  f.mask = p.mask;
-  f.scale = p.scale;
-  return f;
-}
-
 }  // namespace
-
-void attention_backward(const AttentionBackwardProblem& p, const SkipConfig& skip,
-                        const RunOptions& opt, const SkipSet* skip_set) {
-  if (on_gpu(p) || opt.device == DeviceKind::cuda) gpu_not_implemented();
-  reference::attention_backward(p, skip, opt, skip_set);
-}
 
 namespace reference {
 
 void attention_backward(const AttentionBackwardProblem& p, const SkipConfig& skip,
                         const RunOptions& opt, const SkipSet* skip_set) {
-  if (on_gpu(p)) gpu_not_implemented();
-  const AttentionProblem fwd = forward_problem(p);
-  const detail::ResolvedAttention r = detail::validate_attention(fwd, DeviceKind::cpu);
-  check_like(p.dout, "dout", p.out, "out", r.dtype);
-  check_like(p.dq, "dq", p.q, "q", r.dtype);
-  check_like(p.dk, "dk", p.k, "k", r.dtype);
-  check_like(p.dv, "dv", p.v, "v", r.dtype);
-  if (p.dlse.defined() || p.dlse.rank != 0) {
-    Tensor lse_like;  // the layout of lse, from q: [B, Hq, Lq] or ragged [Hq, Tq]
-    lse_like.rank = p.q.rank - 1;
-    if (r.ragged) {
-      lse_like.shape[0] = p.q.shape[1];
-      lse_like.shape[1] = p.q.shape[0];
-    } else {
-      lse_like.shape[0] = p.q.shape[0];
-      lse_like.shape[1] = p.q.shape[2];
-      lse_like.shape[2] = p.q.shape[1];
-    }
-    check_like(p.dlse, "dlse", lse_like, "lse", DType::f32);
-    if (p.dlse.dtype != DType::f32 && p.dlse.dtype != DType::f64)
-      throw Error(std::string("dlse: dtype ") + to_string(p.dlse.dtype) + " not allowed (f32 or f64)");
-  }
+  const AttentionProblem fwd = detail::forward_of(p);
+  const detail::ResolvedAttention r = detail::validate_attention_backward(p, DeviceKind::cpu);
   validate(skip);
   if (opt.num_threads < 0) throw Error("num_threads must be >= 0, got " + std::to_string(opt.num_threads));
 
@@ -319,21 +222,7 @@ void attention_backward(const AttentionBackwardProblem& p, const SkipConfig& ski
     recomputed = detail::unpack_skip_set_words(p.skip_set, shape);
     set = &recomputed;
   } else if (skip_set) {
-    const VoteGranularity& vt = skip.vote;
-    const i64 groups = shape.groups, tiles = shape.tiles;
-    if (!same_vote(skip_set->vote, vt))
-      throw Error("skip_set: recorded with another vote granularity than skip.vote");
-    if (skip_set->batch != r.batch || skip_set->heads != r.hq || skip_set->groups != groups ||
-        skip_set->tiles != tiles)
-      throw Error("skip_set: dimensions [" + std::to_string(skip_set->batch) + ", " +
-                  std::to_string(skip_set->heads) + ", " + std::to_string(skip_set->groups) + ", " +
-                  std::to_string(skip_set->tiles) + "] do not match the problem's [batch, Hq, vote groups, tiles] = [" +
-                  std::to_string(r.batch) + ", " + std::to_string(r.hq) + ", " + std::to_string(groups) +
-                  ", " + std::to_string(tiles) + "]");
-    if (static_cast<i64>(skip_set->bits.size()) != (r.batch * r.hq * groups * tiles + 7) / 8)
-      throw Error("skip_set: bits holds " + std::to_string(skip_set->bits.size()) +
-                  " bytes, expected one bit per pair (" +
-                  std::to_string((r.batch * r.hq * groups * tiles + 7) / 8) + " bytes)");
+    detail::validate_skip_set(*skip_set, skip, r.batch, r.hq, r.max_q_len, r.max_k_len);
     set = skip_set;
   } else if (skip.enabled) {
     // Recompute the forward's skip set exactly: the same engine, inputs and settings (opt.fp64

@@ -187,15 +187,66 @@ def test_stats_with_autograd_is_a_clear_error(gen):
         blasst.attention(q, q, q, stats={})
 
 
-@pytest.mark.gpu
-def test_cuda_backward_is_not_implemented():
-    """Until the GPU kernel exists: CUDA tensors get a clear NotImplementedError at backward."""
+def _gpu_or_skip():
     if not (torch.cuda.is_available() and blasst.cuda_available()):
         pytest.skip("GPU test: needs a CUDA device and blasst built with the kernels")
-    q = torch.randn(1, 128, 1, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    out = blasst.attention(q, q, q)
-    with pytest.raises(NotImplementedError, match="not implemented on the GPU yet"):
-        out.float().sum().backward()
+
+
+def _keep_from_words(words, B, Hq, Lq, Lk, rows=64, tile=128):
+    """keep [B, Hq, Lq, Lk] bool from skip-set words (SPEC §9 layout)."""
+    groups, tiles = -(-Lq // rows), -(-Lk // tile)
+    n = B * Hq * groups * tiles
+    w = words.cpu().to(torch.int64) & 0xFFFFFFFF
+    bits = ((w[:, None] >> torch.arange(32)[None, :]) & 1).reshape(-1)[:n].bool()
+    skipped = bits.reshape(B, Hq, groups, tiles)
+    keep = ~skipped.repeat_interleave(rows, dim=2)[:, :, :Lq].repeat_interleave(tile, dim=3)[..., :Lk]
+    return keep, int(bits.sum())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal,Lq,Lk,Hq,Hk,d", [(True, 1000, 1000, 4, 2, 64),
+                                                  (False, 300, 700, 2, 1, 128),
+                                                  (True, 257, 1290, 4, 4, 128)])
+@pytest.mark.parametrize("with_skip", [False, True])
+def test_cuda_gradient_is_masked_softmax_gradient(causal, Lq, Lk, Hq, Hk, d, with_skip):
+    """CUDA bf16 training step through blasst.attention (the sm_90a backward kernels): dq, dk, dv
+    against autograd through a float64 masked softmax on the same bf16 values, whose block mask
+    is the skip set the CUDA forward recorded (SPEC §9; dense: no mask)."""
+    _gpu_or_skip()
+    g = torch.Generator(device="cuda").manual_seed(4321 + Lq + d)
+    B = 2
+    q = torch.randn(B, Lq, Hq, d, device="cuda", generator=g)
+    k = torch.randn(B, Lk, Hk, d, device="cuda", generator=g)
+    if with_skip:  # a sink: most later tiles fall below it and are skipped
+        q[..., 0] += 2.0
+        k[:, 0, :, 0] = 12.0
+    v = torch.randn(B, Lk, Hk, d, device="cuda", generator=g)
+    q, k, v = (x.bfloat16().requires_grad_(True) for x in (q, k, v))
+    dout = torch.randn(B, Lq, Hq, d, device="cuda", generator=g).bfloat16()
+    skip = blasst.SkipSoftmax(threshold=1e-3) if with_skip else None
+    out, lse, words = torch.ops.blasst.attention(
+        q, k, v, None, None, 0, 0, causal, None, blasst._torch_ops.skip_to_str(skip), True, True)
+    keep = None
+    if with_skip:
+        keep, nskip = _keep_from_words(words, B, Hq, Lq, Lk)
+        total = B * Hq * -(-Lq // 64) * -(-Lk // 128)
+        assert 0 < nskip < total, f"the case must skip some pairs, not all ({nskip} of {total})"
+    else:
+        assert words.numel() == 0
+    out = blasst.attention(q, k, v, causal=causal, skip=skip)
+    got = torch.autograd.grad(out, (q, k, v), dout)
+    q64, k64, v64 = (x.detach().double().cpu().requires_grad_(True) for x in (q, k, v))
+    want_out = masked_attention(q64, k64, v64, causal, keep)
+    want = torch.autograd.grad(want_out, (q64, k64, v64), dout.double().cpu())
+    for name, a, b in zip("qkv", got, want):
+        a = a.double().cpu()
+        err = (a - b).abs().max().item() / max(b.abs().max().item(), 1e-30)
+        # bf16 P and dS in the tensor-core products, bf16 outputs: ~1e-2 of the largest entry.
+        assert err < 3e-2, f"d{name}: max error {err:.3g} of max |d{name}|"
+    if with_skip:  # the mask matters: the dense gradient is farther away
+        dense = torch.autograd.grad(masked_attention(q64, k64, v64, causal), (q64, k64, v64),
+                                    dout.double().cpu())
+        assert (dense[0] - want[0]).abs().max() > (got[0].double().cpu() - want[0]).abs().max()
 
 
 def test_ragged_gradient_equals_each_sequence(gen):

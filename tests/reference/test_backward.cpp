@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "blasst/blasst.hpp"
+#include "cuda/cuda_dispatch.hpp"
 #include "reference/common.hpp"
 
 namespace blasst::test {
@@ -506,14 +507,15 @@ TEST(Backward, ValidationNamesTheArgument) {
   }
   {
     auto p = c.bwd();
-    p.dq.device = DeviceKind::cuda;
-    expect_error([&] { attention_backward(p); }, "not implemented on the GPU yet");
+    p.dq.device = DeviceKind::cuda;  // q on the host: the reference, which names the odd tensor
+    expect_error([&] { attention_backward(p); }, "dq: tensor is on cuda but the call runs on cpu");
   }
   {
     auto p = c.bwd();
     RunOptions opt;
-    opt.device = DeviceKind::cuda;
-    expect_error([&] { attention_backward(p, {}, opt); }, "not implemented on the GPU yet");
+    opt.device = DeviceKind::cuda;  // the CUDA path: float64 tensors are refused before any CUDA work
+    expect_error([&] { attention_backward(p, {}, opt); },
+                 detail::cuda_built() ? "q: dtype f64 is not supported by the CUDA backward kernel" : "without CUDA");
   }
   {
     const SkipConfig cfg = skip_cfg(0.05, 4, 8);

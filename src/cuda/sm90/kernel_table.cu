@@ -21,14 +21,17 @@ PrefillLaunchFn find_prefill_kernel(DType dtype, int head_dim, KernelVariant v) 
   if (dtype == DType::E && head_dim == D && v == KernelVariant::V)              \
     return &prefill::launch<DType::E, D, KernelVariant::V>;
 #define BLASST_DECODE_KERNEL(E, D, V, MT)
+#define BLASST_BACKWARD_KERNEL(E, D)
 #include "cuda/sm90/kernel_table.inc"
 #undef BLASST_PREFILL_KERNEL
 #undef BLASST_DECODE_KERNEL
+#undef BLASST_BACKWARD_KERNEL
   return nullptr;
 }
 
 DecodeKernel find_decode_kernel(DType dtype, int head_dim, KernelVariant v, int m_tiles) {
 #define BLASST_PREFILL_KERNEL(E, D, V)
+#define BLASST_BACKWARD_KERNEL(E, D)
 #define BLASST_DECODE_KERNEL(E, D, V, MT)                                                       \
   if (dtype == DType::E && head_dim == D && v == KernelVariant::V && m_tiles == MT)             \
     return DecodeKernel{&decode::launch<DType::E, D, KernelVariant::V, MT>,                     \
@@ -36,51 +39,70 @@ DecodeKernel find_decode_kernel(DType dtype, int head_dim, KernelVariant v, int 
 #include "cuda/sm90/kernel_table.inc"
 #undef BLASST_PREFILL_KERNEL
 #undef BLASST_DECODE_KERNEL
+#undef BLASST_BACKWARD_KERNEL
   return {};
+}
+
+BackwardLaunchFn find_backward_kernel(DType dtype, int head_dim) {
+#define BLASST_PREFILL_KERNEL(E, D, V)
+#define BLASST_DECODE_KERNEL(E, D, V, MT)
+#define BLASST_BACKWARD_KERNEL(E, D) \
+  if (dtype == DType::E && head_dim == D) return &backward::launch<DType::E, D>;
+#include "cuda/sm90/kernel_table.inc"
+#undef BLASST_PREFILL_KERNEL
+#undef BLASST_DECODE_KERNEL
+#undef BLASST_BACKWARD_KERNEL
+  return nullptr;
 }
 
 namespace {
 
+enum class Kind { prefill, decode, backward };
 struct Entry {
-  bool prefill;
+  Kind kind;
   DType dtype;
   int head_dim;
 };
 const std::vector<Entry>& entries() {
   static const std::vector<Entry> e = {
-#define BLASST_PREFILL_KERNEL(E, D, V) {true, DType::E, D},
-#define BLASST_DECODE_KERNEL(E, D, V, MT) {false, DType::E, D},
+#define BLASST_PREFILL_KERNEL(E, D, V) {Kind::prefill, DType::E, D},
+#define BLASST_DECODE_KERNEL(E, D, V, MT) {Kind::decode, DType::E, D},
+#define BLASST_BACKWARD_KERNEL(E, D) {Kind::backward, DType::E, D},
 #include "cuda/sm90/kernel_table.inc"
 #undef BLASST_PREFILL_KERNEL
 #undef BLASST_DECODE_KERNEL
+#undef BLASST_BACKWARD_KERNEL
   };
   return e;
 }
 
 // "a", "a or b", "a, b or c" over the distinct values in table order.
 template <class Get>
-std::string list_of(bool prefill, Get get) {
+std::string list_of(Kind kind, Get get) {
   std::vector<std::string> v;
   for (const Entry& e : entries())
-    if (e.prefill == prefill && std::find(v.begin(), v.end(), get(e)) == v.end()) v.push_back(get(e));
+    if (e.kind == kind && std::find(v.begin(), v.end(), get(e)) == v.end()) v.push_back(get(e));
   std::string s;
   for (std::size_t i = 0; i < v.size(); ++i) s += (i == 0 ? "" : i + 1 == v.size() ? " or " : ", ") + v[i];
   return s;
 }
 
-bool has(bool prefill, DType dtype, int head_dim) {
+bool has(Kind kind, DType dtype, int head_dim) {
   for (const Entry& e : entries())
-    if (e.prefill == prefill && e.dtype == dtype && e.head_dim == head_dim) return true;
+    if (e.kind == kind && e.dtype == dtype && e.head_dim == head_dim) return true;
   return false;
 }
 
 }  // namespace
 
-std::string prefill_head_dims() { return list_of(true, [](const Entry& e) { return std::to_string(e.head_dim); }); }
-std::string prefill_dtypes() { return list_of(true, [](const Entry& e) { return std::string(blasst::to_string(e.dtype)); }); }
-std::string decode_head_dims() { return list_of(false, [](const Entry& e) { return std::to_string(e.head_dim); }); }
-std::string decode_dtypes() { return list_of(false, [](const Entry& e) { return std::string(blasst::to_string(e.dtype)); }); }
-bool prefill_has(DType dtype, int head_dim) { return has(true, dtype, head_dim); }
-bool decode_has(DType dtype, int head_dim) { return has(false, dtype, head_dim); }
+std::string prefill_head_dims() { return list_of(Kind::prefill, [](const Entry& e) { return std::to_string(e.head_dim); }); }
+std::string prefill_dtypes() { return list_of(Kind::prefill, [](const Entry& e) { return std::string(blasst::to_string(e.dtype)); }); }
+std::string decode_head_dims() { return list_of(Kind::decode, [](const Entry& e) { return std::to_string(e.head_dim); }); }
+std::string decode_dtypes() { return list_of(Kind::decode, [](const Entry& e) { return std::string(blasst::to_string(e.dtype)); }); }
+bool prefill_has(DType dtype, int head_dim) { return has(Kind::prefill, dtype, head_dim); }
+bool decode_has(DType dtype, int head_dim) { return has(Kind::decode, dtype, head_dim); }
+std::string backward_head_dims() { return list_of(Kind::backward, [](const Entry& e) { return std::to_string(e.head_dim); }); }
+std::string backward_dtypes() { return list_of(Kind::backward, [](const Entry& e) { return std::string(blasst::to_string(e.dtype)); }); }
+bool backward_has(DType dtype, int head_dim) { return has(Kind::backward, dtype, head_dim); }
 
 }  // namespace blasst::sm90

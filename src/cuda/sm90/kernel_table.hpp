@@ -34,15 +34,25 @@ template <DType E, int kHeadDim, KernelVariant V, int kMTiles>
 int occupancy();
 }  // namespace decode
 
+namespace backward {
+struct BackwardParams;
+// The SPEC §9 main kernel; the instance sets its own dynamic shared memory (BackwardTraits).
+template <DType E, int kHeadDim>
+void launch(const BackwardParams& p, cudaStream_t stream);
+}  // namespace backward
+
 #define BLASST_PREFILL_KERNEL(E, D, V) \
   extern template void prefill::launch<DType::E, D, KernelVariant::V>(const prefill::PrefillParams&, cudaStream_t);
 #define BLASST_DECODE_KERNEL(E, D, V, MT)                                                                   \
   extern template void decode::launch<DType::E, D, KernelVariant::V, MT>(const decode::Params&, dim3,        \
                                                                           cudaStream_t);                    \
   extern template int decode::occupancy<DType::E, D, KernelVariant::V, MT>();
+#define BLASST_BACKWARD_KERNEL(E, D) \
+  extern template void backward::launch<DType::E, D>(const backward::BackwardParams&, cudaStream_t);
 #include "cuda/sm90/kernel_table.inc"
 #undef BLASST_PREFILL_KERNEL
 #undef BLASST_DECODE_KERNEL
+#undef BLASST_BACKWARD_KERNEL
 
 using PrefillLaunchFn = void (*)(const prefill::PrefillParams&, cudaStream_t);
 struct DecodeKernel {
@@ -53,6 +63,8 @@ struct DecodeKernel {
 // nullptr / empty when the table has no such instance.
 PrefillLaunchFn find_prefill_kernel(DType dtype, int head_dim, KernelVariant v);
 DecodeKernel find_decode_kernel(DType dtype, int head_dim, KernelVariant v, int m_tiles);
+using BackwardLaunchFn = void (*)(const backward::BackwardParams&, cudaStream_t);
+BackwardLaunchFn find_backward_kernel(DType dtype, int head_dim);
 
 // What the table holds, for the messages of unsupported calls: "64 or 128", "bf16 or f16".
 std::string prefill_head_dims();
@@ -61,5 +73,8 @@ std::string decode_head_dims();
 std::string decode_dtypes();
 bool prefill_has(DType dtype, int head_dim);
 bool decode_has(DType dtype, int head_dim);
+std::string backward_head_dims();
+std::string backward_dtypes();
+bool backward_has(DType dtype, int head_dim);
 
 }  // namespace blasst::sm90

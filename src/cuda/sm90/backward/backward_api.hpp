@@ -1,0 +1,25 @@
+// Internal: the host entry of the backward kernels on device tensors, for the library's CUDA path
+// (backward_api.cu: detail::cuda_attention_backward) and the benchmark's direct calls.
+#pragma once
+
+#include <cstddef>
+
+#include "blasst/blasst.hpp"
+
+namespace blasst::sm90::backward {
+
+// Device tensors only: checks what the kernels cover (an Error naming the argument otherwise),
+// takes its scratch from `workspace` semantics of opt (caller's buffer or the library's pool),
+// uploads the host skip set, and runs preprocess, main kernel and postprocess on opt.stream
+// without synchronising.
+void launch_attention_backward(const AttentionBackwardProblem& p, const SkipConfig& skip, const RunOptions& opt,
+                               const SkipSet* skip_set);
+// The checks of that call alone (no CUDA work), on tensors that live on `device` (cpu: a host
+// problem about to be staged).
+void check_attention_backward(const AttentionBackwardProblem& p, const SkipConfig& skip, const SkipSet* skip_set,
+                              DeviceKind device);
+// The scratch bytes of that call.
+std::size_t attention_backward_workspace_bytes(const AttentionBackwardProblem& p, const SkipConfig& skip,
+                                               const RunOptions& opt, const SkipSet* skip_set);
+
+}  // namespace blasst::sm90::backward

@@ -1,0 +1,81 @@
+// Internal: what the backward CTA writes: dK / dV of its key block (scaled, converted to the
+// output dtype), zeros for a key block the skip set removes entirely, and the dQ contributions of
+// one step added into the f32 workspace (red.global.add.f32; the postprocess scales and converts).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "cuda/sm90/backward/backward_tile_scheduler.hpp"
+#include "cuda/sm90/backward/backward_traits.hpp"
+
+namespace blasst::sm90::backward {
+
+template <class Element>
+__device__ __forceinline__ void store_out(void* base, std::int64_t off, bool f32, float x) {
+  if (f32) static_cast<float*>(base)[off] = x;
+  else static_cast<Element*>(base)[off] = Element(x);
+}
+
+// Element offset of key `key` of KV head kh in a dK / dV-shaped tensor.
+__device__ __forceinline__ std::int64_t key_offset(const RowStrides& s, const BackwardWork& w, int key) {
+  const std::int64_t row = std::int64_t(w.k_start) + key;
+  return row * s.row + std::int64_t(w.kh) * s.head + std::int64_t(w.b) * s.batch;
+}
+
+// dK = scale * acc_dk, dV = acc_dv for the valid keys of the block (C fragments of TiledMmaDKV).
+template <class Traits, class AccDK, class AccDV>
+__device__ void write_dkdv(const BackwardParams& p, const BackwardWork& w, int tid, AccDK const& acc_dk,
+                           AccDV const& acc_dv) {
+  using Element = typename Traits::Element;
+  typename Traits::TiledMmaDKV mma;
+  auto thr = mma.get_slice(tid);
+  Tensor c = make_identity_tensor(Shape<Int<Traits::kBlockN>, Int<Traits::kHeadDim>>{});
+  Tensor tc = thr.partition_C(c);
+  static_assert(decltype(size(tc))::value == decltype(size(acc_dk))::value, "dK fragment and coordinates");
+  static_assert(decltype(size(tc))::value == decltype(size(acc_dv))::value, "dV fragment and coordinates");
+  const int n0 = w.n_block * Traits::kBlockN;
+#pragma unroll
+  for (int i = 0; i < size(acc_dk); ++i) {
+    const int key = n0 + get<0>(tc(i));
+    const int col = get<1>(tc(i));
+    if (key < w.len_k) {
+      store_out<Element>(p.dk, key_offset(p.dk_s, w, key) + col, p.dk_f32, acc_dk(i) * p.scale);
+      store_out<Element>(p.dv, key_offset(p.dv_s, w, key) + col, p.dv_f32, acc_dv(i));
+    }
+  }
+}
+
+// A key block with every step skipped: dK = dV = 0, K and V never loaded.
+template <class Traits>
+__device__ void write_dkdv_zero(const BackwardParams& p, const BackwardWork& w, int tid) {
+  using Element = typename Traits::Element;
+  const int n0 = w.n_block * Traits::kBlockN;
+  const int keys = min(Traits::kBlockN, w.len_k - n0);
+  for (int e = tid; e < keys * Traits::kHeadDim; e += Traits::kNumThreads) {
+    const int key = n0 + e / Traits::kHeadDim, col = e % Traits::kHeadDim;
+    store_out<Element>(p.dk, key_offset(p.dk_s, w, key) + col, p.dk_f32, 0.f);
+    store_out<Element>(p.dv, key_offset(p.dv_s, w, key) + col, p.dv_f32, 0.f);
+  }
+}
+
+// dQ accumulator [tokens_q, hq, d] += acc_dq for the valid rows of query block m0 of head h.
+template <class Traits, class AccDQ>
+__device__ void add_dq(const BackwardParams& p, const BackwardWork& w, int h, int m0, int tid, AccDQ const& acc_dq) {
+  typename Traits::TiledMmaDQ mma;
+  auto thr = mma.get_slice(tid);
+  Tensor c = make_identity_tensor(Shape<Int<Traits::kBlockM>, Int<Traits::kHeadDim>>{});
+  Tensor tc = thr.partition_C(c);
+  static_assert(decltype(size(tc))::value == decltype(size(acc_dq))::value, "dQ fragment and coordinates");
+#pragma unroll
+  for (int i = 0; i < size(acc_dq); ++i) {
+    const int row = m0 + get<0>(tc(i));
+    if (row < w.len_q) {
+      const std::int64_t off =
+          ((std::int64_t(w.tok_start) + row) * p.hq + h) * Traits::kHeadDim + get<1>(tc(i));
+      atomicAdd(p.dq_accum + off, acc_dq(i));  // result unused: red.global.add.f32
+    }
+  }
+}
+
+}  // namespace blasst::sm90::backward

@@ -1,0 +1,79 @@
+// Internal: which work one backward CTA owns, and which of its (query head, query block) steps
+// the skip set removes. Grid (key blocks of the longest sequence, KV heads, sequences): a CTA owns
+// dK / dV of one 128-key block of one KV head and visits the query blocks of its g query heads
+// that see the block (causal: from the first row whose diagonal reaches it).
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/sm90/backward/backward_params.hpp"
+
+namespace blasst::sm90::backward {
+
+struct BackwardWork {
+  int b = 0, kh = 0, n_block = 0;
+  int len_q = 0, len_k = 0;
+  // Offsets of the sequence in the token axes (ragged: cu_q[b], cu_k[b]; batched: 0, and the
+  // batch strides apply) and its first token in the workspace arrays (b * Lq or cu_q[b]).
+  int q_start = 0, k_start = 0, tok_start = 0;
+  int m_begin = 0, m_end = 0;  // query blocks [m_begin, m_end) that can see the key block
+};
+
+struct BackwardScheduler {
+  static dim3 grid(const BackwardParams& p) {
+    return dim3(unsigned(p.num_n_blocks), unsigned(p.hk), unsigned(p.batch));
+  }
+
+  // False when the CTA's key block lies past its sequence's end (nothing to write).
+  template <int kBlockM, int kBlockN>
+  __device__ static bool get(const BackwardParams& p, BackwardWork& w) {
+    w.n_block = int(blockIdx.x);
+    w.kh = int(blockIdx.y);
+    w.b = int(blockIdx.z);
+    if (p.cu_q != nullptr) {
+      w.q_start = p.cu_q[w.b];
+      w.k_start = p.cu_k[w.b];
+      w.len_q = p.cu_q[w.b + 1] - w.q_start;
+      w.len_k = p.cu_k[w.b + 1] - w.k_start;
+      w.tok_start = w.q_start;
+    } else {
+      w.len_q = p.len_q;
+      w.len_k = p.len_k;
+      w.tok_start = w.b * p.len_q;
+    }
+    const int n0 = w.n_block * kBlockN;
+    if (n0 >= w.len_k) return false;
+    w.m_end = (w.len_q + kBlockM - 1) / kBlockM;
+    w.m_begin = 0;
+    if (p.causal) {
+      // SPEC §1: row i sees key j iff j <= i + Lk - Lq; the first row that sees key n0.
+      const int first_row = n0 - (w.len_k - w.len_q);
+      w.m_begin = first_row > 0 ? first_row / kBlockM : 0;
+    }
+    return true;
+  }
+
+  // The skip-set bit of (query head h, query block m) for this CTA's key block.
+  __device__ static bool skipped(const BackwardParams& p, const BackwardWork& w, int h, int m) {
+    if (p.skip_bits == nullptr) return false;
+    const std::int64_t i = ((std::int64_t(w.b) * p.hq + h) * p.skip_groups + m) * p.skip_tiles + w.n_block;
+    return (p.skip_bits[i >> 3] >> (i & 7)) & 1u;
+  }
+
+  // The first step at or after (query head hh of the KV group, query block m), in that order,
+  // that the skip set keeps; false when none is left. The same answer in every thread.
+  __device__ static bool next_kept(const BackwardParams& p, const BackwardWork& w, int& hh, int& m) {
+    while (hh < p.group) {
+      if (m >= w.m_end) {
+        ++hh;
+        m = w.m_begin;
+        continue;
+      }
+      if (!skipped(p, w, w.kh * p.group + hh, m)) return true;
+      ++m;
+    }
+    return false;
+  }
+};
+
+}  // namespace blasst::sm90::backward

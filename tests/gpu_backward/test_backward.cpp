@@ -1,0 +1,691 @@
+// GPU backward (SPEC §9, src/cuda/sm90/backward/) against blasst::reference::attention_backward.
+//
+// Data: q, k, v, dO drawn from fixed printed seeds and rounded to the kernel's 16-bit dtype; the
+// forward runs on the reference (float64, recording the skip set), its O rounded to out's dtype
+// and its LSE to float32. The reference backward then gets exactly those values as float64
+// (the 16-bit values are exact there), so the expected gradient is the exact gradient of the same
+// inputs and the comparison measures the kernel's own rounding only.
+//
+// Tolerance (stated once, used everywhere). The kernel rounds P and dS to the 16-bit input type
+// (unit roundoff u: 2^-8 bf16, 2^-11 f16) before the dV = P^T dO, dK = dS^T Q, dQ = dS K
+// products, and accumulates every sum in float32. Each product term then carries a relative error
+// of at most u (rounding of P or dS; q, k, v, dO, O, LSE are the same values on both sides), so
+// an output element's error is a sum of terms |t| * delta with |delta| <= u: at most u * sum|t|,
+// and for the unbiased round-to-nearest errors of these random-sign terms about u / sqrt(3) times
+// the element's own scale. float32 accumulation of n terms adds at most n * 2^-24 relative to
+// sum|t| (the scores and dP: d terms; D: d terms; the GEMMs: up to max(g Lq, Lk) terms). Hence
+//   tol = 4 u + 2 * n * 2^-24,   n = max(g * Lq, Lk, d),
+// a factor 4 over the per-element statistical bound for the maximum over many elements.
+// Checks: (1) max |got - want| <= tol * max |want| per tensor; (2) per element, looser but local:
+// |got - want| <= 16 u |want| + 2 tol * (max |want| over its row of d values) + tol / 4 * max |want|,
+// which catches a wrong block in a row whose gradients are small next to the tensor's largest.
+// Outputs are filled with NaN before every call: an element the kernel does not write fails.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "blasst/blasst.hpp"
+#include "blasst/half.hpp"
+#include "cuda/cuda_dispatch.hpp"
+#include "gpu_common.hpp"
+
+namespace blasst::test {
+namespace {
+
+#define REQUIRE_GPU() BLASST_GPU_OR_SKIP("the sm_90a backward kernel needs a Hopper device")
+
+using i64 = std::int64_t;
+using SkipSet = ::blasst::SkipSet;  // not gpu_common.hpp's classification of that name
+
+struct Case {
+  i64 B = 1, Lq = 64, Lk = 64, hq = 2, hk = 1, d = 64;
+  std::vector<i64> lq, lk;  // ragged (cu_seqlens) when not empty
+  bool causal = false;
+  DType dtype = DType::bf16;    // q, k, v
+  DType io_dtype = DType::bf16; // out and dout: q's dtype or f32
+  DType grad_dtype = DType::bf16;  // dq, dk, dv: q's dtype or f32
+  bool dlse = false;
+  // Structured scores (a sink tile and per-tile biases, see make_data) so that skipping happens.
+  bool structured = true;
+
+  bool ragged() const { return !lq.empty(); }
+  i64 nseq() const { return ragged() ? i64(lq.size()) : B; }
+  i64 len_q(i64 b) const { return ragged() ? lq[std::size_t(b)] : Lq; }
+  i64 len_k(i64 b) const { return ragged() ? lk[std::size_t(b)] : Lk; }
+  i64 start_q(i64 b) const {
+    i64 s = 0;
+    for (i64 x = 0; x < b; ++x) s += len_q(x);
+    return s;
+  }
+  i64 start_k(i64 b) const {
+    i64 s = 0;
+    for (i64 x = 0; x < b; ++x) s += len_k(x);
+    return s;
+  }
+  i64 tq() const { return ragged() ? start_q(nseq()) : B * Lq; }
+  i64 tk() const { return ragged() ? start_k(nseq()) : B * Lk; }
+  i64 max_q() const {
+    i64 m = 0;
+    for (i64 b = 0; b < nseq(); ++b) m = std::max(m, len_q(b));
+    return m;
+  }
+  i64 max_k() const {
+    i64 m = 0;
+    for (i64 b = 0; b < nseq(); ++b) m = std::max(m, len_k(b));
+    return m;
+  }
+  std::string name() const {
+    std::string s = std::string(to_string(dtype)) + " d" + std::to_string(d) + " hq" + std::to_string(hq) + ":" +
+                    std::to_string(hk) + (causal ? " causal" : " full");
+    if (ragged()) {
+      s += " ragged q{";
+      for (i64 x : lq) s += std::to_string(x) + ",";
+      s += "} k{";
+      for (i64 x : lk) s += std::to_string(x) + ",";
+      s += "}";
+    } else {
+      s += " B" + std::to_string(B) + " Lq" + std::to_string(Lq) + " Lk" + std::to_string(Lk);
+    }
+    if (io_dtype == DType::f32) s += " out/dout f32";
+    if (grad_dtype == DType::f32) s += " grads f32";
+    if (dlse) s += " dlse";
+    return s;
+  }
+  // Element offset of (sequence b, position i, head h, column 0) in a q-like or k-like tensor.
+  i64 q_row(i64 b, i64 i, i64 h, i64 heads) const { return ((start_q_tok(b) + i) * heads + h) * d; }
+  i64 k_row(i64 b, i64 j, i64 h) const { return ((start_k_tok(b) + j) * hk + h) * d; }
+  i64 start_q_tok(i64 b) const { return ragged() ? start_q(b) : b * Lq; }
+  i64 start_k_tok(i64 b) const { return ragged() ? start_k(b) : b * Lk; }
+  // Offset of (b, h, i) in an lse-like tensor: [B, H, Lq] or [H, Tq].
+  i64 lse_at(i64 b, i64 h, i64 i) const { return ragged() ? h * tq() + start_q(b) + i : (b * hq + h) * Lq + i; }
+};
+
+double round_to(DType t, double x) {
+  switch (t) {
+    case DType::bf16: return double(bf16_to_float(float_to_bf16(float(x))));
+    case DType::f16: return double(f16_to_float(float_to_f16(float(x))));
+    case DType::f32: return double(float(x));
+    case DType::f64: return x;
+  }
+  return x;
+}
+
+double unit_u(DType t) { return unit_roundoff(t); }
+
+// Host storage of one tensor in a given dtype (16-bit as raw bits).
+struct Buffer {
+  DType dtype = DType::f32;
+  std::vector<std::uint16_t> h;
+  std::vector<float> f;
+  std::vector<double> g;
+  void assign(DType t, const std::vector<double>& x) {
+    dtype = t;
+    h.clear();
+    f.clear();
+    g.clear();
+    if (t == DType::bf16 || t == DType::f16) {
+      h.resize(x.size());
+      for (std::size_t i = 0; i < x.size(); ++i)
+        h[i] = t == DType::bf16 ? float_to_bf16(float(x[i])) : float_to_f16(float(x[i]));
+    } else if (t == DType::f32) {
+      f.assign(x.begin(), x.end());
+    } else {
+      g = x;
+    }
+  }
+  void poison(DType t, std::size_t n) {
+    dtype = t;
+    h.clear();
+    f.clear();
+    g.clear();
+    if (t == DType::bf16) h.assign(n, 0x7fc0);
+    else if (t == DType::f16) h.assign(n, 0x7e00);
+    else if (t == DType::f32) f.assign(n, std::numeric_limits<float>::quiet_NaN());
+    else g.assign(n, std::numeric_limits<double>::quiet_NaN());
+  }
+  void* data() {
+    if (!h.empty()) return h.data();
+    if (!f.empty()) return f.data();
+    return g.data();
+  }
+  std::vector<double> values() const {
+    std::vector<double> x;
+    if (dtype == DType::bf16) for (auto v : h) x.push_back(bf16_to_float(v));
+    else if (dtype == DType::f16) for (auto v : h) x.push_back(f16_to_float(v));
+    else if (dtype == DType::f32) x.assign(f.begin(), f.end());
+    else x = g;
+    return x;
+  }
+};
+
+// A [B, L, H, x] (batched) or [T, H, x] (ragged) tensor over `data`.
+Tensor rows_tensor(const Case& c, void* data, DType t, i64 len, i64 tokens, i64 heads, i64 x) {
+  if (c.ragged()) return Tensor::contiguous(data, t, {tokens, heads, x});
+  return Tensor::contiguous(data, t, {c.B, len, heads, x});
+}
+Tensor lse_tensor(const Case& c, void* data, DType t) {
+  if (c.ragged()) return Tensor::contiguous(data, t, {c.hq, c.tq()});
+  return Tensor::contiguous(data, t, {c.B, c.hq, c.Lq});
+}
+
+struct Data {
+  std::vector<double> q, k, v, dout, dlse;  // exact 16-bit (dout: io dtype) values
+  std::vector<double> out, lse;             // forward results as the kernel receives them
+  std::vector<std::int32_t> cu_q, cu_k;
+  SkipSet set;      // recorded by the forward (all kept when dense)
+  SkipStats stats;  // the forward's visited / skipped pairs
+};
+
+SkipConfig vote_cfg() {
+  SkipConfig cfg;
+  cfg.vote.rows = 64;
+  cfg.vote.heads = 1;
+  cfg.vote.tile_keys = 128;
+  cfg.vote.order = VisitOrder::natural;
+  return cfg;
+}
+
+// Random normal q, k, v, dO (and dLSE); structured: column 0 of every query is A and column 0 of
+// key j is beta of its tile (8 for the sink tile 0, a random integer 0..8 elsewhere), adding
+// A * beta * scale (about 1.25 beta nats) to the scores, so tiles differ by up to 10 nats and the
+// forward's vote skips a part of them. All values rounded to the kernel's dtypes.
+Data make_data(const Case& c, std::uint64_t seed, const SkipConfig& fwd_skip) {
+  Data in;
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> nd(0.0, 1.0);
+  std::uniform_int_distribution<int> beta_d(0, 8);
+  const i64 tq = c.tq(), tk = c.tk();
+  in.q.resize(std::size_t(tq * c.hq * c.d));
+  in.k.resize(std::size_t(tk * c.hk * c.d));
+  in.v.resize(std::size_t(tk * c.hk * c.d));
+  in.dout.resize(std::size_t(tq * c.hq * c.d));
+  for (auto& x : in.q) x = round_to(c.dtype, nd(rng));
+  for (auto& x : in.k) x = round_to(c.dtype, nd(rng));
+  for (auto& x : in.v) x = round_to(c.dtype, nd(rng));
+  for (auto& x : in.dout) x = round_to(c.dtype, nd(rng));  // exact in io_dtype too
+  if (c.structured) {
+    const double A = std::round(1.25 * std::sqrt(double(c.d)));
+    for (i64 t = 0; t < tq; ++t)
+      for (i64 h = 0; h < c.hq; ++h) in.q[std::size_t((t * c.hq + h) * c.d)] = A;
+    for (i64 b = 0; b < c.nseq(); ++b)
+      for (i64 h = 0; h < c.hk; ++h) {
+        std::vector<double> beta(std::size_t((c.len_k(b) + 127) / 128 + 1));
+        for (std::size_t t = 0; t < beta.size(); ++t) beta[t] = t == 0 ? 8.0 : double(beta_d(rng));
+        for (i64 j = 0; j < c.len_k(b); ++j) in.k[std::size_t(c.k_row(b, j, h))] = beta[std::size_t(j / 128)];
+      }
+  }
+  if (c.dlse) {
+    in.dlse.resize(std::size_t(tq * c.hq));
+    for (auto& x : in.dlse) x = double(float(0.5 * nd(rng)));
+  }
+  if (c.ragged()) {
+    in.cu_q.push_back(0);
+    in.cu_k.push_back(0);
+    for (i64 b = 0; b < c.nseq(); ++b) {
+      in.cu_q.push_back(std::int32_t(in.cu_q.back() + c.len_q(b)));
+      in.cu_k.push_back(std::int32_t(in.cu_k.back() + c.len_k(b)));
+    }
+  }
+  // Forward on the reference in float64, recording the skip set.
+  std::vector<double> out(in.dout.size()), lse(std::size_t(tq * c.hq));
+  AttentionProblem p;
+  p.q = rows_tensor(c, in.q.data(), DType::f64, c.Lq, tq, c.hq, c.d);
+  p.k = rows_tensor(c, in.k.data(), DType::f64, c.Lk, tk, c.hk, c.d);
+  p.v = rows_tensor(c, in.v.data(), DType::f64, c.Lk, tk, c.hk, c.d);
+  p.out = rows_tensor(c, out.data(), DType::f64, c.Lq, tq, c.hq, c.d);
+  p.lse = lse_tensor(c, lse.data(), DType::f64);
+  p.mask = c.causal ? MaskKind::causal : MaskKind::full;
+  if (c.ragged()) {
+    p.cu_seqlens_q = in.cu_q.data();
+    p.cu_seqlens_k = in.cu_k.data();
+    p.batch = c.nseq();
+  }
+  RunOptions opt;
+  opt.fp64 = true;
+  opt.collect_stats = true;
+  reference::attention(p, fwd_skip, opt, &in.stats, &in.set);
+  in.out.resize(out.size());
+  for (std::size_t i = 0; i < out.size(); ++i) in.out[i] = round_to(c.io_dtype, out[i]);
+  in.lse.resize(lse.size());
+  for (std::size_t i = 0; i < lse.size(); ++i) in.lse[i] = double(float(lse[i]));
+  return in;
+}
+
+struct Grads {
+  std::vector<double> dq, dk, dv;
+};
+
+// The backward problem over host buffers of the given dtypes.
+struct Call {
+  Buffer q, k, v, out, dout, lse, dlse, dq, dk, dv;
+  AttentionBackwardProblem p;
+  Call(const Case& c, Data& in, DType in_t, DType io_t, DType grad_t, DType lse_t) {
+    q.assign(in_t, in.q);
+    k.assign(in_t, in.k);
+    v.assign(in_t, in.v);
+    out.assign(io_t, in.out);
+    dout.assign(io_t, in.dout);
+    lse.assign(lse_t, in.lse);
+    dq.poison(grad_t, in.q.size());
+    dk.poison(grad_t, in.k.size());
+    dv.poison(grad_t, in.v.size());
+    const i64 tq = c.tq(), tk = c.tk();
+    p.q = rows_tensor(c, q.data(), in_t, c.Lq, tq, c.hq, c.d);
+    p.k = rows_tensor(c, k.data(), in_t, c.Lk, tk, c.hk, c.d);
+    p.v = rows_tensor(c, v.data(), in_t, c.Lk, tk, c.hk, c.d);
+    p.out = rows_tensor(c, out.data(), io_t, c.Lq, tq, c.hq, c.d);
+    p.dout = rows_tensor(c, dout.data(), io_t, c.Lq, tq, c.hq, c.d);
+    p.lse = lse_tensor(c, lse.data(), lse_t);
+    if (c.dlse) {
+      dlse.assign(lse_t, in.dlse);
+      p.dlse = lse_tensor(c, dlse.data(), lse_t);
+    }
+    p.dq = rows_tensor(c, dq.data(), grad_t, c.Lq, tq, c.hq, c.d);
+    p.dk = rows_tensor(c, dk.data(), grad_t, c.Lk, tk, c.hk, c.d);
+    p.dv = rows_tensor(c, dv.data(), grad_t, c.Lk, tk, c.hk, c.d);
+    p.mask = c.causal ? MaskKind::causal : MaskKind::full;
+    if (c.ragged()) {
+      p.cu_seqlens_q = in.cu_q.data();
+      p.cu_seqlens_k = in.cu_k.data();
+      p.batch = c.nseq();
+    }
+  }
+  Grads grads() const { return {dq.values(), dk.values(), dv.values()}; }
+};
+
+Grads run_gpu(const Case& c, Data& in, const SkipConfig& cfg, const SkipSet* set) {
+  Call call(c, in, c.dtype, c.io_dtype, c.grad_dtype, DType::f32);
+  RunOptions opt;
+  opt.device = DeviceKind::cuda;  // host tensors, staged through device memory
+  attention_backward(call.p, cfg, opt, set);
+  return call.grads();
+}
+
+Grads run_ref(const Case& c, Data& in, const SkipConfig& cfg, const SkipSet* set) {
+  Call call(c, in, DType::f64, DType::f64, DType::f64, DType::f64);
+  reference::attention_backward(call.p, cfg, RunOptions{}, set);
+  return call.grads();
+}
+
+double tolerance(const Case& c) {
+  const double n = double(std::max({c.hq / c.hk * c.max_q(), c.max_k(), c.d}));
+  return 4 * unit_u(c.dtype) + 2 * n * 0x1p-24;
+}
+
+// max |got - want| / max |want| (NaN or inf in got: +inf). 0 when both are all zero.
+double rel_max_err(const std::vector<double>& got, const std::vector<double>& want) {
+  double e = 0, m = 0;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    const double d = std::abs(got[i] - want[i]);
+    e = std::isfinite(got[i]) ? std::max(e, d) : INFINITY;
+    m = std::max(m, std::abs(want[i]));
+  }
+  if (e == 0) return 0;
+  return m > 0 ? e / m : INFINITY;
+}
+
+void expect_close(const std::vector<double>& got, const std::vector<double>& want, i64 d, double u, double tol,
+                  const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  double m = 0;
+  for (double x : want) m = std::max(m, std::abs(x));
+  const double e = rel_max_err(got, want);
+  EXPECT_LE(e, tol) << what << ": max error " << e << " x max|want| (max|want| = " << m << ", tol " << tol << ")";
+  std::size_t bad = 0, first = want.size();
+  for (std::size_t r = 0; r < want.size(); r += std::size_t(d)) {
+    double rowmax = 0;
+    for (i64 c = 0; c < d; ++c) rowmax = std::max(rowmax, std::abs(want[r + std::size_t(c)]));
+    for (i64 c = 0; c < d; ++c) {
+      const std::size_t i = r + std::size_t(c);
+      const double lim = 16 * u * std::abs(want[i]) + 2 * tol * rowmax + 0.25 * tol * m;
+      if (!(std::abs(got[i] - want[i]) <= lim)) {
+        if (bad++ == 0) first = i;
+      }
+    }
+  }
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << " elements outside the per-element bound; first at " << first
+                     << " (row " << first / std::size_t(d) << "): got "
+                     << (first < got.size() ? got[first] : 0.0) << ", want " << (first < want.size() ? want[first] : 0.0);
+}
+
+void expect_grads(const Case& c, const Grads& g, const Grads& r) {
+  const double u = unit_u(c.dtype), tol = tolerance(c);
+  expect_close(g.dq, r.dq, c.d, u, tol, "dq");
+  expect_close(g.dk, r.dk, c.d, u, tol, "dk");
+  expect_close(g.dv, r.dv, c.d, u, tol, "dv");
+}
+
+void check_dense(const Case& c, std::uint64_t seed) {
+  SCOPED_TRACE(c.name() + " dense seed " + std::to_string(seed));
+  Data in = make_data(c, seed, SkipConfig{});
+  const Grads g = run_gpu(c, in, SkipConfig{}, nullptr);
+  const Grads r = run_ref(c, in, SkipConfig{}, nullptr);
+  expect_grads(c, g, r);
+}
+
+// The forward skips with lambda = exp(-2): a tile whose bias lies 2 nats or more below the sink's
+// (beta <= 6: 7 of 9 non-sink tiles, give or take the noise). The recorded set must be neither
+// empty nor full (the sink tile, visited first, is never skipped), and the kernel, given it, must
+// match the reference given it.
+void check_skip(const Case& c, std::uint64_t seed, double lambda = std::exp(-2.0)) {
+  SCOPED_TRACE(c.name() + " skip seed " + std::to_string(seed));
+  SkipConfig cfg = SkipConfig::from_threshold(lambda);
+  cfg.vote = vote_cfg().vote;
+  Data in = make_data(c, seed, cfg);
+  const i64 skipped = in.set.count();
+  ASSERT_EQ(skipped, in.stats.total_skipped()) << "the recorded set and the forward's statistics disagree";
+  ASSERT_GT(skipped, 0) << "nothing skipped: the data does not exercise the skip set";
+  ASSERT_LT(skipped, in.stats.total_visited()) << "everything skipped";
+  std::printf("[skip] %s: %lld of %lld visited pairs skipped\n", c.name().c_str(), (long long)skipped,
+              (long long)in.stats.total_visited());
+  const Grads g = run_gpu(c, in, cfg, &in.set);
+  const Grads r = run_ref(c, in, cfg, &in.set);
+  expect_grads(c, g, r);
+}
+
+std::uint64_t seed_for(int i) { return test_seed(std::uint64_t(1400 + i)); }
+
+TEST(GpuBackward, DenseLengthsFullAndCausal) {
+  REQUIRE_GPU();
+  int i = 0;
+  for (i64 L : {1, 17, 1000, 4097}) {
+    for (bool causal : {false, true}) {
+      Case c;
+      c.Lq = c.Lk = L;
+      c.hq = 2;
+      c.hk = L > 2000 ? 2 : 1;  // two reference work units at L = 4097 (it threads over KV heads)
+      c.d = L > 2000 ? 64 : (i % 2 ? 64 : 128);
+      c.causal = causal;
+      check_dense(c, seed_for(i++));
+    }
+  }
+}
+
+TEST(GpuBackward, UnequalLengths) {
+  REQUIRE_GPU();
+  int i = 20;
+  // Lq < Lk (bottom-right causal), Lq > Lk (leading rows see nothing: zero gradient), one row, one key.
+  for (auto [lq, lk] : {std::pair<i64, i64>{100, 300}, {129, 1000}, {300, 100}, {1, 513}, {200, 1}, {1000, 257}}) {
+    for (bool causal : {true, false}) {
+      Case c;
+      c.Lq = lq;
+      c.Lk = lk;
+      c.causal = causal;
+      c.d = i % 2 ? 64 : 128;
+      check_dense(c, seed_for(i++));
+    }
+  }
+}
+
+TEST(GpuBackward, GroupedQueryHeads) {
+  REQUIRE_GPU();
+  int i = 40;
+  for (auto [hq, hk] : {std::pair<i64, i64>{4, 4}, {8, 2}, {8, 1}}) {  // MHA, GQA 8:2, MQA
+    for (bool causal : {false, true}) {
+      Case c;
+      c.Lq = c.Lk = 300;
+      c.hq = hq;
+      c.hk = hk;
+      c.causal = causal;
+      check_dense(c, seed_for(i++));
+    }
+  }
+}
+
+TEST(GpuBackward, RaggedBatch) {
+  REQUIRE_GPU();
+  int i = 60;
+  for (bool causal : {false, true}) {
+    for (i64 d : {64, 128}) {
+      Case c;
+      c.lq = {70, 200, 1, 260, 0};
+      c.lk = {300, 130, 64, 400, 50};
+      c.hq = 8;
+      c.hk = 2;
+      c.d = d;
+      c.causal = causal;
+      check_dense(c, seed_for(i++));
+    }
+  }
+}
+
+TEST(GpuBackward, BatchHeadDimsAndDtypes) {
+  REQUIRE_GPU();
+  int i = 80;
+  for (DType t : {DType::bf16, DType::f16})
+    for (i64 d : {64, 128}) {
+      Case c;
+      c.B = 3;
+      c.Lq = 257;
+      c.Lk = 383;
+      c.hq = 4;
+      c.hk = 2;
+      c.d = d;
+      c.dtype = c.io_dtype = c.grad_dtype = t;
+      c.causal = i % 2;
+      check_dense(c, seed_for(i++));
+    }
+}
+
+TEST(GpuBackward, Float32OutputsInputsAndDlse) {
+  REQUIRE_GPU();
+  int i = 100;
+  for (DType t : {DType::bf16, DType::f16}) {
+    Case c;
+    c.Lq = c.Lk = 500;
+    c.hq = 4;
+    c.hk = 2;
+    c.dtype = t;
+    c.io_dtype = t;
+    c.grad_dtype = DType::f32;
+    c.causal = true;
+    check_dense(c, seed_for(i++));
+    c.io_dtype = DType::f32;  // out and dout in f32 (dO is rounded to q's dtype for the GEMMs: exact here)
+    check_dense(c, seed_for(i++));
+    c.dlse = true;
+    c.io_dtype = t;
+    check_dense(c, seed_for(i++));
+  }
+}
+
+TEST(GpuBackward, SkipSetMatchesReference) {
+  REQUIRE_GPU();
+  int i = 120;
+  {
+    Case c;
+    c.Lq = c.Lk = 1000;
+    c.causal = false;
+    check_skip(c, seed_for(i++));
+    c.causal = true;
+    c.d = 128;
+    check_skip(c, seed_for(i++));
+  }
+  {
+    Case c;  // GQA 8:2, unequal lengths, f16
+    c.Lq = 700;
+    c.Lk = 1300;
+    c.hq = 8;
+    c.hk = 2;
+    c.dtype = c.io_dtype = c.grad_dtype = DType::f16;
+    for (bool causal : {false, true}) {
+      c.causal = causal;
+      check_skip(c, seed_for(i++));
+    }
+  }
+  {
+    Case c;  // ragged, GQA, dlse, f32 gradients
+    c.lq = {300, 64, 900};
+    c.lk = {700, 1000, 900};
+    c.hq = 4;
+    c.hk = 2;
+    c.d = 128;
+    c.dlse = true;
+    c.grad_dtype = DType::f32;
+    for (bool causal : {false, true}) {
+      c.causal = causal;
+      check_skip(c, seed_for(i++));
+    }
+  }
+  {
+    Case c;  // long: 4097, the last tile one key wide
+    c.Lq = c.Lk = 4097;
+    c.hq = c.hk = 2;
+    c.causal = true;
+    check_skip(c, seed_for(i++));
+  }
+}
+
+// A wrong set (one kept pair of the sink tile flipped to skipped) must make the kernel disagree
+// with the reference given the correct set: the skip set really is read, pair by pair.
+TEST(GpuBackward, WrongSkipSetDisagrees) {
+  REQUIRE_GPU();
+  Case c;  // 4 vote groups x 2 tiles: the flipped pair is a quarter of the sink tile's rows
+  c.Lq = c.Lk = 256;
+  c.hq = 1;
+  c.hk = 1;
+  const std::uint64_t seed = seed_for(140);
+  SCOPED_TRACE(c.name() + " seed " + std::to_string(seed));
+  SkipConfig cfg = SkipConfig::from_threshold(std::exp(-2.0));
+  cfg.vote = vote_cfg().vote;
+  Data in = make_data(c, seed, cfg);
+  // (sequence 0, head 0, vote group 2, tile 0): the sink tile, visited first, never skipped.
+  ASSERT_FALSE(in.set.skipped(0, 0, 2, 0));
+  SkipSet wrong = in.set;
+  wrong.set(0, 0, 2, 0);
+  const Grads g_right = run_gpu(c, in, cfg, &in.set);
+  const Grads g_wrong = run_gpu(c, in, cfg, &wrong);
+  const Grads r = run_ref(c, in, cfg, &in.set);
+  expect_grads(c, g_right, r);
+  const double tol = tolerance(c);
+  const double e_dq = rel_max_err(g_wrong.dq, r.dq), e_dk = rel_max_err(g_wrong.dk, r.dk),
+               e_dv = rel_max_err(g_wrong.dv, r.dv);
+  // dq: the 64 rows lose their dominant tile (an O(1) change of their gradient); dk, dv of the
+  // sink tile lose 64 of their 256 rows' terms (a smaller, but still several-tol change).
+  EXPECT_GT(e_dq, 10 * tol) << "dq did not change with the flipped bit";
+  EXPECT_GT(e_dk, 2 * tol) << "dk did not change with the flipped bit";
+  EXPECT_GT(e_dv, 2 * tol) << "dv did not change with the flipped bit";
+  // Given the wrong set, the reference agrees with the kernel again (the kernel used that set).
+  const Grads r_wrong = run_ref(c, in, cfg, &wrong);
+  expect_grads(c, g_wrong, r_wrong);
+}
+
+// What the CUDA path refuses, each before any CUDA work (so this runs on a CUDA build without a
+// GPU too); a CPU-only build refuses every CUDA call.
+TEST(GpuBackward, RefusesClearly) {
+  Case c;
+  c.Lq = c.Lk = 100;
+  Data in = make_data(c, 7, SkipConfig{});
+  RunOptions opt;
+  opt.device = DeviceKind::cuda;
+  auto expect_error = [&](const std::function<void()>& f, const std::string& needle) {
+    try {
+      f();
+      ADD_FAILURE() << "no error; expected one containing '" << needle << "'";
+    } catch (const Error& e) {
+      const std::string want = detail::cuda_built() ? needle : "without CUDA";
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+  };
+  {
+    Call call(c, in, DType::bf16, DType::bf16, DType::bf16, DType::f32);
+    call.p.lse = Tensor{};
+    expect_error([&] { attention_backward(call.p, {}, opt); }, "lse: the CUDA backward kernel needs the forward's LSE");
+  }
+  {
+    Call call(c, in, DType::bf16, DType::bf16, DType::f64, DType::f32);
+    expect_error([&] { attention_backward(call.p, {}, opt); }, "dq: dtype f64 is not supported");
+  }
+  {
+    Call call(c, in, DType::f32, DType::f32, DType::f32, DType::f32);
+    expect_error([&] { attention_backward(call.p, {}, opt); }, "q: dtype f32 is not supported");
+  }
+  {
+    Call call(c, in, DType::bf16, DType::bf16, DType::bf16, DType::f32);
+    SkipConfig on = SkipConfig::from_threshold(0.01);
+    on.vote = vote_cfg().vote;
+    expect_error([&] { attention_backward(call.p, on, opt); }, "pass the forward's skip set");
+    SkipConfig coarse = on;
+    coarse.vote.rows = 128;
+    Data in2 = make_data(c, 8, coarse);
+    Call call2(c, in2, DType::bf16, DType::bf16, DType::bf16, DType::f32);
+    expect_error([&] { attention_backward(call2.p, coarse, opt, &in2.set); }, "vote rows 64 x tile_keys 128");
+  }
+  {
+    Case c32 = c;
+    c32.d = 32;
+    Data in32 = make_data(c32, 9, SkipConfig{});
+    Call call(c32, in32, DType::bf16, DType::bf16, DType::bf16, DType::f32);
+    expect_error([&] { attention_backward(call.p, {}, opt); }, "head dimension d = 32 is not supported");
+  }
+}
+
+// attention_backward_workspace_bytes: the f32 dQ accumulator [tokens_q, Hq, d], D and LSE
+// [Hq, tokens_q], the converted dO (f32 dout only) and the skip bits, each 256-byte aligned; 0 for
+// the reference. Sizing runs no CUDA work (a CUDA build without a GPU answers too).
+TEST(GpuBackward, WorkspaceBytes) {
+  Case c;
+  c.B = 2;
+  c.Lq = 300;
+  c.Lk = 200;
+  c.hq = 4;
+  c.hk = 2;
+  SkipConfig cfg = SkipConfig::from_threshold(std::exp(-2.0));
+  cfg.vote = vote_cfg().vote;
+  Data in = make_data(c, 11, cfg);
+  auto up = [](std::size_t n) { return (n + 255) / 256 * 256; };
+  const std::size_t tokens = std::size_t(c.B * c.Lq), rows = tokens * std::size_t(c.hq);
+  {
+    Call call(c, in, DType::bf16, DType::bf16, DType::bf16, DType::f32);
+    EXPECT_EQ(attention_backward_workspace_bytes(call.p), 0u);  // CPU tensors: the reference
+    RunOptions opt;
+    opt.device = DeviceKind::cuda;
+    if (!detail::cuda_built()) {
+      EXPECT_THROW(attention_backward_workspace_bytes(call.p, {}, opt), Error);
+      return;
+    }
+    EXPECT_EQ(attention_backward_workspace_bytes(call.p, {}, opt), up(rows * 64 * 4) + 2 * up(rows * 4));
+    EXPECT_EQ(attention_backward_workspace_bytes(call.p, cfg, opt, &in.set),
+              up(rows * 64 * 4) + 2 * up(rows * 4) + up(in.set.bits.size()));
+  }
+  {
+    Call call(c, in, DType::bf16, DType::f32, DType::bf16, DType::f32);  // f32 out / dout
+    RunOptions opt;
+    opt.device = DeviceKind::cuda;
+    EXPECT_EQ(attention_backward_workspace_bytes(call.p, {}, opt),
+              up(rows * 64 * 4) + 2 * up(rows * 4) + up(rows * 64 * 2));
+  }
+}
+
+}  // namespace
+}  // namespace blasst::test
+
+namespace blasst::test {
+namespace {
+
+// Small configurations for compute-sanitizer (memcheck, racecheck): ragged + GQA + causal (rows
+// that see no key, partial tiles, an empty sequence), dense and with a skip set, both head dims.
+TEST(GpuBackwardSanitizer, Small) {
+  BLASST_GPU_OR_SKIP("the sm_90a backward kernel needs a Hopper device");
+  for (i64 d : {64, 128}) {
+    Case c;
+    c.lq = {200, 0, 400};
+    c.lk = {600, 130, 500};
+    c.hq = 2;
+    c.hk = 1;
+    c.d = d;
+    c.causal = true;
+    check_dense(c, test_seed(1500 + std::uint64_t(d)));
+    check_skip(c, test_seed(1600 + std::uint64_t(d)));
+  }
+}
+
+}  // namespace
+}  // namespace blasst::test
