@@ -345,7 +345,7 @@ def calibrated_rows(R, args, P, cfg, blasst, tile_kw, targets, calib_targets, ca
                         "form": form, "beyond_calibration": L not in fit_lens}
                 if L in H:  # the same lambdas on this context's calibration (training) curves
                     info["calib_sparsity"] = [calib.pooled_curve(H[L][l], lams[l])
-                                              if lams[l] is not None else 0.0
+                                              if lams[l] is not None and lams[l] < 1 else 0.0
                                               for l in range(n_layers)]
 
                 def extra(r, target=target, L=L):
