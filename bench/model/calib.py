@@ -118,28 +118,37 @@ def layer_name(l):
     return f"layers.{l}"
 
 
-def make_config(layer_fits, pooled_fit, order, vote, target=0.5):
-    """SPEC §7 block: one group per layer with its own fit (layers = ["layers.N"]), then a
-    catch-all group with the pooled fit (first group that applies wins). Each group carries the
-    interop (a, b) and the blasst extension (visit order, vote, piecewise form). Prefill only."""
-    def group(fit, layers):
-        g = {"algorithm": "skip_softmax",
-             "threshold_scale_factor": {"formula": "a * exp(b * target_sparsity)",
-                                        "prefill": {"a": fit["a"], "b": fit["b"]}},
-             "target_sparsity": {"prefill": target},
-             "blasst": {"visit_order": order, "vote": {"prefill": vote},
-                        "threshold_scale_factor": {
-                            "form": "piecewise_linear_log_factor",
-                            "prefill": dict(fit["knots"])}}}
+def make_config(layer_fits, pooled_fit, order, vote, target=0.5, layer_fits_decode=None,
+                pooled_decode=None, vote_decode=None):
+    """SPEC §7 block: one group per layer with its own prefill fit (layers = ["layers.N"]), then
+    a catch-all group with the pooled fit (first group that applies wins). Each group carries the
+    interop (a, b) and the blasst extension (visit order, vote, piecewise form) per phase; the
+    decode phase, when fitted, uses the layer's decode fit or else the pooled one."""
+    layer_fits_decode = layer_fits_decode or {}
+
+    def group(fit, dfit, layers):
+        tsf = {"formula": "a * exp(b * target_sparsity)"}
+        ext_tsf = {"form": "piecewise_linear_log_factor"}
+        votes, ts = {}, {}
+        for ph, f, v in (("prefill", fit, vote), ("decode", dfit, vote_decode)):
+            if f is None:
+                continue
+            tsf[ph] = {"a": f["a"], "b": f["b"]}
+            ext_tsf[ph] = dict(f["knots"])
+            votes[ph] = v
+            ts[ph] = target
+        g = {"algorithm": "skip_softmax", "threshold_scale_factor": tsf, "target_sparsity": ts,
+             "blasst": {"visit_order": order, "vote": votes, "threshold_scale_factor": ext_tsf}}
         if layers:
             g["layers"] = layers
         return g
     groups = {}
     for l in sorted(layer_fits):
         if layer_fits[l] is not None:
-            groups[f"layer_{l}"] = group(layer_fits[l], [layer_name(l)])
+            groups[f"layer_{l}"] = group(layer_fits[l], layer_fits_decode.get(l) or pooled_decode,
+                                         [layer_name(l)])
     if pooled_fit is not None:
-        groups["all_layers"] = group(pooled_fit, None)
+        groups["all_layers"] = group(pooled_fit, pooled_decode, None)
     return {"sparse_attention_config": {"config_groups": groups}}
 
 

@@ -102,6 +102,46 @@ class BlasstAttn:
                 for i in sorted(self.visited)]
 
 
+class DecodeAttn:
+    """Teacher-forced decode: every row runs dense causal attention (torch SDPA) except the last
+    n_last query positions, whose attention goes through blasst.decode over the KV cache of their
+    prefix, qlen query tokens per step (bottom-right causal within a step), the cache being the
+    layer's full K/V with seqlens = the step's end (no copy). skips: layer -> SkipSoftmax (phase
+    decode); missing: dense decode."""
+
+    def __init__(self, skips, n_last, qlen, histogram=False):
+        import blasst
+        self.blasst = blasst
+        self.skips = skips or {}
+        self.n_last, self.qlen, self.histogram = n_last, qlen, histogram
+        self.visited, self.skipped, self.hists = {}, {}, {}
+        self.counted_at = None
+        self.granularity = None
+
+    def __call__(self, q, k, v, layer):
+        L = q.shape[1]
+        start = max(0, L - self.n_last)
+        out = sdpa_attention(q, k, v, layer)
+        kc, vc = k.contiguous(), v.contiguous()
+        skip = self.skips.get(layer)
+        parts = [out[:, :start]]
+        for s in range(start, L, self.qlen):
+            e = min(s + self.qlen, L)
+            sl = torch.full((q.shape[0],), e, dtype=torch.int32, device=q.device)
+            st = self.blasst.SkipStats(histogram=self.histogram)
+            parts.append(self.blasst.decode(q[:, s:e].contiguous(), kc, vc, seqlens=sl,
+                                            max_seqlen_k=e, skip=skip, causal=True, stats=st))
+            self.visited[layer] = self.visited.get(layer, 0) + st.total_visited
+            self.skipped[layer] = self.skipped.get(layer, 0) + st.total_skipped
+            if self.histogram:
+                self.hists.setdefault(layer, []).append(st)
+            self.counted_at, self.granularity = st.counted_at, st.granularity
+        return torch.cat(parts, dim=1)
+
+    sparsity = BlasstAttn.sparsity
+    per_layer = BlasstAttn.per_layer
+
+
 def curve(stats_list, lam):
     v = sum(s.total_visited for s in stats_list)
     return sum(s.sparsity_at(lam) * s.total_visited for s in stats_list) / v if v else 0.0
@@ -248,8 +288,47 @@ def load_checkpoint(dirpath, names):
     return sd
 
 
+def _layer_flags(fits, pooled, l, target, lam):
+    f = fits[l] if fits[l] is not None else pooled
+    fl = []
+    if fits[l] is None:
+        fl.append("pooled fit" if pooled is not None else "no fit: dense")
+    if f is not None and target not in f["in_range"]:
+        fl.append("extrapolated (target not reached at every calibration length)")
+    if lam is not None and lam >= 1:
+        fl.append("lambda >= 1: dense")
+    return fl
+
+
+def _fit_layers(calib, H, fit_lens, n_layers, targets, phase, C, R):
+    fits = {}
+    for l in range(n_layers):
+        try:
+            fits[l] = calib.fit_phase({L: H[L][l] for L in fit_lens}, targets)
+            C["layers"].append(fits[l])
+        except Exception as e:
+            fits[l] = None
+            C["layers"].append({"error": str(e)})
+            C["errors"].append(f"layer {l}: {e}")
+            R["errors"].append(f"calibration {phase} layer {l}: {e} (falls to the pooled group)")
+    try:
+        pooled = calib.fit_phase({L: [s for l in range(n_layers) for s in H[L][l]]
+                                  for L in fit_lens}, targets)
+    except Exception as e:
+        pooled = None
+        C["errors"].append(f"pooled: {e}")
+        R["errors"].append(f"calibration {phase} pooled: {e}")
+    C["pooled"] = pooled
+    return fits, pooled
+
+
+def _vote(gran, dflt):
+    return {k: int(gran.get(k, d)) for k, d in zip(("tile_keys", "rows", "heads", "split_tiles"),
+                                                    dflt)}
+
+
 def calibrated_rows(R, args, P, cfg, blasst, tile_kw, targets, calib_targets, cal_hists, ctx_data,
-                    row, left):
+                    row, left, decode_row=None):
     """Fit SPEC §6 per layer (phase prefill, max-first order) from the training-split histograms
     of the training contexts, write one SPEC §7 file, parse it with blasst's loader and evaluate
     that one config at every context (bench/model/README.md, "Calibrated config")."""
@@ -264,28 +343,20 @@ def calibrated_rows(R, args, P, cfg, blasst, tile_kw, targets, calib_targets, ca
     C = {"order": order, "phase": "prefill", "lengths": fit_lens, "targets": calib_targets,
          "fit": "bench/model/calib.py (SPEC §6 in Python; the package's C++ fit is not bound)",
          "layers": [], "errors": []}
-    fits = {}
-    for l in range(n_layers):
-        try:
-            fits[l] = calib.fit_phase({L: H[L][l] for L in fit_lens}, calib_targets)
-            C["layers"].append(fits[l])
-        except Exception as e:
-            fits[l] = None
-            C["layers"].append({"error": str(e)})
-            C["errors"].append(f"layer {l}: {e}")
-            R["errors"].append(f"calibration layer {l}: {e} (falls to the pooled group)")
-    try:
-        pooled = calib.fit_phase({L: [s for l in range(n_layers) for s in H[L][l]]
-                                  for L in fit_lens}, calib_targets)
-    except Exception as e:
-        pooled = None
-        C["errors"].append(f"pooled: {e}")
-        R["errors"].append(f"calibration pooled: {e}")
-    C["pooled"] = pooled
-    gran = dict(R.get("calib_granularity", {}).get(order, {}))
-    vote = {k: int(gran.get(k, d)) for k, d in (("tile_keys", 128), ("rows", 64), ("heads", 1),
-                                                ("split_tiles", 0))}
-    config = calib.make_config(fits, pooled, order, vote)
+    fits, pooled = _fit_layers(calib, H, fit_lens, n_layers, calib_targets, "prefill", C, R)
+    vote = _vote(R.get("calib_granularity", {}).get(order, {}), (128, 64, 1, 0))
+    Hd = cal_hists.get("decode", {})
+    dec_lens = sorted(L for L in Hd if L in fit_lens)
+    dfits, dpooled, vote_d = {}, None, None
+    if decode_row is not None and dec_lens:
+        D = {"order": order, "phase": "decode", "lengths": dec_lens, "targets": calib_targets,
+             "layers": [], "errors": []}
+        dfits, dpooled = _fit_layers(calib, Hd, dec_lens, n_layers, calib_targets, "decode", D, R)
+        vote_d = _vote(R.get("calib_granularity", {}).get("decode", {}), (128, 8, 1, 0))
+        D["vote"] = vote_d
+        R["calibration_decode"] = D
+    config = calib.make_config(fits, pooled, order, vote, layer_fits_decode=dfits,
+                               pooled_decode=dpooled, vote_decode=vote_d)
     path = os.path.join(args.out, "calibrated_config.json")
     calib.write_config(path, config)
     C["config"] = config
@@ -328,17 +399,7 @@ def calibrated_rows(R, args, P, cfg, blasst, tile_kw, targets, calib_targets, ca
                     R["errors"].append(f"ctx {L} calibrated {form} {target}: {e!r}")
                     log(f"calibrated {form} {target} at {L}: {e!r}")
                     continue
-                flags = []
-                for l in range(n_layers):
-                    f = layer_fit(l)
-                    fl = []
-                    if fits[l] is None:
-                        fl.append("pooled fit" if pooled is not None else "no fit: dense")
-                    if f is not None and target not in f["in_range"]:
-                        fl.append("extrapolated (target not reached at every calibration length)")
-                    if lams[l] is not None and lams[l] >= 1:
-                        fl.append("lambda >= 1: dense")
-                    flags.append(fl)
+                flags = [_layer_flags(fits, pooled, l, target, lams[l]) for l in range(n_layers)]
                 info = {"lambdas": [x if x is not None else 1.0 for x in lams],
                         "factors": [(x if x is not None else 1.0) * L for x in lams],
                         "reachable": [not fl for fl in flags], "layer_flags": flags,
@@ -356,6 +417,41 @@ def calibrated_rows(R, args, P, cfg, blasst, tile_kw, targets, calib_targets, ca
                             "layer_abs_error": [abs(x - target) for x in pl],
                             "layers_within_tolerance": sum(abs(x - target) <= tol for x in pl)}
                 row(L, "blasst", order, f"cal_{form}", target, skips, info, extra)
+
+    if decode_row is None:
+        return
+    # decode: teacher-forced last tokens through blasst.decode, dense and with the config's
+    # decode phase (the layer's decode fit, else the pooled one)
+    dec_fitted = bool(dec_lens) and (dpooled is not None or any(dfits.values()))
+    for L in sorted(ctx_data):
+        decode_row(L, "dec_dense", 0.0, {}, None)
+        if not dec_fitted:
+            if L == max(ctx_data):
+                R["errors"].append("decode: no calibrated decode phase (no fit): dense rows only")
+            continue
+        for target in targets:
+            if left() <= 0:
+                R["errors"].append(f"ctx {L} decode {target}: budget spent")
+                continue
+            try:
+                skips = {l: loaded.skip_softmax(layer=calib.layer_name(l), phase="decode",
+                                                target_sparsity=target)
+                         for l in range(n_layers)}
+                lams = [skips[l].lambda_for(L) for l in range(n_layers)]
+            except Exception as e:
+                R["errors"].append(f"ctx {L} decode {target}: {e!r}")
+                log(f"decode config at {L}, {target}: {e!r}")
+                continue
+            flags = []
+            for l in range(n_layers):
+                fl = _layer_flags(dfits, dpooled, l, target, lams[l])
+                if dfits.get(l) is not None and fits.get(l) is None:
+                    fl.append("catch-all group (no prefill fit for the layer)")
+                flags.append(fl)
+            info = {"lambdas": lams, "factors": [x * L for x in lams],
+                    "reachable": [not fl for fl in flags], "layer_flags": flags,
+                    "form": "piecewise", "beyond_calibration": L not in dec_lens}
+            decode_row(L, "dec_cal_piecewise", target, skips, info)
 
 
 def main(argv=None):
@@ -383,6 +479,7 @@ def main(argv=None):
     ap.add_argument("--calib-targets", default="0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9",
                     help="targets of the SPEC §6 fit (calibrated config)")
     ap.add_argument("--no-calibrated", action="store_true", help="skip the calibrated-config rows")
+    ap.add_argument("--no-decode", action="store_true", help="skip the decode calibration and rows")
     args = ap.parse_args(argv)
     if args.eval_only and not args.ckpt:
         ap.error("--eval-only needs --ckpt DIR")
@@ -414,6 +511,7 @@ def main(argv=None):
                  contexts=[256, 128], extra=[], eval_tokens=2048, copy_tokens=1024,
                  calib_tokens=2048, sink_len=256, sink_seqs=1, max_tokens=4096,
                  tile_kw=dict(tile_keys=16, vote_rows=4), tile=16,
+                 dec_last=32, dec_qlen=1, dec_tile=16, dec_split=4,
                  cfg=ModelConfig(vocab=448, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2,
                                  head_dim=16, d_ff=192, max_len=512))
     else:
@@ -422,6 +520,7 @@ def main(argv=None):
                  contexts=[8192, 4096, 2048], extra=[16384], eval_tokens=131072,
                  copy_tokens=65536, calib_tokens=65536, sink_len=4096, sink_seqs=2,
                  max_tokens=65536, tile_kw={}, tile=128,
+                 dec_last=256, dec_qlen=8, dec_tile=128, dec_split=16,
                  cfg=ModelConfig(vocab=4160, d_model=512, n_layers=8, n_heads=8, n_kv_heads=2,
                                  head_dim=64, d_ff=1408, max_len=16384))
     if args.train_seconds is not None:
@@ -446,8 +545,9 @@ def main(argv=None):
     if args.extra_context is not None:
         P["extra"] = [int(x) for x in args.extra_context.split(",") if x]
     if prev is not None:  # rebuild exactly what the checkpoint's run used
+        given = {"corpus_bytes": args.corpus_bytes, "ctx": args.train_ctx}
         for k in ("corpus_bytes", "heldout_pct", "bpe_sample", "merges", "ctx"):
-            if k in prev.get("params", {}):
+            if k in prev.get("params", {}) and given.get(k) is None:
                 P[k] = prev["params"][k]
         P["cfg"] = ModelConfig(**{k: v for k, v in prev["model"].items() if k != "n_params"})
     targets = [float(x) for x in args.targets.split(",")]
@@ -679,6 +779,50 @@ def main(argv=None):
 
     contexts = [(c, False) for c in P["contexts"]] + [(c, True) for c in P["extra"]]
     ctx_data = {}  # L -> (lm_seqs, cp_seqs, cp_from, beyond)
+    dec_cal_seqs = {}  # L -> training-split sequences (decode calibration)
+    g_heads = cfg.n_heads // cfg.n_kv_heads
+    dec_kw = dict(order="max_first", tile_keys=P["dec_tile"], vote_rows=P["dec_qlen"],
+                  vote_heads=g_heads, split_tiles=P["dec_split"])
+    R["decode_setup"] = {"last_tokens": P["dec_last"], "q_len": P["dec_qlen"], **dec_kw,
+                         "note": "teacher-forced: the last tokens' attention through blasst.decode "
+                                 "over the KV cache of their prefix; other rows torch SDPA"}
+
+    def decode_row(L, mode, target, skips, info):
+        lm_seqs, _, _, beyond = ctx_data[L]
+        if left() <= 0:
+            R["errors"].append(f"ctx {L} {mode} {target}: budget spent")
+            return None
+        r = {"ctx": L, "beyond_training": beyond, "kind": "blasst.decode", "order": "max_first",
+             "mode": mode, "target": target, "last_tokens": P["dec_last"]}
+        t1 = time.time()
+        try:
+            n_last = min(P["dec_last"], L)
+            if mode == "dec_dense":  # also once: torch SDPA on the same target tokens
+                r["sdpa_loss_same_tokens"] = eval_loss(model, lm_seqs, sdpa_attention, dev, mt,
+                                                       L - n_last)
+            a = DecodeAttn(skips, n_last, P["dec_qlen"])
+            r["loss"] = eval_loss(model, lm_seqs, a, dev, mt, L - n_last)
+            r["sparsity"] = a.sparsity()
+            r["sparsity_per_layer"] = a.per_layer()
+            r["counted_at"] = a.counted_at
+            if info:
+                r.update(info)
+            if mode != "dec_dense":
+                tol = 0.02 if L >= 8192 else 0.03
+                r.update({"tolerance": tol, "abs_error": abs(r["sparsity"] - target),
+                          "within_tolerance": abs(r["sparsity"] - target) <= tol,
+                          "layers_within_tolerance": sum(abs(x - target) <= tol
+                                                         for x in r["sparsity_per_layer"])})
+        except Exception as e:
+            r["error"] = repr(e)
+            R["errors"].append(f"ctx {L} {mode} {target}: {e!r}")
+            log(f"decode row failed: {traceback.format_exc()}")
+        r["seconds"] = time.time() - t1
+        R["rows"].append(r)
+        dump()
+        log(f"ctx {L} decode {mode:18s} target {target} -> loss {r.get('loss', float('nan')):.4f} "
+            f"sparsity {r.get('sparsity', 0):.3f} ({r['seconds']:.1f} s)")
+        return r
     cal_hists = {}  # order -> L -> {layer: [SkipStats]} (training-split text)
 
     def row(L, kind, order, mode, target, skips, lam_info=None, extra=None):
@@ -732,6 +876,7 @@ def main(argv=None):
             log(f"context {L}: no data: {e}")
             continue
         ctx_data[L] = (lm_seqs, cp_seqs, cp_from, beyond)
+        dec_cal_seqs[L] = cal_seqs
 
         row(L, "sdpa", None, "dense", 0.0, None)
         row(L, "blasst", None, "dense", 0.0, {})
@@ -776,13 +921,27 @@ def main(argv=None):
                 row(L, "blasst", order, "fixed", target, skips,
                     {"lambda": glam, "factor": glam * L, "calib_sparsity_pooled": gcur,
                      "reachable": greach})
+        if not args.no_decode and not args.no_calibrated and not beyond and left() > 0:
+            try:  # decode one-pass curves on training-split text (probe: nothing skipped)
+                t1 = time.time()
+                probe = {i: blasst.SkipSoftmax(threshold=1e-30, **dec_kw)
+                         for i in range(cfg.n_layers)}
+                da = DecodeAttn(probe, min(P["dec_last"], L), P["dec_qlen"], histogram=True)
+                eval_loss(model, dec_cal_seqs[L], da, dev, mt, L - min(P["dec_last"], L))
+                cal_hists.setdefault("decode", {})[L] = da.hists
+                R.setdefault("calib_granularity", {})["decode"] = da.granularity
+                log(f"ctx {L} decode: calibration pass {time.time() - t1:.1f} s "
+                    f"({da.counted_at})")
+            except Exception as e:
+                R["errors"].append(f"ctx {L} decode calibration: {e!r}")
+                log(f"decode calibration failed: {traceback.format_exc()}")
 
     # ---- calibration the way a user does it (SPEC §6, §7): per-layer fits over the training
     # contexts from the max-first histograms above, one config file, applied at every context
     if not args.no_calibrated:
         try:
             calibrated_rows(R, args, P, cfg, blasst, tile_kw, targets, calib_targets, cal_hists,
-                            ctx_data, row, left)
+                            ctx_data, row, left, None if args.no_decode else decode_row)
         except Exception as e:
             R["errors"].append(f"calibrated config: {e!r}")
             log(f"calibrated config failed: {traceback.format_exc()}")

@@ -32,8 +32,8 @@ def markdown(R):
         o.write(f"Eval-only run of the checkpoint in `{R.get('ckpt_dir')}` (token counts "
                 f"{'match' if R.get('tokens_match_ckpt_run') else 'DO NOT match'} its run).\n\n")
     for r in R["rows"]:
-        if r["mode"].startswith("cal_"):
-            continue  # own section below
+        if r["mode"].startswith(("cal_", "dec_")):
+            continue  # own sections below
         d = dense.get(r["ctx"])
         loss = r.get("loss")
         dl = f"{loss - d:+.4f}" if (loss is not None and d is not None) else ""
@@ -51,6 +51,7 @@ def markdown(R):
                 f"{r.get('sparsity', 0):.3f} | {loss if loss is None else f'{loss:.4f}'} | {dl} | "
                 f"{r.get('copy_loss', float('nan')):.4f} | {r.get('copy_sparsity', 0):.3f}{err} |\n")
     calibrated(o, R, dense)
+    decode_section(o, R)
     a = R.get("attention_analysis")
     if a:
         o.write(f"\nSink mass (mean probability on key 0, held-out, L = {a['length']}): " +
@@ -137,3 +138,46 @@ def calibrated(o, R, dense):
             o.write(f"- {form[4:]} target {t}: " + ("holds at every length" if not bad else
                     "does NOT hold at " + ", ".join(bad)) + (" (some layers flagged)" if fl else "")
                     + "\n")
+
+
+def decode_section(o, R):
+    rows = [r for r in R["rows"] if r["mode"].startswith("dec_")]
+    if not rows:
+        return
+    ds = R.get("decode_setup", {})
+    D = R.get("calibration_decode") or {}
+    o.write(f"\n## Decode (teacher-forced: the last {ds.get('last_tokens')} tokens of each held-out "
+            f"sequence attend through blasst.decode over the KV cache of their prefix, q_len "
+            f"{ds.get('q_len')} per step; vote {D.get('vote')}, order {ds.get('order')}; loss over "
+            "those tokens only; the calibrated config's decode phase, fitted over L = "
+            f"{D.get('lengths')})\n\n")
+    if D:
+        o.write("| layer | a | b | R^2 (log) | in-range targets | max sparsity at lambda<1 per L |\n"
+                "|---|---|---|---|---|---|\n")
+        for i, f in enumerate(D["layers"] + [D.get("pooled") or {"error": "no pooled fit"}]):
+            name = str(i) if i < len(D["layers"]) else "pooled"
+            if "error" in f:
+                o.write(f"| {name} | - | - | - | NOT FITTED: {f['error']} | |\n")
+                continue
+            ms = ", ".join(f"{L}: {v:.3f}" for L, v in f["max_sparsity"].items())
+            o.write(f"| {name} | {f['a']:.4g} | {f['b']:.3f} | {f['r2']:.3f} | "
+                    f"{f['range'][0]}-{f['range'][1]} | {ms} |\n")
+        o.write("\n")
+    o.write("| ctx | mode | target | achieved | abs err | within | layers within | loss | d loss "
+            "(vs decode dense) | flags (layers) |\n|---|---|---|---|---|---|---|---|---|---|\n")
+    dd = {r["ctx"]: r["loss"] for r in rows if r["mode"] == "dec_dense" and "loss" in r}
+    for r in rows:
+        ctxs = f"{r['ctx']}{' (beyond training)' if r.get('beyond_training') else ''}"
+        if "error" in r:
+            o.write(f"| {ctxs} | {r['mode']} | {r['target']} | ERROR {r['error']} |||||||\n")
+            continue
+        if r["mode"] == "dec_dense":
+            o.write(f"| {ctxs} | dense | - | 0.000 | | | | {r['loss']:.4f} | (torch SDPA on the same "
+                    f"tokens: {r.get('sdpa_loss_same_tokens', float('nan')):.4f}) | |\n")
+            continue
+        d = dd.get(r["ctx"])
+        dl = f"{r['loss'] - d:+.4f}" if d is not None else ""
+        o.write(f"| {ctxs} | {r['mode'][4:]} | {r['target']} | {r['sparsity']:.3f} | "
+                f"{r['abs_error']:.3f} | {'yes' if r['within_tolerance'] else 'NO'} | "
+                f"{r['layers_within_tolerance']}/{len(r['sparsity_per_layer'])} | {r['loss']:.4f} | "
+                f"{dl} | {_flag_summary(r.get('layer_flags', []))} |\n")

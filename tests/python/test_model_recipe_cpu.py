@@ -206,3 +206,31 @@ def test_lambda_for_sparsity_is_the_first_bin_edge():
             continue
         assert calib.pooled_curve([st], lam) >= s
         assert calib.pooled_curve([st], lam * math.exp(-1 / 16)) < s
+
+
+def test_decode_rows(tiny_run):
+    import blasst
+    out, R = tiny_run
+    n = R["model"]["n_layers"]
+    rows = [r for r in R["rows"] if r["mode"].startswith("dec_")]
+    for L in R["params"]["contexts"]:
+        d = [r for r in rows if r["ctx"] == L and r["mode"] == "dec_dense"]
+        assert len(d) == 1 and "error" not in d[0]
+        # dense decode over the KV cache == torch SDPA on the same tokens
+        assert abs(d[0]["loss"] - d[0]["sdpa_loss_same_tokens"]) < 1e-4
+        assert d[0]["sparsity"] == 0.0
+    D = R["calibration_decode"]
+    assert D["phase"] == "decode" and D["vote"]["heads"] == R["model"]["n_heads"] // R["model"]["n_kv_heads"]
+    cfg = blasst.load_config(str(out / R["calibration"]["config_file"]))
+    s = cfg.skip_softmax(layer="layers.0", phase="decode", target_sparsity=0.3)
+    assert s.order == "max_first" and s.split_tiles == D["vote"]["split_tiles"]
+    cal = [r for r in rows if r["mode"] == "dec_cal_piecewise"]
+    assert len(cal) == 4 * len(R["params"]["contexts"])
+    for r in cal:
+        assert "error" not in r and 0.0 <= r["sparsity"] <= 1.0 and len(r["layer_flags"]) == n
+        for l in range(n):
+            if r["lambdas"][l] >= 1:
+                assert "lambda >= 1: dense" in r["layer_flags"][l]
+                assert r["sparsity_per_layer"][l] == 0.0
+    assert max(r["sparsity"] for r in cal) > 0.0
+    assert "## Decode" in open(out / "results.md").read()
