@@ -442,12 +442,10 @@ def calibrated_rows(R, args, P, cfg, blasst, tile_kw, targets, calib_targets, ca
                 R["errors"].append(f"ctx {L} decode {target}: {e!r}")
                 log(f"decode config at {L}, {target}: {e!r}")
                 continue
-            flags = []
-            for l in range(n_layers):
-                fl = _layer_flags(dfits, dpooled, l, target, lams[l])
-                if dfits.get(l) is not None and fits.get(l) is None:
-                    fl.append("catch-all group (no prefill fit for the layer)")
-                flags.append(fl)
+            # the decode fit that applies: the layer's own within its group, else the pooled one
+            # (a layer without a prefill fit has no group of its own: the catch-all applies)
+            eff = {l: dfits.get(l) if fits.get(l) is not None else None for l in range(n_layers)}
+            flags = [_layer_flags(eff, dpooled, l, target, lams[l]) for l in range(n_layers)]
             info = {"lambdas": lams, "factors": [x * L for x in lams],
                     "reachable": [not fl for fl in flags], "layer_flags": flags,
                     "form": "piecewise", "beyond_calibration": L not in dec_lens}
@@ -478,6 +476,8 @@ def main(argv=None):
     ap.add_argument("--ckpt", default=None, help="a previous run's output folder (--eval-only)")
     ap.add_argument("--calib-targets", default="0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9",
                     help="targets of the SPEC §6 fit (calibrated config)")
+    ap.add_argument("--cal-targets", default="0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9",
+                    help="targets of the calibrated-config rows (prefill and decode)")
     ap.add_argument("--no-calibrated", action="store_true", help="skip the calibrated-config rows")
     ap.add_argument("--no-decode", action="store_true", help="skip the decode calibration and rows")
     args = ap.parse_args(argv)
@@ -940,7 +940,8 @@ def main(argv=None):
     # contexts from the max-first histograms above, one config file, applied at every context
     if not args.no_calibrated:
         try:
-            calibrated_rows(R, args, P, cfg, blasst, tile_kw, targets, calib_targets, cal_hists,
+            cal_targets = [float(x) for x in args.cal_targets.split(",")]
+            calibrated_rows(R, args, P, cfg, blasst, tile_kw, cal_targets, calib_targets, cal_hists,
                             ctx_data, row, left, None if args.no_decode else decode_row)
         except Exception as e:
             R["errors"].append(f"calibrated config: {e!r}")
