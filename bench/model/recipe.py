@@ -102,6 +102,46 @@ class BlasstAttn:
                 for i in sorted(self.visited)]
 
 
+class DecodeAttn:
+    """Teacher-forced decode: every row runs dense causal attention (torch SDPA) except the last
+    n_last query positions, whose attention goes through blasst.decode over the KV cache of their
+    prefix, qlen query tokens per step (bottom-right causal within a step), the cache being the
+    layer's full K/V with seqlens = the step's end (no copy). skips: layer -> SkipSoftmax (phase
+    decode); missing: dense decode."""
+
+    def __init__(self, skips, n_last, qlen, histogram=False):
+        import blasst
+        self.blasst = blasst
+        self.skips = skips or {}
+        self.n_last, self.qlen, self.histogram = n_last, qlen, histogram
+        self.visited, self.skipped, self.hists = {}, {}, {}
+        self.counted_at = None
+        self.granularity = None
+
+    def __call__(self, q, k, v, layer):
+        L = q.shape[1]
+        start = max(0, L - self.n_last)
+        out = sdpa_attention(q, k, v, layer)
+        kc, vc = k.contiguous(), v.contiguous()
+        skip = self.skips.get(layer)
+        parts = [out[:, :start]]
+        for s in range(start, L, self.qlen):
+            e = min(s + self.qlen, L)
+            sl = torch.full((q.shape[0],), e, dtype=torch.int32, device=q.device)
+            st = self.blasst.SkipStats(histogram=self.histogram)
+            parts.append(self.blasst.decode(q[:, s:e].contiguous(), kc, vc, seqlens=sl,
+                                            max_seqlen_k=e, skip=skip, causal=True, stats=st))
+            self.visited[layer] = self.visited.get(layer, 0) + st.total_visited
+            self.skipped[layer] = self.skipped.get(layer, 0) + st.total_skipped
+            if self.histogram:
+                self.hists.setdefault(layer, []).append(st)
+            self.counted_at, self.granularity = st.counted_at, st.granularity
+        return torch.cat(parts, dim=1)
+
+    sparsity = BlasstAttn.sparsity
+    per_layer = BlasstAttn.per_layer
+
+
 def curve(stats_list, lam):
     v = sum(s.total_visited for s in stats_list)
     return sum(s.sparsity_at(lam) * s.total_visited for s in stats_list) / v if v else 0.0
@@ -248,6 +288,170 @@ def load_checkpoint(dirpath, names):
     return sd
 
 
+def _layer_flags(fits, pooled, l, target, lam):
+    f = fits[l] if fits[l] is not None else pooled
+    fl = []
+    if fits[l] is None:
+        fl.append("pooled fit" if pooled is not None else "no fit: dense")
+    if f is not None and target not in f["in_range"]:
+        fl.append("extrapolated (target not reached at every calibration length)")
+    if lam is not None and lam >= 1:
+        fl.append("lambda >= 1: dense")
+    return fl
+
+
+def _fit_layers(calib, H, fit_lens, n_layers, targets, phase, C, R):
+    fits = {}
+    for l in range(n_layers):
+        try:
+            fits[l] = calib.fit_phase({L: H[L][l] for L in fit_lens}, targets)
+            C["layers"].append(fits[l])
+        except Exception as e:
+            fits[l] = None
+            C["layers"].append({"error": str(e)})
+            C["errors"].append(f"layer {l}: {e}")
+            R["errors"].append(f"calibration {phase} layer {l}: {e} (falls to the pooled group)")
+    try:
+        pooled = calib.fit_phase({L: [s for l in range(n_layers) for s in H[L][l]]
+                                  for L in fit_lens}, targets)
+    except Exception as e:
+        pooled = None
+        C["errors"].append(f"pooled: {e}")
+        R["errors"].append(f"calibration {phase} pooled: {e}")
+    C["pooled"] = pooled
+    return fits, pooled
+
+
+def _vote(gran, dflt):
+    return {k: int(gran.get(k, d)) for k, d in zip(("tile_keys", "rows", "heads", "split_tiles"),
+                                                    dflt)}
+
+
+def calibrated_rows(R, args, P, cfg, blasst, tile_kw, targets, calib_targets, cal_hists, ctx_data,
+                    row, left, decode_row=None):
+    """Fit SPEC §6 per layer (phase prefill, max-first order) from the training-split histograms
+    of the training contexts, write one SPEC §7 file, parse it with blasst's loader and evaluate
+    that one config at every context (bench/model/README.md, "Calibrated config")."""
+    import calib
+    order = "max_first"
+    H = cal_hists.get(order, {})
+    fit_lens = sorted(L for L in H if not ctx_data[L][3])
+    if len(fit_lens) < 1:
+        raise RuntimeError("no calibration histograms at a training context")
+    t1 = time.time()
+    n_layers = cfg.n_layers
+    C = {"order": order, "phase": "prefill", "lengths": fit_lens, "targets": calib_targets,
+         "fit": "bench/model/calib.py (SPEC §6 in Python; the package's C++ fit is not bound)",
+         "layers": [], "errors": []}
+    fits, pooled = _fit_layers(calib, H, fit_lens, n_layers, calib_targets, "prefill", C, R)
+    vote = _vote(R.get("calib_granularity", {}).get(order, {}), (128, 64, 1, 0))
+    Hd = cal_hists.get("decode", {})
+    dec_lens = sorted(L for L in Hd if L in fit_lens)
+    dfits, dpooled, vote_d = {}, None, None
+    if decode_row is not None and dec_lens:
+        D = {"order": order, "phase": "decode", "lengths": dec_lens, "targets": calib_targets,
+             "layers": [], "errors": []}
+        dfits, dpooled = _fit_layers(calib, Hd, dec_lens, n_layers, calib_targets, "decode", D, R)
+        vote_d = _vote(R.get("calib_granularity", {}).get("decode", {}), (128, 8, 1, 0))
+        D["vote"] = vote_d
+        R["calibration_decode"] = D
+    config = calib.make_config(fits, pooled, order, vote, layer_fits_decode=dfits,
+                               pooled_decode=dpooled, vote_decode=vote_d)
+    path = os.path.join(args.out, "calibrated_config.json")
+    calib.write_config(path, config)
+    C["config"] = config
+    C["config_file"] = os.path.basename(path)
+    C["seconds"] = time.time() - t1
+    R["calibration"] = C
+    loaded = blasst.load_config(path)  # blasst's own parser (C++): validates what we wrote
+    C["config_groups"] = loaded.group_names
+    log(f"calibration: {sum(f is not None for f in fits.values())}/{n_layers} layers fitted over "
+        f"L = {fit_lens} in {C['seconds']:.1f} s; " + "; ".join(
+            f"L{l} a {f['a']:.3g} b {f['b']:.2f} R2 {f['r2']:.3f} range {f['range']}"
+            for l, f in fits.items() if f is not None))
+
+    def layer_fit(l):
+        return fits[l] if fits[l] is not None else pooled
+
+    for L in sorted(ctx_data):
+        beyond = ctx_data[L][3]
+        for target in targets:
+            for form in ("piecewise", "exp"):
+                if left() <= 0:
+                    R["errors"].append(f"ctx {L} calibrated {form} {target}: budget spent")
+                    continue
+                try:
+                    if form == "piecewise":
+                        skips = {l: loaded.skip_softmax(layer=calib.layer_name(l), phase="prefill",
+                                                        target_sparsity=target)
+                                 for l in range(n_layers)}
+                    else:
+                        skips = {}
+                        for l in range(n_layers):
+                            f = layer_fit(l)
+                            if f is not None:
+                                skips[l] = blasst.SkipSoftmax(calibration=(f["a"], f["b"]),
+                                                              target_sparsity=target, order=order,
+                                                              **tile_kw)
+                    lams = [skips[l].lambda_for(L) if l in skips else None
+                            for l in range(n_layers)]
+                except Exception as e:
+                    R["errors"].append(f"ctx {L} calibrated {form} {target}: {e!r}")
+                    log(f"calibrated {form} {target} at {L}: {e!r}")
+                    continue
+                flags = [_layer_flags(fits, pooled, l, target, lams[l]) for l in range(n_layers)]
+                info = {"lambdas": [x if x is not None else 1.0 for x in lams],
+                        "factors": [(x if x is not None else 1.0) * L for x in lams],
+                        "reachable": [not fl for fl in flags], "layer_flags": flags,
+                        "form": form, "beyond_calibration": L not in fit_lens}
+                if L in H:  # the same lambdas on this context's calibration (training) curves
+                    info["calib_sparsity"] = [calib.pooled_curve(H[L][l], lams[l])
+                                              if lams[l] is not None and lams[l] < 1 else 0.0
+                                              for l in range(n_layers)]
+
+                def extra(r, target=target, L=L):
+                    tol = 0.02 if L >= 8192 else 0.03
+                    pl = r.get("sparsity_per_layer", [])
+                    return {"tolerance": tol, "abs_error": abs(r["sparsity"] - target),
+                            "within_tolerance": abs(r["sparsity"] - target) <= tol,
+                            "layer_abs_error": [abs(x - target) for x in pl],
+                            "layers_within_tolerance": sum(abs(x - target) <= tol for x in pl)}
+                row(L, "blasst", order, f"cal_{form}", target, skips, info, extra)
+
+    if decode_row is None:
+        return
+    # decode: teacher-forced last tokens through blasst.decode, dense and with the config's
+    # decode phase (the layer's decode fit, else the pooled one)
+    dec_fitted = bool(dec_lens) and (dpooled is not None or any(dfits.values()))
+    for L in sorted(ctx_data):
+        decode_row(L, "dec_dense", 0.0, {}, None)
+        if not dec_fitted:
+            if L == max(ctx_data):
+                R["errors"].append("decode: no calibrated decode phase (no fit): dense rows only")
+            continue
+        for target in targets:
+            if left() <= 0:
+                R["errors"].append(f"ctx {L} decode {target}: budget spent")
+                continue
+            try:
+                skips = {l: loaded.skip_softmax(layer=calib.layer_name(l), phase="decode",
+                                                target_sparsity=target)
+                         for l in range(n_layers)}
+                lams = [skips[l].lambda_for(L) for l in range(n_layers)]
+            except Exception as e:
+                R["errors"].append(f"ctx {L} decode {target}: {e!r}")
+                log(f"decode config at {L}, {target}: {e!r}")
+                continue
+            # the decode fit that applies: the layer's own within its group, else the pooled one
+            # (a layer without a prefill fit has no group of its own: the catch-all applies)
+            eff = {l: dfits.get(l) if fits.get(l) is not None else None for l in range(n_layers)}
+            flags = [_layer_flags(eff, dpooled, l, target, lams[l]) for l in range(n_layers)]
+            info = {"lambdas": lams, "factors": [x * L for x in lams],
+                    "reachable": [not fl for fl in flags], "layer_flags": flags,
+                    "form": "piecewise", "beyond_calibration": L not in dec_lens}
+            decode_row(L, "dec_cal_piecewise", target, skips, info)
+
+
 def main(argv=None):
     global LOG
     ap = argparse.ArgumentParser()
@@ -267,7 +471,26 @@ def main(argv=None):
     ap.add_argument("--eval-tokens", type=int, default=None, help="held-out tokens per row")
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--workers", type=int, default=None)
+    ap.add_argument("--eval-only", action="store_true",
+                    help="skip training: load --ckpt DIR's shards (+ tokenizer.json, results.json)")
+    ap.add_argument("--ckpt", default=None, help="a previous run's output folder (--eval-only)")
+    ap.add_argument("--calib-targets", default="0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9",
+                    help="targets of the SPEC §6 fit (calibrated config)")
+    ap.add_argument("--cal-targets", default="0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9",
+                    help="targets of the calibrated-config rows (prefill and decode)")
+    ap.add_argument("--no-calibrated", action="store_true", help="skip the calibrated-config rows")
+    ap.add_argument("--no-decode", action="store_true", help="skip the decode calibration and rows")
     args = ap.parse_args(argv)
+    if args.eval_only and not args.ckpt:
+        ap.error("--eval-only needs --ckpt DIR")
+    prev = None
+    if args.eval_only:
+        pj = os.path.join(args.ckpt, "results.json")
+        if os.path.exists(pj):
+            with open(pj) as f:
+                prev = json.load(f)
+        if prev is not None and prev.get("tiny") and not args.tiny:
+            args.tiny = True  # the checkpoint's scale decides
 
     os.makedirs(args.out, exist_ok=True)
     LOG = open(os.path.join(args.out, "log.txt"), "w")
@@ -288,6 +511,7 @@ def main(argv=None):
                  contexts=[256, 128], extra=[], eval_tokens=2048, copy_tokens=1024,
                  calib_tokens=2048, sink_len=256, sink_seqs=1, max_tokens=4096,
                  tile_kw=dict(tile_keys=16, vote_rows=4), tile=16,
+                 dec_last=32, dec_qlen=1, dec_tile=16, dec_split=4,
                  cfg=ModelConfig(vocab=448, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2,
                                  head_dim=16, d_ff=192, max_len=512))
     else:
@@ -296,6 +520,7 @@ def main(argv=None):
                  contexts=[8192, 4096, 2048], extra=[16384], eval_tokens=131072,
                  copy_tokens=65536, calib_tokens=65536, sink_len=4096, sink_seqs=2,
                  max_tokens=65536, tile_kw={}, tile=128,
+                 dec_last=256, dec_qlen=8, dec_tile=128, dec_split=16,
                  cfg=ModelConfig(vocab=4160, d_model=512, n_layers=8, n_heads=8, n_kv_heads=2,
                                  head_dim=64, d_ff=1408, max_len=16384))
     if args.train_seconds is not None:
@@ -319,11 +544,19 @@ def main(argv=None):
         P["contexts"] = [int(x) for x in args.contexts.split(",")]
     if args.extra_context is not None:
         P["extra"] = [int(x) for x in args.extra_context.split(",") if x]
+    if prev is not None:  # rebuild exactly what the checkpoint's run used
+        given = {"corpus_bytes": args.corpus_bytes, "ctx": args.train_ctx}
+        for k in ("corpus_bytes", "heldout_pct", "bpe_sample", "merges", "ctx"):
+            if k in prev.get("params", {}) and given.get(k) is None:
+                P[k] = prev["params"][k]
+        P["cfg"] = ModelConfig(**{k: v for k, v in prev["model"].items() if k != "n_params"})
     targets = [float(x) for x in args.targets.split(",")]
+    calib_targets = [float(x) for x in args.calib_targets.split(",")]
     workers = args.workers or (1 if tiny else min(16, os.cpu_count() or 1))
     cfg = P["cfg"]
 
     R = {"tiny": tiny, "device": str(dev), "torch": torch.__version__, "seed": args.seed,
+         "eval_only": bool(args.eval_only), "ckpt_dir": args.ckpt,
          "params": {k: v for k, v in P.items() if k != "cfg"}, "model": cfg.to_dict(),
          "phases": {}, "rows": [], "errors": []}
     if dev.type == "cuda":
@@ -346,19 +579,32 @@ def main(argv=None):
                    "heldout_pct": P["heldout_pct"], "modules": list(corpus.DEFAULT_MODULES)}
     log(f"corpus: {R['corpus']['train_files']} train / {R['corpus']['heldout_files']} held-out "
         f"files, {R['corpus']['train_bytes'] / 1e6:.1f} / {R['corpus']['heldout_bytes'] / 1e6:.1f} MB")
-    sample, n = [], 0
-    for _, txt in C["train"]:
-        if n >= P["bpe_sample"]:
-            break
-        sample.append(txt)
-        n += len(txt)
-    merges = corpus.train_bpe(sample, P["merges"])
+    tj = os.path.join(args.ckpt, "tokenizer.json") if args.ckpt else None
+    if tj and os.path.exists(tj):  # the checkpoint's tokenizer: not retrained
+        with open(tj) as f:
+            tjd = json.load(f)
+        if tjd.get("word_re", corpus.WORD_RE.pattern) != corpus.WORD_RE.pattern:
+            raise RuntimeError(f"{tj}: pre-tokenizer differs from corpus.WORD_RE")
+        merges = [tuple(m) for m in tjd["merges"]]
+        n = 0
+        log(f"tokenizer: {len(merges)} merges from {tj}")
+    else:
+        if args.eval_only:
+            log(f"no tokenizer.json in {args.ckpt}: retraining the BPE (deterministic)")
+        sample, n = [], 0
+        for _, txt in C["train"]:
+            if n >= P["bpe_sample"]:
+                break
+            sample.append(txt)
+            n += len(txt)
+        merges = corpus.train_bpe(sample, P["merges"])
     tok = corpus.Tokenizer(merges)
     assert tok.vocab_size <= cfg.vocab, (tok.vocab_size, cfg.vocab)
     with open(os.path.join(args.out, "tokenizer.json"), "w") as f:
-        json.dump({"bos": corpus.BOS, "merges": merges, "word_re": corpus.WORD_RE.pattern}, f)
+        json.dump({"bos": corpus.BOS, "merges": [list(m) for m in merges],
+                   "word_re": corpus.WORD_RE.pattern}, f)
     t_bpe = time.time() - t
-    log(f"BPE: {len(merges)} merges on {n / 1e6:.2f} MB in {t_bpe:.1f} s (vocab {tok.vocab_size})")
+    log(f"BPE: {len(merges)} merges ({n / 1e6:.2f} MB sample) in {t_bpe:.1f} s (vocab {tok.vocab_size})")
     t = time.time()
     train_docs = corpus.encode_docs(tok, [x[1] for x in C["train"]], workers)
     held_docs = corpus.encode_docs(tok, [x[1] for x in C["heldout"]], workers)
@@ -370,103 +616,135 @@ def main(argv=None):
     R["phases"]["encode_s"] = time.time() - t
     log(f"encode: {R['tokens']} in {R['phases']['encode_s']:.1f} s ({workers} workers)")
     del C
-    uni, bi = ngram_baselines(train.tokens, held.tokens, cfg.vocab)
+    if prev is not None and prev.get("tokens"):
+        same = {k: prev["tokens"][k] == R["tokens"][k] for k in ("train", "heldout")}
+        R["tokens_match_ckpt_run"] = all(same.values())
+        log(f"token counts vs the checkpoint's run: {prev['tokens']} -> "
+            f"{'same' if all(same.values()) else 'DIFFERENT (corpus changed?)'}")
+        if not all(same.values()):
+            R["errors"].append(f"token counts differ from the checkpoint's run: {prev['tokens']}")
+    if prev is not None and prev.get("baselines"):
+        uni, bi = prev["baselines"]["unigram_loss"], prev["baselines"]["bigram_loss"]
+    else:
+        uni, bi = ngram_baselines(train.tokens, held.tokens, cfg.vocab)
     R["baselines"] = {"unigram_loss": uni, "bigram_loss": bi}
     log(f"baselines on held-out: unigram {uni:.3f}, bigram {bi:.3f} nats/token")
     dump()
 
-    # ---- training
-    torch.manual_seed(args.seed)
-    model = LM(cfg).to(dev)
-    nparams = sum(p.numel() for p in model.parameters())
-    R["model"]["n_params"] = nparams
-    log(f"model: {nparams / 1e6:.2f} M parameters, {cfg}")
-    fused = dev.type == "cuda"
-    decay = [p for n_, p in model.named_parameters() if p.dim() >= 2]
-    nodecay = [p for n_, p in model.named_parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
-                             {"params": nodecay, "weight_decay": 0.0}],
-                            lr=P["lr"], betas=(0.9, 0.95), eps=1e-8, fused=fused)
-    step_fn = model
-    if args.compile and dev.type == "cuda":
-        try:
-            step_fn = torch.compile(model)
-        except Exception as e:
-            log(f"torch.compile failed ({e}); eager")
-            step_fn = model
-    rng = np.random.default_rng(args.seed)
-    ctx, bs = P["ctx"], P["batch"]
-    amp = torch.autocast(device_type=dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda")
-    curve_log = []
-    t_train = time.time()
-    est_steps = P["max_steps"]
-    step = 0
-    tokens_seen = 0
-    while True:
-        el = time.time() - t_train
-        if step >= est_steps or el >= P["train_seconds"]:
-            break
-        if step == 10:
-            t_10 = el
-        if step == 30:  # fix the schedule length from the rate measured over steps 10..30
-            rate = (el - t_10) / 20
-            est_steps = min(P["max_steps"], int((P["train_seconds"] - el) / rate) + 30)
-            log(f"schedule: {rate * 1e3:.0f} ms/step -> {est_steps} steps")
-            R["train_schedule"] = {"ms_per_step": rate * 1e3, "planned_steps": est_steps}
-        if step < P["warmup"]:
-            lr = P["lr"] * (step + 1) / P["warmup"]
-        else:
-            frac = min(1.0, (step - P["warmup"]) / max(1, est_steps - P["warmup"]))
-            lr = P["lr"] * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
-        for gp in opt.param_groups:
-            gp["lr"] = lr
-        b = train.seqs(ctx, bs, rng)
-        x = torch.from_numpy(b[:, :-1]).to(dev, non_blocking=True)
-        y = torch.from_numpy(b[:, 1:]).to(dev, non_blocking=True)
-        try:
-            with amp:
-                logits = step_fn(x)
-                loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), y.reshape(-1))
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-        except torch.OutOfMemoryError:
-            logits = loss = None
-            opt.zero_grad(set_to_none=True)
-            torch.cuda.empty_cache()
-            if bs == 1:
-                raise
-            bs //= 2
-            log(f"out of memory at step {step}: batch halved to {bs}")
-            R["errors"].append(f"training OOM at step {step}: batch {bs}")
-            continue
-        del logits
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        step += 1
-        tokens_seen += x.numel()
-        if step % 10 == 0 or step == 1 or tiny:
-            lv = loss.item()
-            if not math.isfinite(lv):
-                log(f"step {step}: loss {lv}: diverged, stopping training")
-                R["errors"].append(f"training diverged at step {step}")
+    # ---- training (or the checkpoint of a previous run)
+    ctx = P["ctx"]
+    if args.eval_only:
+        names = (prev or {}).get("checkpoint") or sorted(
+            n_ for n_ in os.listdir(args.ckpt) if n_.startswith("ckpt_") and n_.endswith(".pt"))
+        model = LM(cfg)
+        sd = load_checkpoint(args.ckpt, names)
+        model.load_state_dict({k: v.float() for k, v in sd.items()})
+        model = model.to(dev)
+        R["model"]["n_params"] = sum(p.numel() for p in model.parameters())
+        R["checkpoint"] = names
+        for k in ("train", "train_schedule"):
+            if prev is not None and k in prev:
+                R[k] = prev[k]
+        if prev is not None:
+            R["phases"]["train_s (checkpoint's run)"] = prev.get("phases", {}).get("train_s", 0.0)
+        log(f"eval-only: loaded {names} from {args.ckpt} ({R['model']['n_params'] / 1e6:.2f} M parameters)")
+        dump()
+    else:
+        # ---- training
+        torch.manual_seed(args.seed)
+        model = LM(cfg).to(dev)
+        nparams = sum(p.numel() for p in model.parameters())
+        R["model"]["n_params"] = nparams
+        log(f"model: {nparams / 1e6:.2f} M parameters, {cfg}")
+        fused = dev.type == "cuda"
+        decay = [p for n_, p in model.named_parameters() if p.dim() >= 2]
+        nodecay = [p for n_, p in model.named_parameters() if p.dim() < 2]
+        opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                                 {"params": nodecay, "weight_decay": 0.0}],
+                                lr=P["lr"], betas=(0.9, 0.95), eps=1e-8, fused=fused)
+        step_fn = model
+        if args.compile and dev.type == "cuda":
+            try:
+                step_fn = torch.compile(model)
+            except Exception as e:
+                log(f"torch.compile failed ({e}); eager")
+                step_fn = model
+        rng = np.random.default_rng(args.seed)
+        ctx, bs = P["ctx"], P["batch"]
+        amp = torch.autocast(device_type=dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda")
+        curve_log = []
+        t_train = time.time()
+        est_steps = P["max_steps"]
+        step = 0
+        tokens_seen = 0
+        while True:
+            el = time.time() - t_train
+            if step >= est_steps or el >= P["train_seconds"]:
                 break
-            curve_log.append({"step": step, "tokens": tokens_seen, "loss": lv, "lr": lr,
-                              "t": time.time() - t_train})
-            if step % 50 == 0 or step == 1 or (tiny and step % 10 == 0):
-                log(f"step {step} tokens {tokens_seen} loss {lv:.4f} lr {lr:.2e} "
-                    f"({time.time() - t_train:.0f} s)")
-    if dev.type == "cuda":
-        torch.cuda.synchronize()
-    R["phases"]["train_s"] = time.time() - t_train
-    R["train"] = {"steps": step, "tokens": tokens_seen, "batch": bs, "ctx": ctx, "curve": curve_log,
-                  "final_loss": curve_log[-1]["loss"] if curve_log else None,
-                  "tokens_per_s": tokens_seen / max(1e-9, R["phases"]["train_s"])}
-    log(f"training done: {step} steps, {tokens_seen} tokens, {R['phases']['train_s']:.1f} s, "
-        f"{R['train']['tokens_per_s']:.0f} tok/s")
-    names = save_checkpoint(model, cfg, args.out, 14 * 1024 * 1024)
-    R["checkpoint"] = names
-    dump()
-    del opt
+            if step == 10:
+                t_10 = el
+            if step == 30:  # fix the schedule length from the rate measured over steps 10..30
+                rate = (el - t_10) / 20
+                est_steps = min(P["max_steps"], int((P["train_seconds"] - el) / rate) + 30)
+                log(f"schedule: {rate * 1e3:.0f} ms/step -> {est_steps} steps")
+                R["train_schedule"] = {"ms_per_step": rate * 1e3, "planned_steps": est_steps}
+            if step < P["warmup"]:
+                lr = P["lr"] * (step + 1) / P["warmup"]
+            else:
+                frac = min(1.0, (step - P["warmup"]) / max(1, est_steps - P["warmup"]))
+                lr = P["lr"] * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+            for gp in opt.param_groups:
+                gp["lr"] = lr
+            b = train.seqs(ctx, bs, rng)
+            x = torch.from_numpy(b[:, :-1]).to(dev, non_blocking=True)
+            y = torch.from_numpy(b[:, 1:]).to(dev, non_blocking=True)
+            try:
+                with amp:
+                    logits = step_fn(x)
+                    loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), y.reshape(-1))
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+            except torch.OutOfMemoryError:
+                logits = loss = None
+                opt.zero_grad(set_to_none=True)
+                torch.cuda.empty_cache()
+                if bs == 1:
+                    raise
+                bs //= 2
+                log(f"out of memory at step {step}: batch halved to {bs}")
+                R["errors"].append(f"training OOM at step {step}: batch {bs}")
+                continue
+            del logits
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            step += 1
+            tokens_seen += x.numel()
+            if step % 10 == 0 or step == 1 or tiny:
+                lv = loss.item()
+                if not math.isfinite(lv):
+                    log(f"step {step}: loss {lv}: diverged, stopping training")
+                    R["errors"].append(f"training diverged at step {step}")
+                    break
+                curve_log.append({"step": step, "tokens": tokens_seen, "loss": lv, "lr": lr,
+                                  "t": time.time() - t_train})
+                if step % 50 == 0 or step == 1 or (tiny and step % 10 == 0):
+                    log(f"step {step} tokens {tokens_seen} loss {lv:.4f} lr {lr:.2e} "
+                        f"({time.time() - t_train:.0f} s)")
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        R["phases"]["train_s"] = time.time() - t_train
+        R["train"] = {"steps": step, "tokens": tokens_seen, "batch": bs, "ctx": ctx, "curve": curve_log,
+                      "final_loss": curve_log[-1]["loss"] if curve_log else None,
+                      "tokens_per_s": tokens_seen / max(1e-9, R["phases"]["train_s"])}
+        log(f"training done: {step} steps, {tokens_seen} tokens, {R['phases']['train_s']:.1f} s, "
+            f"{R['train']['tokens_per_s']:.0f} tok/s")
+        names = save_checkpoint(model, cfg, args.out, 14 * 1024 * 1024)
+        R["checkpoint"] = names
+        dump()
+        del opt
+        # evaluate the checkpointed (bf16-rounded) weights, so that --eval-only of this run's
+        # files reproduces these numbers exactly (on CUDA the model is cast to bf16 anyway)
+        model.load_state_dict({k: v.to(torch.bfloat16).float() for k, v in model.state_dict().items()})
 
     # ---- evaluation
     model.eval()
@@ -500,6 +778,90 @@ def main(argv=None):
     dump()
 
     contexts = [(c, False) for c in P["contexts"]] + [(c, True) for c in P["extra"]]
+    ctx_data = {}  # L -> (lm_seqs, cp_seqs, cp_from, beyond)
+    dec_cal_seqs = {}  # L -> training-split sequences (decode calibration)
+    g_heads = cfg.n_heads // cfg.n_kv_heads
+    dec_kw = dict(order="max_first", tile_keys=P["dec_tile"], vote_rows=P["dec_qlen"],
+                  vote_heads=g_heads, split_tiles=P["dec_split"])
+    R["decode_setup"] = {"last_tokens": P["dec_last"], "q_len": P["dec_qlen"], **dec_kw,
+                         "note": "teacher-forced: the last tokens' attention through blasst.decode "
+                                 "over the KV cache of their prefix; other rows torch SDPA"}
+
+    def decode_row(L, mode, target, skips, info):
+        lm_seqs, _, _, beyond = ctx_data[L]
+        if left() <= 0:
+            R["errors"].append(f"ctx {L} {mode} {target}: budget spent")
+            return None
+        r = {"ctx": L, "beyond_training": beyond, "kind": "blasst.decode", "order": "max_first",
+             "mode": mode, "target": target, "last_tokens": P["dec_last"]}
+        t1 = time.time()
+        try:
+            n_last = min(P["dec_last"], L)
+            if mode == "dec_dense":  # also once: torch SDPA on the same target tokens
+                r["sdpa_loss_same_tokens"] = eval_loss(model, lm_seqs, sdpa_attention, dev, mt,
+                                                       L - n_last)
+            a = DecodeAttn(skips, n_last, P["dec_qlen"])
+            r["loss"] = eval_loss(model, lm_seqs, a, dev, mt, L - n_last)
+            r["sparsity"] = a.sparsity()
+            r["sparsity_per_layer"] = a.per_layer()
+            r["counted_at"] = a.counted_at
+            if info:
+                r.update(info)
+            if mode != "dec_dense":
+                tol = 0.02 if L >= 8192 else 0.03
+                r.update({"tolerance": tol, "abs_error": abs(r["sparsity"] - target),
+                          "within_tolerance": abs(r["sparsity"] - target) <= tol,
+                          "layers_within_tolerance": sum(abs(x - target) <= tol
+                                                         for x in r["sparsity_per_layer"])})
+        except Exception as e:
+            r["error"] = repr(e)
+            R["errors"].append(f"ctx {L} {mode} {target}: {e!r}")
+            log(f"decode row failed: {traceback.format_exc()}")
+        r["seconds"] = time.time() - t1
+        R["rows"].append(r)
+        dump()
+        log(f"ctx {L} decode {mode:18s} target {target} -> loss {r.get('loss', float('nan')):.4f} "
+            f"sparsity {r.get('sparsity', 0):.3f} ({r['seconds']:.1f} s)")
+        return r
+    cal_hists = {}  # order -> L -> {layer: [SkipStats]} (training-split text)
+
+    def row(L, kind, order, mode, target, skips, lam_info=None, extra=None):
+        lm_seqs, cp_seqs, cp_from, beyond = ctx_data[L]
+        if left() <= 0:
+            R["errors"].append(f"ctx {L} {kind} {order} {mode} {target}: budget spent")
+            return None
+        r = {"ctx": L, "beyond_training": beyond, "kind": kind, "order": order, "mode": mode,
+             "target": target}
+        t1 = time.time()
+        try:
+            if kind == "sdpa":
+                r["loss"] = eval_loss(model, lm_seqs, sdpa_attention, dev, mt)
+                r["copy_loss"] = eval_loss(model, cp_seqs, sdpa_attention, dev, mt, cp_from)
+            else:
+                a = BlasstAttn(skips, tile_kw=tile_kw)
+                r["loss"] = eval_loss(model, lm_seqs, a, dev, mt)
+                r["sparsity"] = a.sparsity()
+                r["sparsity_per_layer"] = a.per_layer()
+                r["counted_at"] = a.counted_at
+                a2 = BlasstAttn(skips, tile_kw=tile_kw)
+                r["copy_loss"] = eval_loss(model, cp_seqs, a2, dev, mt, cp_from)
+                r["copy_sparsity"] = a2.sparsity()
+            if lam_info is not None:
+                r.update(lam_info)
+            if extra is not None:
+                r.update(extra(r))
+        except Exception as e:
+            r["error"] = repr(e)
+            R["errors"].append(f"ctx {L} {kind} {order} {mode} {target}: {e!r}")
+            log(f"row failed: {traceback.format_exc()}")
+        r["seconds"] = time.time() - t1
+        R["rows"].append(r)
+        dump()
+        log(f"ctx {L} {kind:6s} {order or '-':9s} {mode or '-':10s} target {target} -> "
+            f"loss {r.get('loss', float('nan')):.4f} copy {r.get('copy_loss', float('nan')):.4f} "
+            f"sparsity {r.get('sparsity', 0):.3f} ({r['seconds']:.1f} s)")
+        return r
+
     for L, beyond in contexts:
         if left() <= 0:
             R["errors"].append(f"context {L}: eval budget spent, not run")
@@ -513,43 +875,11 @@ def main(argv=None):
             R["errors"].append(f"context {L}: data: {e!r}")
             log(f"context {L}: no data: {e}")
             continue
+        ctx_data[L] = (lm_seqs, cp_seqs, cp_from, beyond)
+        dec_cal_seqs[L] = cal_seqs
 
-        def row(kind, order, mode, target, skips, lam_info=None):
-            if left() <= 0:
-                R["errors"].append(f"ctx {L} {kind} {order} {mode} {target}: budget spent")
-                return None
-            r = {"ctx": L, "beyond_training": beyond, "kind": kind, "order": order, "mode": mode,
-                 "target": target}
-            t1 = time.time()
-            try:
-                if kind == "sdpa":
-                    r["loss"] = eval_loss(model, lm_seqs, sdpa_attention, dev, mt)
-                    r["copy_loss"] = eval_loss(model, cp_seqs, sdpa_attention, dev, mt, cp_from)
-                else:
-                    a = BlasstAttn(skips, tile_kw=tile_kw)
-                    r["loss"] = eval_loss(model, lm_seqs, a, dev, mt)
-                    r["sparsity"] = a.sparsity()
-                    r["sparsity_per_layer"] = a.per_layer()
-                    r["counted_at"] = a.counted_at
-                    a2 = BlasstAttn(skips, tile_kw=tile_kw)
-                    r["copy_loss"] = eval_loss(model, cp_seqs, a2, dev, mt, cp_from)
-                    r["copy_sparsity"] = a2.sparsity()
-                if lam_info is not None:
-                    r.update(lam_info)
-            except Exception as e:
-                r["error"] = repr(e)
-                R["errors"].append(f"ctx {L} {kind} {order} {mode} {target}: {e!r}")
-                log(f"row failed: {traceback.format_exc()}")
-            r["seconds"] = time.time() - t1
-            R["rows"].append(r)
-            dump()
-            log(f"ctx {L} {kind:6s} {order or '-':9s} {mode or '-':10s} target {target} -> "
-                f"loss {r.get('loss', float('nan')):.4f} copy {r.get('copy_loss', float('nan')):.4f} "
-                f"sparsity {r.get('sparsity', 0):.3f} ({r['seconds']:.1f} s)")
-            return r
-
-        row("sdpa", None, "dense", 0.0, None)
-        row("blasst", None, "dense", 0.0, {})
+        row(L, "sdpa", None, "dense", 0.0, None)
+        row(L, "blasst", None, "dense", 0.0, {})
         for order in ("natural", "max_first"):
             if left() <= 0:
                 break
@@ -560,6 +890,8 @@ def main(argv=None):
                          for i in range(cfg.n_layers)}
                 ca = BlasstAttn(probe, histogram=True, tile_kw=tile_kw)
                 eval_loss(model, cal_seqs, ca, dev, mt)
+                cal_hists.setdefault(order, {})[L] = ca.hists
+                R.setdefault("calib_granularity", {})[order] = ca.hists[0][0].granularity
                 log(f"ctx {L} {order}: calibration pass {time.time() - t1:.1f} s")
             except Exception as e:
                 R["errors"].append(f"ctx {L} {order} calibration: {e!r}")
@@ -568,7 +900,7 @@ def main(argv=None):
                 for lam in (1e-4, 1e-3, 1e-2, 1e-1):
                     skips = {l: blasst.SkipSoftmax(threshold=lam, order=order, **tile_kw)
                              for l in range(cfg.n_layers)}
-                    row("blasst", order, "grid", lam, skips, {"lambda": lam, "reachable": True})
+                    row(L, "blasst", order, "grid", lam, skips, {"lambda": lam, "reachable": True})
                 continue
             pooled = [s for l in range(cfg.n_layers) for s in ca.hists.get(l, [])]
             for target in targets:
@@ -580,15 +912,40 @@ def main(argv=None):
                     continue
                 skips = {l: blasst.SkipSoftmax(threshold=per[l][0], order=order, **tile_kw)
                          for l in range(cfg.n_layers)}
-                row("blasst", order, "per_layer", target, skips,
+                row(L, "blasst", order, "per_layer", target, skips,
                     {"lambdas": [p[0] for p in per], "factors": [p[0] * L for p in per],
                      "calib_sparsity": [p[1] for p in per],
                      "reachable": [p[2] for p in per]})
                 skips = {l: blasst.SkipSoftmax(threshold=glam, order=order, **tile_kw)
                          for l in range(cfg.n_layers)}
-                row("blasst", order, "fixed", target, skips,
+                row(L, "blasst", order, "fixed", target, skips,
                     {"lambda": glam, "factor": glam * L, "calib_sparsity_pooled": gcur,
                      "reachable": greach})
+        if not args.no_decode and not args.no_calibrated and not beyond and left() > 0:
+            try:  # decode one-pass curves on training-split text (probe: nothing skipped)
+                t1 = time.time()
+                probe = {i: blasst.SkipSoftmax(threshold=1e-30, **dec_kw)
+                         for i in range(cfg.n_layers)}
+                da = DecodeAttn(probe, min(P["dec_last"], L), P["dec_qlen"], histogram=True)
+                eval_loss(model, dec_cal_seqs[L], da, dev, mt, L - min(P["dec_last"], L))
+                cal_hists.setdefault("decode", {})[L] = da.hists
+                R.setdefault("calib_granularity", {})["decode"] = da.granularity
+                log(f"ctx {L} decode: calibration pass {time.time() - t1:.1f} s "
+                    f"({da.counted_at})")
+            except Exception as e:
+                R["errors"].append(f"ctx {L} decode calibration: {e!r}")
+                log(f"decode calibration failed: {traceback.format_exc()}")
+
+    # ---- calibration the way a user does it (SPEC §6, §7): per-layer fits over the training
+    # contexts from the max-first histograms above, one config file, applied at every context
+    if not args.no_calibrated:
+        try:
+            cal_targets = [float(x) for x in args.cal_targets.split(",")]
+            calibrated_rows(R, args, P, cfg, blasst, tile_kw, cal_targets, calib_targets, cal_hists,
+                            ctx_data, row, left, None if args.no_decode else decode_row)
+        except Exception as e:
+            R["errors"].append(f"calibrated config: {e!r}")
+            log(f"calibrated config failed: {traceback.format_exc()}")
     R["phases"]["eval_s"] = time.time() - t_eval
     R["phases"]["total_s"] = time.time() - T0
     dump()

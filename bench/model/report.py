@@ -4,7 +4,8 @@
 
     python bench/model/report.py RESULTS.json --name 2026-12-02_<commit> [--outdir bench/results]
 
-Plots: loss increase vs achieved sparsity (per context, order and lambda mode), the training loss
+Plots: loss increase vs achieved sparsity (per context, order and lambda mode), achieved vs
+target sparsity per context for the calibrated config (both forms, per layer), the training loss
 curve, sink mass per layer, attention mass by distance per layer."""
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ def main(argv=None):
                 ref = next((r[key] for r in R["rows"] if r["ctx"] == L and r["kind"] == "sdpa"
                             and key in r), None)
                 for order, mk in (("natural", "o"), ("max_first", "s")):
-                    for mode, ls in (("per_layer", "-"), ("fixed", "--")):
+                    for mode, ls in (("per_layer", "-"), ("fixed", "--"), ("cal_piecewise", ":")):
                         pts = sorted((r.get("sparsity" if key == "loss" else "copy_sparsity", 0),
                                       r[key] - ref) for r in R["rows"]
                                      if r["ctx"] == L and r["order"] == order and r["mode"] == mode
@@ -64,6 +65,44 @@ def main(argv=None):
         fig.savefig(p, dpi=110)
         pngs.append(p)
         plt.close(fig)
+
+        cal = [r for r in R["rows"] if r["mode"].startswith("cal_") and "sparsity" in r]
+        if cal:  # achieved vs target per context for the one calibrated config
+            cctx = sorted({r["ctx"] for r in cal})
+            fig, axes = plt.subplots(1, len(cctx), figsize=(4 * len(cctx), 4), squeeze=False)
+            for j, L in enumerate(cctx):
+                ax = axes[0][j]
+                tol = 0.02 if L >= 8192 else 0.03
+                ax.plot([0, 1], [0, 1], "k-", lw=0.6)
+                ax.fill_between([0, 1], [-tol, 1 - tol], [tol, 1 + tol], color="g", alpha=0.15,
+                                label=f"+-{tol}")
+                for form, ls, mk in (("cal_piecewise", "-", "o"), ("cal_exp", "--", "s")):
+                    pts = sorted((r["target"], r["sparsity"], r.get("sparsity_per_layer", []),
+                                  r.get("layer_flags", [])) for r in cal
+                                 if r["ctx"] == L and r["mode"] == form)
+                    if not pts:
+                        continue
+                    ax.plot([p_[0] for p_ in pts], [p_[1] for p_ in pts], ls, marker=mk,
+                            label=f"{form[4:]} (all layers)")
+                    if form == "cal_piecewise":
+                        for t, _, pl, fl in pts:
+                            for i, x in enumerate(pl):
+                                bad = bool(fl and fl[i])
+                                ax.plot(t + 0.008 * (i - len(pl) / 2), x, "x" if bad else ".",
+                                        color="r" if bad else "0.4", ms=4)
+                beyond = any(r.get("beyond_training") for r in cal if r["ctx"] == L)
+                ax.set_title(f"L = {L}{' (beyond training)' if beyond else ''}")
+                ax.set_xlabel("target sparsity")
+                ax.set_ylabel("achieved (held-out; dots: layers, x: flagged)")
+                ax.set_xlim(0, 1)
+                ax.set_ylim(0, 1)
+                ax.grid(alpha=0.3)
+            axes[0][0].legend(fontsize=7)
+            fig.tight_layout()
+            p = base + "_calibrated_achieved_vs_target.png"
+            fig.savefig(p, dpi=110)
+            pngs.append(p)
+            plt.close(fig)
 
         fig, axes = plt.subplots(1, 3, figsize=(15, 4))
         c = R.get("train", {}).get("curve", [])

@@ -9,9 +9,14 @@
 #
 # Budgets (seconds): TRAIN_S (default 290), EVAL_S (150); whole run about 8 min.
 # TINY=1: local smoke test of this script on the CPU (recipe.py --tiny).
+# EVAL_ONLY=1 CKPT_DIR=DIR: no training; evaluate DIR's checkpoint (ckpt_*.pt, tokenizer.json,
+# results.json of a previous run): about 1 min, timeout 175 s; $OUT gets results.json,
+# calibrated_config.json, misc.tar.gz.
 # Outputs in $OUT (<= 6 files): results.json, ckpt_*.pt (< 15 MiB each, bf16),
 # misc.tar.gz (results.md, log.txt, tokenizer.json, build log).
 set -uo pipefail
+# CKPT_DIR relative to the caller's directory: made absolute before the cd below
+if [ -n "${CKPT_DIR:-}" ] && [ -d "$CKPT_DIR" ]; then CKPT_DIR=$(cd "$CKPT_DIR" && pwd); fi
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/model_out}
 mkdir -p "$OUT"
@@ -47,8 +52,19 @@ python3 -c "import torch; assert torch.cuda.is_available(), 'no CUDA'; print('to
   echo "[$(ts)] ERROR: torch sees no CUDA device"; exit 2; }
 fi
 
+EVAL_ONLY=${EVAL_ONLY:-0}
+if [ "$EVAL_ONLY" = 1 ]; then  # evaluate a previous run's checkpoint (no training)
+  CKPT_DIR=${CKPT_DIR:?EVAL_ONLY=1 needs CKPT_DIR: a previous run folder with ckpt_*.pt, tokenizer.json, results.json}
+  ls "$CKPT_DIR"/ckpt_*.pt >/dev/null 2>&1 || { echo "[$(ts)] ERROR: no ckpt_*.pt in $CKPT_DIR"; exit 2; }
+  [ -f "$CKPT_DIR/tokenizer.json" ] || echo "[$(ts)] WARNING: no tokenizer.json in $CKPT_DIR: the BPE is retrained"
+  RECIPE_ARGS="--eval-only --ckpt $CKPT_DIR ${RECIPE_ARGS:-}"
+  DEFAULT_TIMEOUT=175
+else
+  DEFAULT_TIMEOUT=570
+fi
 t0=$(date +%s)
-timeout ${TOTAL_TIMEOUT_S:-570} python3 bench/model/recipe.py --out "$WORK" \
+echo "[$(ts)] recipe.py $RECIPE_ARGS (timeout ${TOTAL_TIMEOUT_S:-$DEFAULT_TIMEOUT} s)"
+timeout ${TOTAL_TIMEOUT_S:-$DEFAULT_TIMEOUT} python3 bench/model/recipe.py --out "$WORK" \
   --train-seconds "${TRAIN_S:-290}" --eval-seconds "${EVAL_S:-150}" ${RECIPE_ARGS:-}
 rc=$?
 echo "[$(ts)] recipe rc=$rc ($(( $(date +%s) - t0 )) s)"
@@ -56,8 +72,13 @@ echo "[$(ts)] recipe rc=$rc ($(( $(date +%s) - t0 )) s)"
 # Gather: results.json and the shards as files, everything else in one archive.
 [ -f "$WORK/build.log" ] || true
 cp "$WORK"/results.json "$OUT"/ 2>/dev/null
-cp "$WORK"/ckpt_*.pt "$OUT"/ 2>/dev/null
-(cd "$WORK" && tar czf "$OUT/misc.tar.gz" $(ls | grep -v -E '^(results\.json|ckpt_.*\.pt)$'))
+if [ "$EVAL_ONLY" = 1 ]; then  # the shards are the input: not copied back
+  cp "$WORK"/calibrated_config.json "$OUT"/ 2>/dev/null
+  (cd "$WORK" && tar czf "$OUT/misc.tar.gz" $(ls | grep -v -E '^(results\.json|ckpt_.*\.pt|calibrated_config\.json)$'))
+else
+  cp "$WORK"/ckpt_*.pt "$OUT"/ 2>/dev/null
+  (cd "$WORK" && tar czf "$OUT/misc.tar.gz" $(ls | grep -v -E '^(results\.json|ckpt_.*\.pt)$'))
+fi
 ls -la "$OUT"
 [ -f "$WORK/results.md" ] && cat "$WORK/results.md"
 rm -rf "$WORK"

@@ -104,3 +104,133 @@ def test_checkpoint_reloads(tiny_run):
     m = LM(cfg)
     sd = recipe.load_checkpoint(str(out), R["checkpoint"])
     m.load_state_dict({k: v.float() for k, v in sd.items()})
+
+
+@pytest.fixture(scope="module")
+def tiny_eval_only(tiny_run, tmp_path_factory):
+    import recipe
+    src, _ = tiny_run
+    out = tmp_path_factory.mktemp("model_tiny_eval_only")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        rc = recipe.main(["--out", str(out), "--eval-only", "--ckpt", str(src)])
+    finally:
+        torch.set_num_threads(threads)
+    assert rc == 0
+    with open(out / "results.json") as f:
+        return out, json.load(f)
+
+
+def test_eval_only_roundtrip(tiny_run, tiny_eval_only):
+    _, A = tiny_run
+    out, B = tiny_eval_only
+    assert B["eval_only"] and B["tiny"] and "train_s" not in B["phases"]
+    assert B["tokens_match_ckpt_run"] and not B["errors"], B["errors"]
+    assert B["checkpoint"] == A["checkpoint"]
+    # the tokenizer came from the checkpoint folder, not retrained
+    with open(out / "tokenizer.json") as f, open(os.path.join(B["ckpt_dir"], "tokenizer.json")) as g:
+        assert json.load(f)["merges"] == json.load(g)["merges"]
+    key = lambda r: (r["ctx"], r["kind"], r["order"], r["mode"], r["target"])  # noqa: E731
+    a = {key(r): r for r in A["rows"]}
+    b = {key(r): r for r in B["rows"]}
+    assert a.keys() == b.keys()
+    for k, r in a.items():  # same weights, same held-out split, same draws: the same numbers
+        assert b[k]["loss"] == r["loss"], k
+        assert b[k].get("sparsity") == r.get("sparsity"), k
+    dense = [r for r in B["rows"] if r["mode"] == "dense"]
+    assert len(dense) == 2 * len(B["params"]["contexts"])
+
+
+def test_calibrated_config(tiny_run):
+    import blasst
+    import calib
+    out, R = tiny_run
+    C = R["calibration"]
+    n = R["model"]["n_layers"]
+    assert C["order"] == "max_first" and C["phase"] == "prefill" and len(C["layers"]) == n
+    assert C["lengths"] == sorted(R["params"]["contexts"])
+    cfg = blasst.load_config(str(out / C["config_file"]))  # blasst's own (C++) parser
+    assert cfg.present and cfg.group_names[-1] == "all_layers"
+    for l in range(n):
+        f = C["layers"][l]
+        if "error" in f:
+            continue
+        assert f"layer_{l}" in cfg.group_names
+        assert f["knots"]["target_sparsity"] == f["in_range"] and len(f["in_range"]) >= 2
+        s = cfg.skip_softmax(layer=calib.layer_name(l), phase="prefill", target_sparsity=0.5)
+        assert s.order == "max_first" and s.enabled
+        assert s.fields()[11] is not None  # the piecewise form is what the loader applies
+        assert (s.tile_keys, s.vote_rows) == (16, 4)  # the vote it was counted at
+        # lambda_for_sparsity: the smallest bin edge that reaches the target
+        L = C["lengths"][-1]
+        lam = f["lambdas"][str(f["in_range"][-1])][str(L)]
+        assert lam < 1
+    rows = [r for r in R["rows"] if r["mode"].startswith("cal_")]
+    for L in R["params"]["contexts"]:
+        for form in ("cal_piecewise", "cal_exp"):
+            for t in (0.3, 0.5, 0.7, 0.9):
+                got = [r for r in rows if (r["ctx"], r["mode"], r["target"]) == (L, form, t)]
+                assert len(got) == 1, (L, form, t)
+                r = got[0]
+                assert "error" not in r
+                assert 0.0 <= r["sparsity"] <= 1.0 and math.isfinite(r["loss"])
+                assert abs(r["abs_error"] - abs(r["sparsity"] - t)) < 1e-12
+                assert r["within_tolerance"] == (r["abs_error"] <= r["tolerance"])
+                assert len(r["sparsity_per_layer"]) == n and len(r["layer_flags"]) == n
+                for l in range(n):  # nothing capped silently: lambda >= 1 is flagged and dense
+                    if r["lambdas"][l] >= 1:
+                        assert "lambda >= 1: dense" in r["layer_flags"][l]
+                        assert r["sparsity_per_layer"][l] == 0.0
+                    ext = t not in (C["layers"][l].get("in_range") or C["pooled"]["in_range"])
+                    assert ext == any(x.startswith("extrapolated") for x in r["layer_flags"][l])
+    # both forms of the same fit: with 2 knots the piecewise line is the exponential
+    md = open(out / "results.md").read()
+    assert "## Calibrated config" in md and "Within tolerance at every length" in md
+
+
+def test_lambda_for_sparsity_is_the_first_bin_edge():
+    import blasst
+    import calib
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(1, 128, 2, 16, generator=g)
+    k = torch.randn(1, 128, 1, 16, generator=g) * 3
+    st = blasst.SkipStats(histogram=True)
+    blasst.attention(q, k, k, causal=True, stats=st,
+                     skip=blasst.SkipSoftmax(threshold=1e-30, order="max_first", tile_keys=16,
+                                             vote_rows=4))
+    for s in (0.1, 0.3):
+        lam = calib.lambda_for_sparsity([st], s)
+        if lam is None:
+            assert calib.pooled_curve([st], math.exp(-1 / 16)) < s
+            continue
+        assert calib.pooled_curve([st], lam) >= s
+        assert calib.pooled_curve([st], lam * math.exp(-1 / 16)) < s
+
+
+def test_decode_rows(tiny_run):
+    import blasst
+    out, R = tiny_run
+    n = R["model"]["n_layers"]
+    rows = [r for r in R["rows"] if r["mode"].startswith("dec_")]
+    for L in R["params"]["contexts"]:
+        d = [r for r in rows if r["ctx"] == L and r["mode"] == "dec_dense"]
+        assert len(d) == 1 and "error" not in d[0]
+        # dense decode over the KV cache == torch SDPA on the same tokens
+        assert abs(d[0]["loss"] - d[0]["sdpa_loss_same_tokens"]) < 1e-4
+        assert d[0]["sparsity"] == 0.0
+    D = R["calibration_decode"]
+    assert D["phase"] == "decode" and D["vote"]["heads"] == R["model"]["n_heads"] // R["model"]["n_kv_heads"]
+    cfg = blasst.load_config(str(out / R["calibration"]["config_file"]))
+    s = cfg.skip_softmax(layer="layers.0", phase="decode", target_sparsity=0.3)
+    assert s.order == "max_first" and s.split_tiles == D["vote"]["split_tiles"]
+    cal = [r for r in rows if r["mode"] == "dec_cal_piecewise"]
+    assert len(cal) == 8 * len(R["params"]["contexts"])  # --cal-targets 0.2 ... 0.9
+    for r in cal:
+        assert "error" not in r and 0.0 <= r["sparsity"] <= 1.0 and len(r["layer_flags"]) == n
+        for l in range(n):
+            if r["lambdas"][l] >= 1:
+                assert "lambda >= 1: dense" in r["layer_flags"][l]
+                assert r["sparsity_per_layer"][l] == 0.0
+    assert max(r["sparsity"] for r in cal) > 0.0
+    assert "## Decode" in open(out / "results.md").read()
