@@ -1,6 +1,6 @@
-// Internal: the epilogue of one decode CTA: row sums across warps, then the normalised fp32 partial
-// (O, LSE in natural-log units) of its split, which decode_merge.cu combines with the other
-// splits' partials; a split past its sequence's end writes an empty partial.
+// Internal: the epilogue of one decode CTA: the normalised fp32 partial (O, LSE in natural-log
+// units) of its split, which decode_merge.cu combines with the other splits' partials; a split
+// past its sequence's end writes an empty partial.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -28,10 +28,10 @@ __device__ __forceinline__ void write_empty_partial(const Params& p, const Decod
 // with them (the first barrier).
 template <class Traits>
 __device__ __forceinline__ void write_partial(const Params& p, const DecodeWork& w, const DecodeSmem<Traits>& sm,
-                                              const typename DecodeRegs<Traits>::RowVals& m_run,
-                                              const typename DecodeRegs<Traits>::RowVals& l_run,
-                                              const typename DecodeRegs<Traits>::OutAcc& o_acc, int tid, int warp,
-                                              int lane) {
+                                              const typename DecodeMainloop<Traits>::RowVals& m_run,
+                                              const typename DecodeMainloop<Traits>::RowVals& l_run,
+                                              const typename DecodeMainloop<Traits>::OutAcc& o_acc) {
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   constexpr int D = Traits::D, MT = Traits::MT, W = Traits::kWarps, kThr = Traits::kThreads;
   constexpr int kRows = Traits::kRows, kDN = Traits::kDN, kNT = Traits::kNT;
   // Row sums: quad, then across warps (every warp saw different keys).

@@ -1,20 +1,45 @@
-// Split-KV Skip-Softmax decode kernel for sm_90a (see docs/decode_kernel.md): the kernel wires
-// the parts of one CTA, and each instance's host-side launch and occupancy live here. Included only
-// by the generated instance files (kernel_table.inc).
+// Split-KV Skip-Softmax decode kernel for sm_90a (see docs/decode_kernel.md).
 //
-// One CTA = one (sequence b, KV head h, split s) (decode_scheduler.cuh). Its rows are all g query
-// heads x q_len tokens of the KV group (row r = token * g + head-in-group, R = g * q_len <= 64,
-// padded to 16-row MMA tiles), so every K/V byte is read once per group. Keys are visited in
-// 128-key tiles (the SPEC §2 tile); the vote group for the skip is every row of the CTA.
-//   - decode_traits.hpp: warps, ring depths, fragment shapes, the shared-memory layout;
-//   - decode_mainloop.cuh: K/V rings, Q staging, seed prologue, scores and vote, online softmax,
-//     P.V (the pipeline is described there);
-//   - decode_epilogue.cuh: the normalised fp32 partial (O, LSE) that decode_merge.cu combines.
+// One CTA = one (sequence b, KV head h, split s). Its rows are all g query heads x q_len tokens of
+// the KV group (row r = token * g + head-in-group, R = g * q_len <= 64, padded to 16-row MMA
+// tiles), so every K/V byte is read once per group. Keys are visited in 128-key tiles (the SPEC §2
+// tile); the vote group for the skip is every row of the CTA.
+//
+// Pipeline (8 warps, no warp specialisation; ring depths in decode_traits.hpp):
+//   - K tiles stream through an NK-deep ring (tensor-map boxes or 16-byte cp.async),
+//     each slot completing on its own mbarrier, so K and V slots complete independently.
+//   - Tile i: S = Q K^T with mma.sync m16n8k16 (each warp 16 keys), row maxima, the vote
+//     (__syncthreads_or), then, for a surviving tile only, P = exp2(S - m) into a P ring and the
+//     V load of that tile into an NV-deep V ring. P.V of a survivor runs NV - 1 survivors later,
+//     so each V load has NV - 1 iterations to land (the first kernel waited one iteration, and
+//     that wait bounded it: bench/results/decode_log.md) and a skipped V leaves no bubble: the
+//     next survivor's V is requested as soon as its vote is known while the K ring stays full.
+//   - P.V, one m-tile (g * q_len <= 16, the common case): each warp multiplies its own 16 keys'
+//     P (kept in registers: the score accumulators are the A operand) by those keys' V rows for
+//     all D columns; the 8 partial outputs are summed once at the end. Q, P and alpha never touch
+//     shared memory, which leaves room for 7 ring slots at d = 128 (K 3 + V 4).
+//   - P.V, four m-tiles (up to 64 rows): P through a shared-memory ring, warp w owns D/8 output
+//     columns over all 128 keys.
+//   - Seeded splits (max-first order, SPEC §2a): a prologue scores the sink and last tiles and
+//     starts the running maxima there.
+// Each CTA writes a normalised fp32 partial (O, LSE); decode_merge.cu combines the splits.
+// (A split of this kernel by concern into mainloop / epilogue files on a shared-memory struct
+// computed wrong outputs in its skip instances on the H200, cause not found: commit 9a59ea1,
+// files decode_mainloop.cuh and decode_epilogue.cuh, and bench/results/decode_log.md session 5.
+// The decode rewrite of issue 18 takes it up.)
 #pragma once
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
 #include "cuda/cuda_check.hpp"
+#include "cuda/sm90/common/ptx.hpp"
+#include "cuda/sm90/common/skip_policy.hpp"
 #include "cuda/sm90/decode/decode_epilogue.cuh"
 #include "cuda/sm90/decode/decode_mainloop.cuh"
 #include "cuda/sm90/decode/decode_params.hpp"
@@ -26,10 +51,35 @@ namespace blasst::sm90::decode {
 
 template <class Traits>
 __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas) decode_kernel(const __grid_constant__ Params p) {
+  using T = typename Traits::T;
+  constexpr int D = Traits::D;
+  constexpr bool kSkip = Traits::kSkip;
+  constexpr int MT = Traits::MT;
+  constexpr int kTileKeys = Traits::kTileKeys;
+  constexpr int W = Traits::kWarps;
+  constexpr int kThr = Traits::kThreads;
+  constexpr int NK = Traits::NK, NV = Traits::NV;
+  constexpr int kLag = NV - 1;               // survivors between a tile's vote and its P.V
+  constexpr int kRows = MT * 16;             // padded rows
+  constexpr int CH = D / 8;                  // 16-byte chunks per K/V row
+  constexpr int kRowsPerPass = kThr / CH;
+  constexpr int kPasses = kTileKeys / kRowsPerPass;
+  constexpr int kKW = kTileKeys / W;         // keys per warp in S = Q K^T (16)
+  constexpr int kSN = kKW / 8;               // S n8 tiles per warp (2)
+  constexpr int kDN = D / 8;                 // n8 tiles of a full output row
+  // Four m-tiles: P through a shared-memory ring, warp w owns D/8 output columns over all keys.
+  constexpr int kNT = D / 8 / W;
+  constexpr int kSlotBytes = Traits::kSlotBytes;
+  static_assert(kKW == 16 && kSN == 2, "8 warps x 16 keys");
+  static_assert(kNT == 1 || kNT == 2, "D must be 64 or 128 with 8 warps");
+  static_assert(kLag >= 1, "P.V runs at least one survivor behind its vote");
+
   // Let the merge kernel (launched with programmatic serialisation) get scheduled early; it waits
   // for this grid's completion with griddepcontrol.wait before reading anything.
   asm volatile("griddepcontrol.launch_dependents;");
 
+  // Grid (Hk, splits, B): neighbouring CTAs read neighbouring head rows of the same keys (the
+  // H200 runs of f05b4c2 / 6ff5dca measured splits-fastest within run-to-run noise of this).
   trace_point(p, 0);  // start
   // The tensor maps' descriptors are fetched during the start code (the start is on the critical
   // path at B = 1: the first tiles were requested 2.1 us after it in the trace of 3ef23cb).
@@ -39,7 +89,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas) decode_ker
   }
   const int h = blockIdx.x, split = blockIdx.y, b = blockIdx.z;  // grid (Hk, splits, B)
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const DecodeWork w = decode_work<Traits::kTileKeys>(p, h, split, b);
+  const DecodeWork w = decode_work<kTileKeys>(p, h, split, b);
   if (w.n == 0) {  // a split past this sequence's end
     write_empty_partial<Traits>(p, w);
     return;
@@ -47,34 +97,272 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas) decode_ker
 
   extern __shared__ __align__(1024) unsigned char smem[];  // 128B-swizzled TMA boxes need 1 KB
   const DecodeSmem<Traits> sm(smem);
-  using Regs = DecodeRegs<Traits>;
+  unsigned char* sK = sm.sK;
+  unsigned char* sV = sm.sV;
+  constexpr int kPStage = Traits::kPStageBytes;
+  unsigned char* sP = sm.sP;
+  unsigned char* sQ = sm.sQ;
+  float* sAlpha = sm.sAlpha;
+  float* sRed = sm.sRed;
+  int* sVTile = sm.sVTile;
+  unsigned long long* sBar = sm.sBar;
+  const std::uint32_t barK0 = smem_u32(sBar), barV0 = smem_u32(sBar + NK), barS0 = smem_u32(sBar + NK + NV);
   const bool tma = p.tma != 0;
   sm.init_barriers(tid, tma);
-  DecodeMainloop<Traits> mainloop(p, w, sm, tid, warp, lane, tma);
-  typename Regs::QFrags qa;
-  mainloop.stage_q_and_first_loads(qa);
-  typename Regs::RowVals m_run, l_run;
-  typename Regs::RowLims row_lim;
-  typename Regs::OutAcc o_acc;
-  mainloop.init_rows(m_run, l_run, row_lim, o_acc);
-  typename Regs::Scores s;
-  typename Regs::RowVals wmax;
+  const DecodeMainloop<Traits> ml(p, w, sm, tid, warp, lane, tma);
+  const T* kbase = ml.kbase;
+  const T* vbase = ml.vbase;
+  const bool seeded = ml.seeded;
+  const bool seed_loads = ml.seed_loads, seed_scores = ml.seed_scores;
+  const float thr = ml.stage_q_and_first_loads();
+
+  typename DecodeMainloop<Traits>::QFrags qa;
+  ml.load_q_frags(qa);
+  typename DecodeMainloop<Traits>::RowVals m_run, l_run;
+  typename DecodeMainloop<Traits>::RowLims row_lim;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      m_run[mt][hf] = -INFINITY;
+      l_run[mt][hf] = 0.f;
+      row_lim[mt][hf] = ml.row_limit(mt, hf);
+    }
+  constexpr int kON = Traits::kON;
+  typename DecodeMainloop<Traits>::OutAcc o_acc;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < kON; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o_acc[mt][nt][e] = 0.f;
+
+  // S = scale * Q K^T for this warp's 16 keys of the tile in slot Ks (log2 units), masked; the
+  // warp's row maxima go to wmax (this thread's rows) and red[warp][row].
+  float s[MT][kSN][4];
+  float wmax[MT][2];
 
   trace_point(p, 2);  // Q staged
-  if (mainloop.seeded) mainloop.seed_prologue(m_run, wmax, qa, row_lim);
+  if (seeded) {
+    // Seeded split (SPEC §2a): m starts at the row's maximum over the seed tiles (computed by every
+    // split of the group; the seed tiles mostly come from L2 after the first split reads them).
+    // Both tiles in one pass: two independent MMA chains, so their latencies overlap. Their warp
+    // maxima go where nothing is written before the first vote (MT = 1: the back half of the
+    // last V slot, whose front half staged Q; MT = 4: P stage 0), so one barrier suffices: the
+    // first vote's barrier orders these reads before any reuse of that memory or the seed slots.
+    float* seed_red = MT == 1 ? reinterpret_cast<float*>(sV + (NV - 1) * kSlotBytes + kSlotBytes / 2)
+                              : reinterpret_cast<float*>(sP);  // [2][W][kRows]
+    static_assert(MT != 1 || kRows * D * 2 <= kSlotBytes / 2, "Q staging and the seed maxima share a slot");
+    static_assert(2 * W * kRows * 4 <= (MT == 1 ? kSlotBytes / 2 : kPStage), "seed maxima fit");
+    // Probe 3 scores the split's first ring tile twice instead of the seed tiles.
+    const unsigned char* seed_slot[2] = {sV, sV + kSlotBytes};
+    if (seed_loads) {
+      mbar_wait(barS0, 0);
+      mbar_wait(barS0 + 8, 0);
+    } else {
+      mbar_wait(barK0, 0);
+      seed_slot[0] = seed_slot[1] = sK;
+    }
+    if (seed_scores) {
+      float acc[2][MT][kSN][4];
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int nt = 0; nt < kSN; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[j][mt][nt][e] = 0.f;
+#pragma unroll
+      for (int ks = 0; ks < D / 16; ++ks) {
+        std::uint32_t r[2][4];
+        const int key = warp * kKW + (lane & 7) + (lane >> 4) * 8;
+#pragma unroll
+        for (int j = 0; j < 2; ++j) ldsm_x4(smem_u32(seed_slot[j]) + kv_off(key, ks * 2 + ((lane >> 3) & 1)), r[j]);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          std::uint32_t a[4];
+          if constexpr (MT == 1) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) a[e] = qa[ks][e];
+          } else {
+            ldsm_x4(smem_u32(sQ + swz(mt * 16 + (lane & 15), ks * 2 + (lane >> 4), CH)), a);
+          }
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            mma16816<T>(acc[j][mt][0], a, r[j][0], r[j][1]);
+            mma16816<T>(acc[j][mt][1], a, r[j][2], r[j][3]);
+          }
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < 2; ++j) ml.mask_max(acc[j], wmax, row_lim, w.seed_tile(j), seed_red + j * W * kRows);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf)
+        if (seed_scores) m_run[mt][hf] = running_max(ml.tile_max(seed_red, mt, hf), ml.tile_max(seed_red + W * kRows, mt, hf));
+  }
+
   trace_point(p, 3);  // prologue done
+  int done = 0;
+  int kept = 0;
+  int skipped_count = 0;
 
-  const int skipped_count = mainloop.run_tiles(s, wmax, m_run, l_run, o_acc, qa, row_lim);
+
+  // One m-tile: P and alpha of the pending survivors in registers, a FIFO whose oldest entry sits at
+  // index pending - 1 (a push shifts every entry up by one, so the indices stay static).
+  // The tile index rides along (no shared-memory handoff: the drain has no barrier).
+  std::uint32_t pa[MT == 1 ? kLag : 1][4];
+  float pal[MT == 1 ? kLag : 1][2];
+  int ptile[MT == 1 ? kLag : 1];
+  int pending = 0;
+
+  for (int i = 0; i < w.n; ++i) {
+    const int kslot = i % NK;
+    const std::int64_t t = w.t_begin + i;
+    mbar_wait(barK0 + 8 * kslot, static_cast<std::uint32_t>((i / NK) & 1));
+    float* red = sRed + (i & 1) * W * kRows;
+    ml.score(s, wmax, qa, row_lim, sK + kslot * kSlotBytes, t, red);
+
+    // The vote: delta of each of this thread's rows against this warp's keys; -inf when none is
+    // visible, +inf on the row's first visible tile (m = -inf): that tile is never skipped.
+    bool keep = true;
+    if constexpr (kSkip) {
+      bool want = false;
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const float mx = wmax[mt][hf];
+          const float dl = mx == -INFINITY ? -INFINITY : mx - m_run[mt][hf];
+          want |= !(dl < thr);  // a NaN delta keeps (the NaN rule)
+        }
+      keep = __syncthreads_or(want) != 0;
+    } else {
+      __syncthreads();
+    }
+    if (i == 0) trace_point(p, 4);  // first vote
+
+    // Exact group delta for the statistics (warp 0, whose lanes cover every row).
+    if (p.visited != nullptr && warp == 0) {
+      float dmax = -INFINITY;
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const float tm = ml.tile_max(red, mt, hf);
+          const float dl = tm == -INFINITY ? -INFINITY : tm - m_run[mt][hf];
+          dmax = running_max(dmax, dl);
+        }
+      for (int o = 16; o > 0; o >>= 1) dmax = running_max(dmax, __shfl_xor_sync(0xffffffffu, dmax, o));
+      if (lane == 0 && p.hist != nullptr)
+        atomicAdd(p.hist + static_cast<std::int64_t>(w.h) * kHistSlots + hist_bin(static_cast<double>(dmax) * 0.6931471805599453), 1ull);
+    }
+
+    // The K slot of tile i is free (every warp passed the vote): refill it first, so that no P.V
+    // wait below delays the request.
+    if (i + NK < w.n) ml.load_tile(kbase, p.k_s0, p.k_s1, p.k_sh, sK + kslot * kSlotBytes, barK0 + 8 * kslot, t + NK, false);
+
+    if (keep) {
+      // The tile's V load into V slot kept % NV (free: that slot's previous survivor had its P.V
+      // before this barrier), then new maxima, rescale factors, P = exp2(S - m), row sums.
+      const int slot = kept % NV;
+      if (MT != 1 && tid == 0) sVTile[slot] = static_cast<int>(t);  // read after a later barrier
+      ml.load_tile(vbase, p.v_s0, p.v_s1, p.v_sh, sV + slot * kSlotBytes, barV0 + 8 * slot, t, true);
+      float alpha_new[MT][2];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const float m_old = m_run[mt][hf];
+          const float m_new = running_max(m_old, ml.tile_max(red, mt, hf));
+          // Rows with nothing visible yet keep m = -inf; exp2 against 0 keeps their P at 0.
+          const float m_use = m_new == -INFINITY ? 0.f : m_new;
+          const float alpha = exp2f(m_old - m_use);  // 0 when m_old = -inf
+          m_run[mt][hf] = m_new;
+          alpha_new[mt][hf] = alpha;
+          float sum = 0.f;
+#pragma unroll
+          for (int nt = 0; nt < kSN; ++nt)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const float pe = exp2f(s[mt][nt][hf * 2 + e] - m_use);
+              s[mt][nt][hf * 2 + e] = pe;
+              sum += pe;
+            }
+          l_run[mt][hf] = l_run[mt][hf] * alpha + sum;
+        }
+      }
+      if constexpr (MT == 1) {
+        // The oldest pending survivor first (P.V order is the visit order), then push this one:
+        // S's accumulator layout is the A-operand layout of P.V (this warp's 16 keys).
+        if (pending == kLag) {
+          ml.pv_reg(o_acc, done++, pa[kLag - 1], pal[kLag - 1], ptile[kLag - 1]);
+          --pending;
+        }
+#pragma unroll
+        for (int j = kLag - 1; j > 0; --j) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) pa[j][e] = pa[j - 1][e];
+          pal[j][0] = pal[j - 1][0];
+          pal[j][1] = pal[j - 1][1];
+          ptile[j] = ptile[j - 1];
+        }
+        pa[0][0] = pack2<T>(s[0][0][0], s[0][0][1]);
+        pa[0][1] = pack2<T>(s[0][0][2], s[0][0][3]);
+        pa[0][2] = pack2<T>(s[0][1][0], s[0][1][1]);
+        pa[0][3] = pack2<T>(s[0][1][2], s[0][1][3]);
+        pal[0][0] = alpha_new[0][0];
+        pal[0][1] = alpha_new[0][1];
+        ptile[0] = static_cast<int>(t);
+        ++pending;
+      } else {
+        unsigned char* Ps = sP + slot * kPStage;
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int hf = 0; hf < 2; ++hf) {
+            const int r = mt * 16 + hf * 8 + (lane >> 2);
+#pragma unroll
+            for (int nt = 0; nt < kSN; ++nt) {
+              const int key = warp * kKW + nt * 8 + 2 * (lane & 3);
+              *reinterpret_cast<std::uint32_t*>(Ps + swz(r, key / 8, kTileKeys / 8) + (key & 7) * 2) =
+                  pack2<T>(s[mt][nt][hf * 2], s[mt][nt][hf * 2 + 1]);
+            }
+            if (warp == 0 && (lane & 3) == 0) sAlpha[slot * kRows + r] = alpha_new[mt][hf];
+          }
+      }
+      ++kept;
+    } else {
+      ++skipped_count;
+    }
+    if constexpr (MT != 1) {
+      // P.V of the survivors more than kLag behind (their P was written before this iteration's
+      // barrier), so each V load has had kLag iterations to land.
+      while (kept - done > kLag) ml.pv_smem(o_acc, done++);
+    }
+  }
+  if constexpr (MT == 1) {
+    // Drain the FIFO, oldest first (no barrier needed: each warp's P is its own).
+#pragma unroll
+    for (int j = kLag - 1; j >= 0; --j)
+      if (j < pending) ml.pv_reg(o_acc, done++, pa[j], pal[j], ptile[j]);
+  } else {
+    __syncthreads();  // P of the last survivors written by every warp
+    while (done < kept) ml.pv_smem(o_acc, done++);
+  }
+
   trace_point(p, 5);  // last P.V issued
-
-  write_partial<Traits>(p, w, sm, m_run, l_run, o_acc, tid, warp, lane);
+  write_partial<Traits>(p, w, sm, m_run, l_run, o_acc);
   trace_point(p, 6);  // partials written
   if (p.visited != nullptr && tid == 0) {
     atomicAdd(p.visited + w.h, static_cast<unsigned long long>(w.n));
     atomicAdd(p.skipped + w.h, static_cast<unsigned long long>(skipped_count));
   }
 }
-
 
 // One instance of kernel_table.inc (declared in kernel_table.hpp); its dynamic shared memory is
 // DecodeTraits::kSmemBytes.

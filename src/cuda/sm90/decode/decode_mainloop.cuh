@@ -1,27 +1,4 @@
-// Internal: the mainloop of one decode CTA (decode_kernel.cuh wires it; see docs/decode_kernel.md):
-// the K/V loads into the rings, Q staging, the seed prologue of seeded splits, per tile the scores,
-// the vote, the online softmax and P.V, then the drain of the pending P.V.
-//
-// Pipeline (8 warps, no warp specialisation; ring depths in decode_traits.hpp):
-//   - K tiles stream through an NK-deep ring (tensor-map boxes or 16-byte cp.async),
-//     each slot completing on its own mbarrier, so K and V slots complete independently.
-//   - Tile i: S = Q K^T with mma.sync m16n8k16 (each warp 16 keys), row maxima, the vote
-//     (__syncthreads_or), then, for a surviving tile only, P = exp2(S - m) into a P ring and the
-//     V load of that tile into an NV-deep V ring. P.V of a survivor runs NV - 1 survivors later,
-//     so each V load has NV - 1 iterations to land (the first kernel waited one iteration, and
-//     that wait bounded it: bench/results/decode_log.md) and a skipped V leaves no bubble: the
-//     next survivor's V is requested as soon as its vote is known while the K ring stays full.
-//   - P.V, one m-tile (g * q_len <= 16, the common case): each warp multiplies its own 16 keys'
-//     P (kept in registers: the score accumulators are the A operand) by those keys' V rows for
-//     all D columns; the 8 partial outputs are summed once at the end. Q, P and alpha never touch
-//     shared memory, which leaves room for 7 ring slots at d = 128 (K 3 + V 4).
-//   - P.V, four m-tiles (up to 64 rows): P through a shared-memory ring, warp w owns D/8 output
-//     columns over all 128 keys.
-//   - Seeded splits (max-first order, SPEC §2a): a prologue scores the sink and last tiles and
-//     starts the running maxima there.
-//
-// Every member function is inlined into the one kernel body; register arrays are only indexed
-// by constants of unrolled loops (a run-time index would put them in local memory).
+// Internal: the mainloop of one decode CTA (decode_kernel.cuh wires it; see docs/decode_kernel.md).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -52,86 +29,60 @@ __device__ __forceinline__ std::uint32_t kv_off(int key, int chunk) {
   return static_cast<std::uint32_t>(((chunk >> 3) << 14) + key * 128 + (((chunk & 7) ^ (key & 7)) << 4));
 }
 
-// The CTA's shared memory, carved by offsets in the layout of DecodeTraits::SharedStorage: K ring,
-// V ring, [P ring, Q, alpha ring: four m-tiles only], row-max exchange, tile index per V slot,
-// mbarriers. With one m-tile, Q, P and alpha live in registers and Q is staged once through the
-// last V slot.
+// The CTA's dynamic shared memory, DecodeTraits::SharedStorage, as the pointers the kernel uses:
+// K ring, V ring, [P ring, Q, alpha ring: four m-tiles only], row-max exchange, tile index per V
+// slot, mbarriers. With one m-tile, Q, P and alpha live in registers and Q is staged once through
+// the last V slot (sP and sAlpha then point at the row-max exchange and are not used).
 template <class Traits>
 struct DecodeSmem {
-  static constexpr int NK = Traits::NK, NV = Traits::NV, MT = Traits::MT, W = Traits::kWarps;
-  static constexpr int D = Traits::D, kRows = Traits::kRows, kSlotBytes = Traits::kSlotBytes;
-  static constexpr int kPStage = Traits::kPStageBytes;
+  using SS = typename Traits::SharedStorage;
+  static constexpr int NV = Traits::NV;
 
-  unsigned char* sK;
-  unsigned char* sV;
-  unsigned char* sP;         // [NV][kPStage], MT = 4
-  unsigned char* sQ;         // MT = 1: staging in the last V slot
+  unsigned char* sK;         // [NK][kSlotBytes]
+  unsigned char* sV;         // [NV][kSlotBytes]
+  unsigned char* sP;         // [NV][kPStageBytes], MT = 4
+  unsigned char* sQ;         // MT = 4: [kRows][D]; MT = 1: staging in the last V slot
   float* sAlpha;             // [NV][kRows], MT = 4
   float* sRed;               // [2][W][kRows]
   int* sVTile;               // [NV]
   unsigned long long* sBar;  // K slots, V slots, the two seed tiles
 
   __device__ __forceinline__ explicit DecodeSmem(unsigned char* smem) {
-    sK = smem;
-    sV = sK + NK * kSlotBytes;
-    sP = sV + NV * kSlotBytes;
-    sQ = MT == 1 ? sV + (NV - 1) * kSlotBytes : sP + NV * kPStage;
-    sAlpha = reinterpret_cast<float*>(MT == 1 ? sP : sQ + kRows * D * 2);
-    sRed = MT == 1 ? reinterpret_cast<float*>(sP) : sAlpha + NV * kRows;
-    sVTile = reinterpret_cast<int*>(sRed + 2 * W * kRows);
-    sBar = reinterpret_cast<unsigned long long*>((reinterpret_cast<std::uintptr_t>(sVTile + NV) + 7) &
-                                                 ~std::uintptr_t{7});
+    SS& ss = *reinterpret_cast<SS*>(smem);
+    sK = &ss.k[0][0];
+    sV = &ss.v[0][0];
+    sRed = &ss.red[0][0][0];
+    if constexpr (Traits::MT == 1) {
+      sP = reinterpret_cast<unsigned char*>(sRed);
+      sQ = &ss.v[NV - 1][0];
+      sAlpha = sRed;
+    } else {
+      sP = &ss.p[0][0];
+      sQ = &ss.q[0];
+      sAlpha = &ss.alpha[0][0];
+    }
+    sVTile = &ss.v_tile[0];
+    sBar = reinterpret_cast<unsigned long long*>((reinterpret_cast<std::uintptr_t>(sVTile + NV) + 7) & ~std::uintptr_t{7});
   }
 
   // Before any load: every mbarrier, by thread 0. Tensor-map loads: one arrive (with the expected
   // bytes) per phase; cp.async: one per thread.
   __device__ __forceinline__ void init_barriers(int tid, bool tma) const {
     if (tid == 0) {
-      for (int i = 0; i < NK + NV + 2; ++i) mbar_init(smem_u32(sBar + i), tma ? 1 : Traits::kThreads);
+      for (int i = 0; i < Traits::NK + NV + 2; ++i) mbar_init(smem_u32(sBar + i), tma ? 1 : Traits::kThreads);
       asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
   }
-
-  // The offsets above are DecodeTraits::SharedStorage's layout, member by member, and end where it
-  // does (the launch sizes the dynamic shared memory from it).
-  using SS = typename Traits::SharedStorage;
-  static constexpr std::size_t kRedOff = MT == 1 ? std::size_t(NK + NV) * kSlotBytes
-                                                 : std::size_t(NK + NV) * kSlotBytes + std::size_t(NV) * kPStage +
-                                                       std::size_t(kRows) * D * 2 + std::size_t(NV) * kRows * 4;
-  static constexpr std::size_t kVTileOff = kRedOff + std::size_t(2) * W * kRows * 4;
-  static constexpr std::size_t kBarOff = (kVTileOff + std::size_t(NV) * 4 + 7) & ~std::size_t(7);
-  static_assert(offsetof(SS, v) == std::size_t(NK) * kSlotBytes && offsetof(SS, red) == kRedOff &&
-                    offsetof(SS, v_tile) == kVTileOff && offsetof(SS, bar) == kBarOff &&
-                    kBarOff + std::size_t(NK + NV + 2) * 8 == Traits::kSmemBytes,
-                "the kernel's shared-memory offsets are SharedStorage's");
 };
 
-// The per-thread register arrays of the CTA, each its own variable of the kernel (passed by
-// reference; kept apart, each is promoted to registers on its own), rows lane/4 + 8*half + 16*mt:
-//   QFrags qa        one m-tile: Q's A fragments for the whole split (four m-tiles: unused);
-//   RowLims row_lim  keys < row_lim are visible to the row (0 for padding rows);
-//   RowVals m_run    running maxima in log2 units; l_run: this thread's partial row sums;
-//   Scores s         S = scale * Q K^T of this warp's 16 keys of the current tile (log2 units,
-//                    masked), then P; RowVals wmax: the warp's row maxima of it;
-//   OutAcc o_acc     one m-tile: this warp's 16 keys x all D columns (summed over warps at the
-//                    end); four m-tiles: all keys x this warp's D/8 columns.
-template <class Traits>
-struct DecodeRegs {
-  using QFrags = std::uint32_t[Traits::MT == 1 ? Traits::D / 16 : 1][4];
-  using RowLims = int[Traits::MT][2];
-  using RowVals = float[Traits::MT][2];
-  using Scores = float[Traits::MT][Traits::kSN][4];
-  using OutAcc = float[Traits::MT][Traits::kON][4];
-};
-
+// The mainloop of one CTA: its work, its shared memory and the per-thread constants every phase
+// reads. Every member function is inlined into the one kernel body; the register arrays are the
+// kernel's own variables, passed by reference (kept apart, each is promoted to registers on its
+// own) and only indexed by constants of unrolled loops (a run-time index would put them in local
+// memory).
 template <class Traits>
 struct DecodeMainloop {
   using T = typename Traits::T;
-  using QFrags = typename DecodeRegs<Traits>::QFrags;
-  using RowLims = typename DecodeRegs<Traits>::RowLims;
-  using RowVals = typename DecodeRegs<Traits>::RowVals;
-  using Scores = typename DecodeRegs<Traits>::Scores;
-  using OutAcc = typename DecodeRegs<Traits>::OutAcc;
   static constexpr int D = Traits::D;
   static constexpr bool kSkip = Traits::kSkip;
   static constexpr int MT = Traits::MT;
@@ -139,61 +90,51 @@ struct DecodeMainloop {
   static constexpr int W = Traits::kWarps;
   static constexpr int kThr = Traits::kThreads;
   static constexpr int NK = Traits::NK, NV = Traits::NV;
-  static constexpr int kLag = Traits::kLag;
   static constexpr int kRows = Traits::kRows;
   static constexpr int CH = Traits::CH;
-  static constexpr int kRowsPerPass = kThr / CH;  // cp.async: key rows per pass of the CTA
-  static constexpr int kPasses = kTileKeys / kRowsPerPass;
   static constexpr int kKW = Traits::kKW, kSN = Traits::kSN, kDN = Traits::kDN, kNT = Traits::kNT;
-  static constexpr int kON = Traits::kON;
+  static constexpr int kON = Traits::kON, kQPer = Traits::kQPer, kLag = Traits::kLag;
+  static constexpr int kRowsPerPass = kThr / CH;    // cp.async: key rows per pass of the CTA
+  static constexpr int kPasses = kTileKeys / kRowsPerPass;
   static constexpr int kSlotBytes = Traits::kSlotBytes;
   static constexpr int kPStage = Traits::kPStageBytes;
-  static constexpr int kQPer = (kRows * CH + kThr - 1) / kThr;  // Q chunks per thread
+
+  // The per-thread register arrays (rows lane/4 + 8*half + 16*mt), each a variable of the kernel:
+  using QChunks = uint4[kQPer];                         // this thread's Q chunks, on their way to sQ
+  using QFrags = std::uint32_t[MT == 1 ? D / 16 : 1][4];  // one m-tile: Q's A fragments for the split
+  using RowVals = float[MT][2];                         // m (log2 units), l (this thread's part), ...
+  using RowLims = int[MT][2];                           // keys < row_lim are visible to the row
+  using Scores = float[MT][kSN][4];                     // S, then P, of this warp's 16 keys
+  using OutAcc = float[MT][kON][4];                     // O (one m-tile: this warp's keys' share)
 
   const Params& p;
-  const DecodeWork w;
+  const DecodeWork& w;
+  const DecodeSmem<Traits>& sm;
   const int tid, warp, lane;
-  unsigned char* const sK;
-  unsigned char* const sV;
-  unsigned char* const sP;
-  unsigned char* const sQ;
-  float* const sAlpha;
-  float* const sRed;
-  int* const sVTile;
-  unsigned long long* const sBar;
-  const std::uint32_t barK0, barV0, barS0;
-  const bool tma;
+  const std::uint32_t barK0, barV0, barS0;  // mbarriers: K slots, V slots, seed tiles (8 bytes each)
+  const bool tma;                           // tensor-map loads (else cp.async)
   const T* const kbase;
   const T* const vbase;
   const int ld_row, ld_chunk;  // cp.async: this thread's key row and chunk of a pass
-  const bool seeded;
+  const bool seeded;           // a seeded split (SPEC §2a)
   const bool seed_loads, seed_scores;
-  // Threshold in log2 units of the scaled scores; -inf: dense for this sequence.
-  float thr = -INFINITY;
 
-  __device__ __forceinline__ DecodeMainloop(const Params& prm, const DecodeWork& work, const DecodeSmem<Traits>& sm,
+  __device__ __forceinline__ DecodeMainloop(const Params& prm, const DecodeWork& work, const DecodeSmem<Traits>& smem,
                                             int thread, int warp_index, int lane_index, bool tensor_maps)
       : p(prm),
         w(work),
+        sm(smem),
         tid(thread),
         warp(warp_index),
         lane(lane_index),
-        sK(sm.sK),
-        sV(sm.sV),
-        sP(sm.sP),
-        sQ(sm.sQ),
-        sAlpha(sm.sAlpha),
-        sRed(sm.sRed),
-        sVTile(sm.sVTile),
-        sBar(sm.sBar),
-        barK0(smem_u32(sm.sBar)),
-        barV0(smem_u32(sm.sBar + NK)),
-        barS0(smem_u32(sm.sBar + NK + NV)),
+        barK0(smem_u32(smem.sBar)),
+        barV0(smem_u32(smem.sBar + NK)),
+        barS0(smem_u32(smem.sBar + NK + NV)),
         tma(tensor_maps),
         kbase(static_cast<const T*>(prm.k)),
         vbase(static_cast<const T*>(prm.v)),
-        ld_row(tid / CH),
-        ld_chunk(tid % CH),
+        ld_row(thread / CH),
+        ld_chunk(thread % CH),
         seeded(kSkip && prm.seeded != 0),
         seed_loads(seeded),
         seed_scores(seeded) {}
@@ -201,8 +142,8 @@ struct DecodeMainloop {
   // ---- loads ------------------------------------------------------------------------------------
 
   // Loads of one K or V tile (tile index t of the sequence) into a ring slot.
-  __device__ __forceinline__ void load_tile(const T* base, std::int64_t s0, std::int64_t s1, std::int64_t sh,
-                                            unsigned char* slot, std::uint32_t bar, std::int64_t t, bool is_v) {
+  __device__ inline void load_tile(const T* base, std::int64_t s0, std::int64_t s1, std::int64_t sh,
+                                            unsigned char* slot, std::uint32_t bar, std::int64_t t, bool is_v) const {
     if (tma) {
       // A few large boxes per tile (rows of up to one page, 64 columns each) issued by one thread.
       if (tid == 0) {
@@ -254,22 +195,24 @@ struct DecodeMainloop {
   }
 
   // The seed tiles' K (seeded splits) and the split's first NK tiles.
-  __device__ __forceinline__ void first_loads() {
+  __device__ inline void first_loads() const {
     if (seed_loads) {
       // The seed tiles' K go into V slots 0 and 1 (free until the first vote) on their own barriers.
       for (int j = 0; j < 2; ++j)
-        load_tile(kbase, p.k_s0, p.k_s1, p.k_sh, sV + j * kSlotBytes, barS0 + 8 * j, w.seed_tile(j), false);
+        load_tile(kbase, p.k_s0, p.k_s1, p.k_sh, sm.sV + j * kSlotBytes, barS0 + 8 * j, w.seed_tile(j), false);
     }
     for (int i = 0; i < NK && i < w.n; ++i)
-      load_tile(kbase, p.k_s0, p.k_s1, p.k_sh, sK + i * kSlotBytes, barK0 + 8 * i, w.t_begin + i, false);
+      load_tile(kbase, p.k_s0, p.k_s1, p.k_sh, sm.sK + i * kSlotBytes, barK0 + 8 * i, w.t_begin + i, false);
   }
+  // ---- Q and the row state -------------------------------------------------------------------------
 
   // Q rows (zero padding rows past R) into shared memory: loaded into registers first, then the
   // first K tiles are requested (tensor maps: by thread 0, which initialised the barriers), then Q
   // is stored. Requested after the K tiles, the Q loads queued behind every CTA's first tiles
   // (12 MB at B = 1) and Q was staged 5 us after the start (BLASST_DECODE_TRACE, H200, 162092d).
-  // One m-tile: Q's A fragments then go to registers.
-  __device__ __forceinline__ void stage_q_and_first_loads(QFrags& qa) {
+  // Returns the threshold in log2 units of the scaled scores (-inf: dense for this sequence),
+  // read after the first requests: nothing before the first vote needs it.
+  __device__ __forceinline__ float stage_q_and_first_loads() const {
     uint4 qv[kQPer];
     {
       const T* q = static_cast<const T*>(p.q);
@@ -279,8 +222,7 @@ struct DecodeMainloop {
         qv[j] = make_uint4(0, 0, 0, 0);
         if (idx < kRows * CH && r < p.rows) {
           const int qi = r / p.group, hh = r % p.group;
-          const T* src =
-              q + w.b * p.q_sb + qi * p.q_st + (static_cast<std::int64_t>(w.h) * p.group + hh) * p.q_sh + c * 8;
+          const T* src = q + w.b * p.q_sb + qi * p.q_st + (static_cast<std::int64_t>(w.h) * p.group + hh) * p.q_sh + c * 8;
           qv[j] = *reinterpret_cast<const uint4*>(src);
         }
       }
@@ -288,53 +230,44 @@ struct DecodeMainloop {
     if (tma) first_loads();
     trace_point(p, 1);  // Q requested, first loads issued
 
-    // The threshold after the first requests: nothing before the first vote needs it.
+    float thr = -INFINITY;
     if constexpr (kSkip) thr = p.threshold.template log_lambda<true>(w.Lk);
 #pragma unroll
     for (int j = 0; j < kQPer; ++j) {
       const int idx = tid + j * kThr;
-      if (idx < kRows * CH) *reinterpret_cast<uint4*>(sQ + swz(idx / CH, idx % CH, CH)) = qv[j];
+      if (idx < kRows * CH) *reinterpret_cast<uint4*>(sm.sQ + swz(idx / CH, idx % CH, CH)) = qv[j];
     }
     __syncthreads();  // mbarrier init + Q visible
     if (!tma) first_loads();
+    return thr;
+  }
 
+  // One m-tile: Q's A fragments (from sQ, after the barrier that follows store_q) stay in
+  // registers for the whole split.
+  __device__ __forceinline__ void load_q_frags(QFrags& qa) const {
     if constexpr (MT == 1) {
 #pragma unroll
-      for (int ks = 0; ks < D / 16; ++ks) ldsm_x4(smem_u32(sQ + swz(lane & 15, ks * 2 + (lane >> 4), CH)), qa[ks]);
+      for (int ks = 0; ks < D / 16; ++ks) ldsm_x4(smem_u32(sm.sQ + swz(lane & 15, ks * 2 + (lane >> 4), CH)), qa[ks]);
     }
   }
 
-  // m = -inf, l = 0, O = 0, and the visible keys of each row.
-  __device__ __forceinline__ void init_rows(RowVals& m_run, RowVals& l_run, RowLims& row_lim, OutAcc& o_acc) {
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        m_run[mt][hf] = -INFINITY;
-        l_run[mt][hf] = 0.f;
-        const int r = mt * 16 + hf * 8 + (lane >> 2);
-        std::int64_t lim = 0;
-        if (r < p.rows) {
-          const int qi = r / p.group;
-          lim = p.causal ? w.Lk - p.q_len + qi + 1 : w.Lk;
-          if (lim > w.Lk) lim = w.Lk;
-          if (lim < 0) lim = 0;
-        }
-        row_lim[mt][hf] = static_cast<int>(lim < 0x7fffffff ? lim : 0x7fffffff);
-      }
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < kON; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) o_acc[mt][nt][e] = 0.f;
+  // The keys row (mt, hf) of this thread sees: keys < row_limit (0 for padding rows).
+  __device__ __forceinline__ int row_limit(int mt, int hf) const {
+    const int r = mt * 16 + hf * 8 + (lane >> 2);
+    std::int64_t lim = 0;
+    if (r < p.rows) {
+      const int qi = r / p.group;
+      lim = p.causal ? w.Lk - p.q_len + qi + 1 : w.Lk;
+      if (lim > w.Lk) lim = w.Lk;
+      if (lim < 0) lim = 0;
+    }
+    return static_cast<int>(lim < 0x7fffffff ? lim : 0x7fffffff);
   }
-
   // ---- scores -----------------------------------------------------------------------------------
 
   // A tile's raw scores (this warp's 16 keys of tile t) to log2 units, keys a row cannot see to
   // -inf; the warp's row maxima to wmax and red[warp][row].
-  __device__ __forceinline__ void mask_max(Scores& sc, RowVals& wmax, const RowLims& row_lim, std::int64_t t, float* red) {
+  __device__ inline void mask_max(Scores& sc, RowVals& wmax, const RowLims& row_lim, std::int64_t t, float* red) const {
     const int key0 = static_cast<int>(t * kTileKeys) + warp * kKW + 2 * (lane & 3);
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
@@ -359,8 +292,8 @@ struct DecodeMainloop {
     }
   }
   // S of the tile in slot Ks into s, masked (mask_max).
-  __device__ __forceinline__ void score(Scores& s, RowVals& wmax, const QFrags& qa, const RowLims& row_lim,
-                                        const unsigned char* Ks, std::int64_t t, float* red) {
+  __device__ inline void score(Scores& s, RowVals& wmax, const QFrags& qa, const RowLims& row_lim,
+                                        const unsigned char* Ks, std::int64_t t, float* red) const {
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -381,7 +314,7 @@ struct DecodeMainloop {
           mma16816<T>(s[mt][1], qa[ks], r[2], r[3]);
         } else {
           std::uint32_t a[4];
-          ldsm_x4(smem_u32(sQ + swz(mt * 16 + (lane & 15), ks * 2 + (lane >> 4), CH)), a);
+          ldsm_x4(smem_u32(sm.sQ + swz(mt * 16 + (lane & 15), ks * 2 + (lane >> 4), CH)), a);
           mma16816<T>(s[mt][0], a, r[0], r[1]);
           mma16816<T>(s[mt][1], a, r[2], r[3]);
         }
@@ -390,7 +323,7 @@ struct DecodeMainloop {
     mask_max(s, wmax, row_lim, t, red);
   }
   // The tile maximum of row (mt, hf) over every warp's keys (after the barrier that follows score).
-  __device__ __forceinline__ float tile_max(const float* red, int mt, int hf) const {
+  __device__ inline float tile_max(const float* red, int mt, int hf) const {
     const int r = mt * 16 + hf * 8 + (lane >> 2);
     float tm = -INFINITY;
 #pragma unroll
@@ -404,22 +337,23 @@ struct DecodeMainloop {
   // maxima go where nothing is written before the first vote (MT = 1: the back half of the
   // last V slot, whose front half staged Q; MT = 4: P stage 0), so one barrier suffices: the
   // first vote's barrier orders these reads before any reuse of that memory or the seed slots.
-  __device__ __forceinline__ void seed_prologue(RowVals& m_run, RowVals& wmax, const QFrags& qa, const RowLims& row_lim) {
-    float* seed_red = MT == 1 ? reinterpret_cast<float*>(sV + (NV - 1) * kSlotBytes + kSlotBytes / 2)
-                              : reinterpret_cast<float*>(sP);  // [2][W][kRows]
+  __device__ __forceinline__ void seed_prologue(RowVals& m_run, RowVals& wmax, const QFrags& qa,
+                                                const RowLims& row_lim, int warp, int lane) const {
+    float* seed_red = MT == 1 ? reinterpret_cast<float*>(sm.sV + (NV - 1) * kSlotBytes + kSlotBytes / 2)
+                              : reinterpret_cast<float*>(sm.sP);  // [2][W][kRows]
     static_assert(MT != 1 || kRows * D * 2 <= kSlotBytes / 2, "Q staging and the seed maxima share a slot");
     static_assert(2 * W * kRows * 4 <= (MT == 1 ? kSlotBytes / 2 : kPStage), "seed maxima fit");
     // Probe 3 scores the split's first ring tile twice instead of the seed tiles.
-    const unsigned char* seed_slot[2] = {sV, sV + kSlotBytes};
+    const unsigned char* seed_slot[2] = {sm.sV, sm.sV + kSlotBytes};
     if (seed_loads) {
       mbar_wait(barS0, 0);
       mbar_wait(barS0 + 8, 0);
     } else {
       mbar_wait(barK0, 0);
-      seed_slot[0] = seed_slot[1] = sK;
+      seed_slot[0] = seed_slot[1] = sm.sK;
     }
     if (seed_scores) {
-      float sc[2][MT][kSN][4];
+      float acc[2][MT][kSN][4];
 #pragma unroll
       for (int j = 0; j < 2; ++j)
 #pragma unroll
@@ -427,7 +361,7 @@ struct DecodeMainloop {
 #pragma unroll
           for (int nt = 0; nt < kSN; ++nt)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) sc[j][mt][nt][e] = 0.f;
+            for (int e = 0; e < 4; ++e) acc[j][mt][nt][e] = 0.f;
 #pragma unroll
       for (int ks = 0; ks < D / 16; ++ks) {
         std::uint32_t r[2][4];
@@ -441,25 +375,24 @@ struct DecodeMainloop {
 #pragma unroll
             for (int e = 0; e < 4; ++e) a[e] = qa[ks][e];
           } else {
-            ldsm_x4(smem_u32(sQ + swz(mt * 16 + (lane & 15), ks * 2 + (lane >> 4), CH)), a);
+            ldsm_x4(smem_u32(sm.sQ + swz(mt * 16 + (lane & 15), ks * 2 + (lane >> 4), CH)), a);
           }
 #pragma unroll
           for (int j = 0; j < 2; ++j) {
-            mma16816<T>(sc[j][mt][0], a, r[j][0], r[j][1]);
-            mma16816<T>(sc[j][mt][1], a, r[j][2], r[j][3]);
+            mma16816<T>(acc[j][mt][0], a, r[j][0], r[j][1]);
+            mma16816<T>(acc[j][mt][1], a, r[j][2], r[j][3]);
           }
         }
       }
 #pragma unroll
-      for (int j = 0; j < 2; ++j) mask_max(sc[j], wmax, row_lim, w.seed_tile(j), seed_red + j * W * kRows);
+      for (int j = 0; j < 2; ++j) mask_max(acc[j], wmax, row_lim, w.seed_tile(j), seed_red + j * W * kRows);
     }
     __syncthreads();
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf)
-        if (seed_scores)
-          m_run[mt][hf] = running_max(tile_max(seed_red, mt, hf), tile_max(seed_red + W * kRows, mt, hf));
+        if (seed_scores) m_run[mt][hf] = running_max(tile_max(seed_red, mt, hf), tile_max(seed_red + W * kRows, mt, hf));
   }
 
   // ---- the vote and the online softmax -----------------------------------------------------------
@@ -467,7 +400,7 @@ struct DecodeMainloop {
   // The vote: delta of each of this thread's rows against this warp's keys; -inf when none is
   // visible, +inf on the row's first visible tile (m = -inf): that tile is never skipped. The
   // barrier (with the OR of the vote) also makes every warp's row maxima visible.
-  __device__ __forceinline__ bool vote(const RowVals& wmax, const RowVals& m_run) {
+  __device__ __forceinline__ bool vote(const RowVals& wmax, const RowVals& m_run, float thr) const {
     bool keep = true;
     if constexpr (kSkip) {
       bool want = false;
@@ -487,7 +420,7 @@ struct DecodeMainloop {
   }
 
   // Exact group delta for the statistics (warp 0, whose lanes cover every row).
-  __device__ __forceinline__ void record_delta(const float* red, const RowVals& m_run) {
+  __device__ __forceinline__ void record_delta(const float* red, const RowVals& m_run) const {
     if (p.visited != nullptr && warp == 0) {
       float dmax = -INFINITY;
 #pragma unroll
@@ -507,7 +440,7 @@ struct DecodeMainloop {
   }
 
   // A survivor's new maxima, rescale factors alpha (to alpha_new), P = exp2(S - m) in s, row sums.
-  __device__ __forceinline__ void online_softmax(Scores& s, RowVals& m_run, RowVals& l_run, const float* red, RowVals& alpha_new) {
+  __device__ __forceinline__ void online_softmax(Scores& s, RowVals& m_run, RowVals& l_run, const float* red, RowVals& alpha_new) const {
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
@@ -534,8 +467,8 @@ struct DecodeMainloop {
   }
 
   // Four m-tiles: P (this warp's keys, every row) and alpha into P slot `slot` of the ring.
-  __device__ __forceinline__ void store_p(const Scores& s, int slot, const RowVals& alpha_new) {
-    unsigned char* Ps = sP + slot * kPStage;
+  __device__ __forceinline__ void store_p(const Scores& s, int slot, const RowVals& alpha_new) const {
+    unsigned char* Ps = sm.sP + slot * kPStage;
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -547,7 +480,7 @@ struct DecodeMainloop {
           *reinterpret_cast<std::uint32_t*>(Ps + swz(r, key / 8, kTileKeys / 8) + (key & 7) * 2) =
               pack2<T>(s[mt][nt][hf * 2], s[mt][nt][hf * 2 + 1]);
         }
-        if (warp == 0 && (lane & 3) == 0) sAlpha[slot * kRows + r] = alpha_new[mt][hf];
+        if (warp == 0 && (lane & 3) == 0) sm.sAlpha[slot * kRows + r] = alpha_new[mt][hf];
       }
   }
 
@@ -555,11 +488,11 @@ struct DecodeMainloop {
 
   // Waits for survivor k's V (slot k % NV) and, for a tensor-map tile that ends past the sequence,
   // zeroes the rows past the end that this warp reads (P = 0 there, but 0 * NaN is not 0).
-  __device__ __forceinline__ const unsigned char* wait_v(int k, std::int64_t tile, int key_lo, int key_hi,
-                                                         int chunk_lo, int chunk_hi) {
+  __device__ inline const unsigned char* wait_v(int k, std::int64_t tile, int key_lo, int key_hi,
+                                                         int chunk_lo, int chunk_hi) const {
     const int slot = k % NV;
     mbar_wait(barV0 + 8 * slot, static_cast<std::uint32_t>((k / NV) & 1));
-    unsigned char* Vs = sV + slot * kSlotBytes;
+    unsigned char* Vs = sm.sV + slot * kSlotBytes;
     if (tma && (tile + 1) * kTileKeys > w.Lk) {
       const int valid = static_cast<int>(w.Lk - tile * kTileKeys);
       const int k0 = valid > key_lo ? valid : key_lo;
@@ -572,8 +505,8 @@ struct DecodeMainloop {
   }
 
   // P.V of survivor k for one m-tile: O (this warp's keys x all columns) = O * alpha + P V.
-  __device__ __forceinline__ void pv_reg(OutAcc& o_acc, int k, const std::uint32_t (&a)[4], const float (&al)[2],
-                                         int tile) {
+  __device__ inline void pv_reg(OutAcc& o_acc, int k, const std::uint32_t (&a)[4], const float (&al)[2],
+                                         int tile) const {
     const unsigned char* Vs = wait_v(k, tile, warp * kKW, warp * kKW + kKW, 0, CH);
 #pragma unroll
     for (int nt = 0; nt < kDN; ++nt) {
@@ -593,13 +526,13 @@ struct DecodeMainloop {
   }
 
   // P.V of survivor k for four m-tiles: P from P slot k % NV, this warp's D/8 columns.
-  __device__ __forceinline__ void pv_smem(OutAcc& o_acc, int k) {
+  __device__ inline void pv_smem(OutAcc& o_acc, int k) const {
     const int slot = k % NV;
-    const unsigned char* Vs = wait_v(k, sVTile[slot], 0, kTileKeys, warp * kNT, warp * kNT + kNT);
+    const unsigned char* Vs = wait_v(k, sm.sVTile[slot], 0, kTileKeys, warp * kNT, warp * kNT + kNT);
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
-      const float a0 = sAlpha[slot * kRows + mt * 16 + (lane >> 2)];
-      const float a1 = sAlpha[slot * kRows + mt * 16 + 8 + (lane >> 2)];
+      const float a0 = sm.sAlpha[slot * kRows + mt * 16 + (lane >> 2)];
+      const float a1 = sm.sAlpha[slot * kRows + mt * 16 + 8 + (lane >> 2)];
 #pragma unroll
       for (int nt = 0; nt < kON; ++nt) {
         o_acc[mt][nt][0] *= a0;
@@ -608,7 +541,7 @@ struct DecodeMainloop {
         o_acc[mt][nt][3] *= a1;
       }
     }
-    const unsigned char* Ps = sP + slot * kPStage;
+    const unsigned char* Ps = sm.sP + slot * kPStage;
 #pragma unroll
     for (int ks = 0; ks < kTileKeys / 16; ++ks) {
       // B fragments of V (keys ks*16.., this warp's columns) via ldmatrix.trans.
@@ -640,7 +573,7 @@ struct DecodeMainloop {
   // the V load, the online softmax and (kLag survivors later) its P.V; then the drain. Returns
   // the count of skipped tiles.
   __device__ __forceinline__ int run_tiles(Scores& s, RowVals& wmax, RowVals& m_run, RowVals& l_run, OutAcc& o_acc, const QFrags& qa,
-                                           const RowLims& row_lim) {
+                                           const RowLims& row_lim, float thr) const {
     int skipped_count = 0;
     int kept = 0, done = 0;  // survivors whose V load was issued / whose P.V is done
 
@@ -656,10 +589,10 @@ struct DecodeMainloop {
       const int kslot = i % NK;
       const std::int64_t t = w.t_begin + i;
       mbar_wait(barK0 + 8 * kslot, static_cast<std::uint32_t>((i / NK) & 1));
-      float* red = sRed + (i & 1) * W * kRows;
-      score(s, wmax, qa, row_lim, sK + kslot * kSlotBytes, t, red);
+      float* red = sm.sRed + (i & 1) * W * kRows;
+      score(s, wmax, qa, row_lim, sm.sK + kslot * kSlotBytes, t, red);
 
-      const bool keep = vote(wmax, m_run);
+      const bool keep = vote(wmax, m_run, thr);
       if (i == 0) trace_point(p, 4);  // first vote
 
       record_delta(red, m_run);
@@ -667,14 +600,14 @@ struct DecodeMainloop {
       // The K slot of tile i is free (every warp passed the vote): refill it first, so that no P.V
       // wait below delays the request.
       if (i + NK < w.n)
-        load_tile(kbase, p.k_s0, p.k_s1, p.k_sh, sK + kslot * kSlotBytes, barK0 + 8 * kslot, t + NK, false);
+        load_tile(kbase, p.k_s0, p.k_s1, p.k_sh, sm.sK + kslot * kSlotBytes, barK0 + 8 * kslot, t + NK, false);
 
       if (keep) {
         // The tile's V load into V slot kept % NV (free: that slot's previous survivor had its P.V
         // before this barrier), then the online softmax.
         const int slot = kept % NV;
-        if (MT != 1 && tid == 0) sVTile[slot] = static_cast<int>(t);  // read after a later barrier
-        load_tile(vbase, p.v_s0, p.v_s1, p.v_sh, sV + slot * kSlotBytes, barV0 + 8 * slot, t, true);
+        if (MT != 1 && tid == 0) sm.sVTile[slot] = static_cast<int>(t);  // read after a later barrier
+        load_tile(vbase, p.v_s0, p.v_s1, p.v_sh, sm.sV + slot * kSlotBytes, barV0 + 8 * slot, t, true);
         float alpha_new[MT][2];
         online_softmax(s, m_run, l_run, red, alpha_new);
         if constexpr (MT == 1) {
