@@ -51,28 +51,18 @@ namespace blasst::sm90::decode {
 
 template <class Traits>
 __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas) decode_kernel(const __grid_constant__ Params p) {
-  using T = typename Traits::T;
   constexpr int D = Traits::D;
-  constexpr bool kSkip = Traits::kSkip;
   constexpr int MT = Traits::MT;
-  constexpr int kTileKeys = Traits::kTileKeys;
   constexpr int W = Traits::kWarps;
-  constexpr int kThr = Traits::kThreads;
   constexpr int NK = Traits::NK, NV = Traits::NV;
-  constexpr int kLag = NV - 1;               // survivors between a tile's vote and its P.V
-  constexpr int kRows = MT * 16;             // padded rows
-  constexpr int CH = D / 8;                  // 16-byte chunks per K/V row
-  constexpr int kRowsPerPass = kThr / CH;
-  constexpr int kPasses = kTileKeys / kRowsPerPass;
-  constexpr int kKW = kTileKeys / W;         // keys per warp in S = Q K^T (16)
-  constexpr int kSN = kKW / 8;               // S n8 tiles per warp (2)
-  constexpr int kDN = D / 8;                 // n8 tiles of a full output row
-  // Four m-tiles: P through a shared-memory ring, warp w owns D/8 output columns over all keys.
-  constexpr int kNT = D / 8 / W;
+  constexpr int kLag = Traits::kLag;
+  constexpr int kRows = Traits::kRows;
+  constexpr int CH = Traits::CH;
+  constexpr int kKW = Traits::kKW, kSN = Traits::kSN, kON = Traits::kON;
   constexpr int kSlotBytes = Traits::kSlotBytes;
-  static_assert(kKW == 16 && kSN == 2, "8 warps x 16 keys");
-  static_assert(kNT == 1 || kNT == 2, "D must be 64 or 128 with 8 warps");
-  static_assert(kLag >= 1, "P.V runs at least one survivor behind its vote");
+  constexpr int kPStage = Traits::kPStageBytes;
+  using T = typename Traits::T;
+  using Mainloop = DecodeMainloop<Traits>;
 
   // Let the merge kernel (launched with programmatic serialisation) get scheduled early; it waits
   // for this grid's completion with griddepcontrol.wait before reading anything.
@@ -89,7 +79,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas) decode_ker
   }
   const int h = blockIdx.x, split = blockIdx.y, b = blockIdx.z;  // grid (Hk, splits, B)
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const DecodeWork w = decode_work<kTileKeys>(p, h, split, b);
+  const DecodeWork w = decode_work<Traits::kTileKeys>(p, h, split, b);
   if (w.n == 0) {  // a split past this sequence's end
     write_empty_partial<Traits>(p, w);
     return;
@@ -97,29 +87,15 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas) decode_ker
 
   extern __shared__ __align__(1024) unsigned char smem[];  // 128B-swizzled TMA boxes need 1 KB
   const DecodeSmem<Traits> sm(smem);
-  unsigned char* sK = sm.sK;
-  unsigned char* sV = sm.sV;
-  constexpr int kPStage = Traits::kPStageBytes;
-  unsigned char* sP = sm.sP;
-  unsigned char* sQ = sm.sQ;
-  float* sAlpha = sm.sAlpha;
-  float* sRed = sm.sRed;
-  int* sVTile = sm.sVTile;
-  unsigned long long* sBar = sm.sBar;
-  const std::uint32_t barK0 = smem_u32(sBar), barV0 = smem_u32(sBar + NK), barS0 = smem_u32(sBar + NK + NV);
   const bool tma = p.tma != 0;
   sm.init_barriers(tid, tma);
-  const DecodeMainloop<Traits> ml(p, w, sm, tid, warp, lane, tma);
-  const T* kbase = ml.kbase;
-  const T* vbase = ml.vbase;
-  const bool seeded = ml.seeded;
-  const bool seed_loads = ml.seed_loads, seed_scores = ml.seed_scores;
+  const Mainloop ml(p, w, sm, tid, warp, lane, tma);
   const float thr = ml.stage_q_and_first_loads();
 
-  typename DecodeMainloop<Traits>::QFrags qa;
+  typename Mainloop::QFrags qa;
   ml.load_q_frags(qa);
-  typename DecodeMainloop<Traits>::RowVals m_run, l_run;
-  typename DecodeMainloop<Traits>::RowLims row_lim;
+  typename Mainloop::RowVals m_run, l_run;
+  typename Mainloop::RowLims row_lim;
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -128,8 +104,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas) decode_ker
       l_run[mt][hf] = 0.f;
       row_lim[mt][hf] = ml.row_limit(mt, hf);
     }
-  constexpr int kON = Traits::kON;
-  typename DecodeMainloop<Traits>::OutAcc o_acc;
+  typename Mainloop::OutAcc o_acc;
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -139,31 +114,31 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas) decode_ker
 
   // S = scale * Q K^T for this warp's 16 keys of the tile in slot Ks (log2 units), masked; the
   // warp's row maxima go to wmax (this thread's rows) and red[warp][row].
-  float s[MT][kSN][4];
-  float wmax[MT][2];
+  typename Mainloop::Scores s;
+  typename Mainloop::RowVals wmax;
 
   trace_point(p, 2);  // Q staged
-  if (seeded) {
+  if (ml.seeded) {
     // Seeded split (SPEC §2a): m starts at the row's maximum over the seed tiles (computed by every
     // split of the group; the seed tiles mostly come from L2 after the first split reads them).
     // Both tiles in one pass: two independent MMA chains, so their latencies overlap. Their warp
     // maxima go where nothing is written before the first vote (MT = 1: the back half of the
     // last V slot, whose front half staged Q; MT = 4: P stage 0), so one barrier suffices: the
     // first vote's barrier orders these reads before any reuse of that memory or the seed slots.
-    float* seed_red = MT == 1 ? reinterpret_cast<float*>(sV + (NV - 1) * kSlotBytes + kSlotBytes / 2)
-                              : reinterpret_cast<float*>(sP);  // [2][W][kRows]
+    float* seed_red = MT == 1 ? reinterpret_cast<float*>(sm.sV + (NV - 1) * kSlotBytes + kSlotBytes / 2)
+                              : reinterpret_cast<float*>(sm.sP);  // [2][W][kRows]
     static_assert(MT != 1 || kRows * D * 2 <= kSlotBytes / 2, "Q staging and the seed maxima share a slot");
     static_assert(2 * W * kRows * 4 <= (MT == 1 ? kSlotBytes / 2 : kPStage), "seed maxima fit");
     // Probe 3 scores the split's first ring tile twice instead of the seed tiles.
-    const unsigned char* seed_slot[2] = {sV, sV + kSlotBytes};
-    if (seed_loads) {
-      mbar_wait(barS0, 0);
-      mbar_wait(barS0 + 8, 0);
+    const unsigned char* seed_slot[2] = {sm.sV, sm.sV + kSlotBytes};
+    if (ml.seed_loads) {
+      mbar_wait(ml.barS0, 0);
+      mbar_wait(ml.barS0 + 8, 0);
     } else {
-      mbar_wait(barK0, 0);
-      seed_slot[0] = seed_slot[1] = sK;
+      mbar_wait(ml.barK0, 0);
+      seed_slot[0] = seed_slot[1] = sm.sK;
     }
-    if (seed_scores) {
+    if (ml.seed_scores) {
       float acc[2][MT][kSN][4];
 #pragma unroll
       for (int j = 0; j < 2; ++j)
@@ -186,7 +161,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas) decode_ker
 #pragma unroll
             for (int e = 0; e < 4; ++e) a[e] = qa[ks][e];
           } else {
-            ldsm_x4(smem_u32(sQ + swz(mt * 16 + (lane & 15), ks * 2 + (lane >> 4), CH)), a);
+            ldsm_x4(smem_u32(sm.sQ + swz(mt * 16 + (lane & 15), ks * 2 + (lane >> 4), CH)), a);
           }
 #pragma unroll
           for (int j = 0; j < 2; ++j) {
@@ -203,99 +178,42 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas) decode_ker
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf)
-        if (seed_scores) m_run[mt][hf] = running_max(ml.tile_max(seed_red, mt, hf), ml.tile_max(seed_red + W * kRows, mt, hf));
+        if (ml.seed_scores) m_run[mt][hf] = running_max(ml.tile_max(seed_red, mt, hf), ml.tile_max(seed_red + W * kRows, mt, hf));
   }
 
   trace_point(p, 3);  // prologue done
+  typename Mainloop::PFifo pa;
+  typename Mainloop::AlphaFifo pal;
+  typename Mainloop::TileFifo ptile;
+  int pending = 0;
   int done = 0;
   int kept = 0;
   int skipped_count = 0;
 
-
-  // One m-tile: P and alpha of the pending survivors in registers, a FIFO whose oldest entry sits at
-  // index pending - 1 (a push shifts every entry up by one, so the indices stay static).
-  // The tile index rides along (no shared-memory handoff: the drain has no barrier).
-  std::uint32_t pa[MT == 1 ? kLag : 1][4];
-  float pal[MT == 1 ? kLag : 1][2];
-  int ptile[MT == 1 ? kLag : 1];
-  int pending = 0;
-
   for (int i = 0; i < w.n; ++i) {
     const int kslot = i % NK;
     const std::int64_t t = w.t_begin + i;
-    mbar_wait(barK0 + 8 * kslot, static_cast<std::uint32_t>((i / NK) & 1));
-    float* red = sRed + (i & 1) * W * kRows;
-    ml.score(s, wmax, qa, row_lim, sK + kslot * kSlotBytes, t, red);
+    mbar_wait(ml.barK0 + 8 * kslot, static_cast<std::uint32_t>((i / NK) & 1));
+    float* red = sm.sRed + (i & 1) * W * kRows;
+    ml.score(s, wmax, qa, row_lim, sm.sK + kslot * kSlotBytes, t, red);
 
-    // The vote: delta of each of this thread's rows against this warp's keys; -inf when none is
-    // visible, +inf on the row's first visible tile (m = -inf): that tile is never skipped.
-    bool keep = true;
-    if constexpr (kSkip) {
-      bool want = false;
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-          const float mx = wmax[mt][hf];
-          const float dl = mx == -INFINITY ? -INFINITY : mx - m_run[mt][hf];
-          want |= !(dl < thr);  // a NaN delta keeps (the NaN rule)
-        }
-      keep = __syncthreads_or(want) != 0;
-    } else {
-      __syncthreads();
-    }
+    const bool keep = ml.vote(wmax, m_run, thr);
     if (i == 0) trace_point(p, 4);  // first vote
 
-    // Exact group delta for the statistics (warp 0, whose lanes cover every row).
-    if (p.visited != nullptr && warp == 0) {
-      float dmax = -INFINITY;
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-          const float tm = ml.tile_max(red, mt, hf);
-          const float dl = tm == -INFINITY ? -INFINITY : tm - m_run[mt][hf];
-          dmax = running_max(dmax, dl);
-        }
-      for (int o = 16; o > 0; o >>= 1) dmax = running_max(dmax, __shfl_xor_sync(0xffffffffu, dmax, o));
-      if (lane == 0 && p.hist != nullptr)
-        atomicAdd(p.hist + static_cast<std::int64_t>(w.h) * kHistSlots + hist_bin(static_cast<double>(dmax) * 0.6931471805599453), 1ull);
-    }
+    ml.record_delta(red, m_run);
 
     // The K slot of tile i is free (every warp passed the vote): refill it first, so that no P.V
     // wait below delays the request.
-    if (i + NK < w.n) ml.load_tile(kbase, p.k_s0, p.k_s1, p.k_sh, sK + kslot * kSlotBytes, barK0 + 8 * kslot, t + NK, false);
+    if (i + NK < w.n) ml.load_tile(ml.kbase, p.k_s0, p.k_s1, p.k_sh, sm.sK + kslot * kSlotBytes, ml.barK0 + 8 * kslot, t + NK, false);
 
     if (keep) {
       // The tile's V load into V slot kept % NV (free: that slot's previous survivor had its P.V
       // before this barrier), then new maxima, rescale factors, P = exp2(S - m), row sums.
       const int slot = kept % NV;
-      if (MT != 1 && tid == 0) sVTile[slot] = static_cast<int>(t);  // read after a later barrier
-      ml.load_tile(vbase, p.v_s0, p.v_s1, p.v_sh, sV + slot * kSlotBytes, barV0 + 8 * slot, t, true);
+      if (MT != 1 && tid == 0) sm.sVTile[slot] = static_cast<int>(t);  // read after a later barrier
+      ml.load_tile(ml.vbase, p.v_s0, p.v_s1, p.v_sh, sm.sV + slot * kSlotBytes, ml.barV0 + 8 * slot, t, true);
       float alpha_new[MT][2];
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-          const float m_old = m_run[mt][hf];
-          const float m_new = running_max(m_old, ml.tile_max(red, mt, hf));
-          // Rows with nothing visible yet keep m = -inf; exp2 against 0 keeps their P at 0.
-          const float m_use = m_new == -INFINITY ? 0.f : m_new;
-          const float alpha = exp2f(m_old - m_use);  // 0 when m_old = -inf
-          m_run[mt][hf] = m_new;
-          alpha_new[mt][hf] = alpha;
-          float sum = 0.f;
-#pragma unroll
-          for (int nt = 0; nt < kSN; ++nt)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const float pe = exp2f(s[mt][nt][hf * 2 + e] - m_use);
-              s[mt][nt][hf * 2 + e] = pe;
-              sum += pe;
-            }
-          l_run[mt][hf] = l_run[mt][hf] * alpha + sum;
-        }
-      }
+      ml.online_softmax(s, m_run, l_run, red, alpha_new);
       if constexpr (MT == 1) {
         // The oldest pending survivor first (P.V order is the visit order), then push this one:
         // S's accumulator layout is the A-operand layout of P.V (this warp's 16 keys).
@@ -303,37 +221,10 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas) decode_ker
           ml.pv_reg(o_acc, done++, pa[kLag - 1], pal[kLag - 1], ptile[kLag - 1]);
           --pending;
         }
-#pragma unroll
-        for (int j = kLag - 1; j > 0; --j) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) pa[j][e] = pa[j - 1][e];
-          pal[j][0] = pal[j - 1][0];
-          pal[j][1] = pal[j - 1][1];
-          ptile[j] = ptile[j - 1];
-        }
-        pa[0][0] = pack2<T>(s[0][0][0], s[0][0][1]);
-        pa[0][1] = pack2<T>(s[0][0][2], s[0][0][3]);
-        pa[0][2] = pack2<T>(s[0][1][0], s[0][1][1]);
-        pa[0][3] = pack2<T>(s[0][1][2], s[0][1][3]);
-        pal[0][0] = alpha_new[0][0];
-        pal[0][1] = alpha_new[0][1];
-        ptile[0] = static_cast<int>(t);
+        ml.push_survivor(pa, pal, ptile, s, alpha_new, t);
         ++pending;
       } else {
-        unsigned char* Ps = sP + slot * kPStage;
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-          for (int hf = 0; hf < 2; ++hf) {
-            const int r = mt * 16 + hf * 8 + (lane >> 2);
-#pragma unroll
-            for (int nt = 0; nt < kSN; ++nt) {
-              const int key = warp * kKW + nt * 8 + 2 * (lane & 3);
-              *reinterpret_cast<std::uint32_t*>(Ps + swz(r, key / 8, kTileKeys / 8) + (key & 7) * 2) =
-                  pack2<T>(s[mt][nt][hf * 2], s[mt][nt][hf * 2 + 1]);
-            }
-            if (warp == 0 && (lane & 3) == 0) sAlpha[slot * kRows + r] = alpha_new[mt][hf];
-          }
+        ml.store_p(s, slot, alpha_new);
       }
       ++kept;
     } else {

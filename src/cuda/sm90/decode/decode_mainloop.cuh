@@ -105,7 +105,10 @@ struct DecodeMainloop {
   using RowVals = float[MT][2];                         // m (log2 units), l (this thread's part), ...
   using RowLims = int[MT][2];                           // keys < row_lim are visible to the row
   using Scores = float[MT][kSN][4];                     // S, then P, of this warp's 16 keys
-  using OutAcc = float[MT][kON][4];                     // O (one m-tile: this warp's keys' share)
+  using OutAcc = float[MT][kON][4];
+  using PFifo = std::uint32_t[MT == 1 ? kLag : 1][4];   // one m-tile: pending survivors' P
+  using AlphaFifo = float[MT == 1 ? kLag : 1][2];       // ... their alpha
+  using TileFifo = int[MT == 1 ? kLag : 1];             // ... their tile index                     // O (one m-tile: this warp's keys' share)
 
   const Params& p;
   const DecodeWork& w;
@@ -482,6 +485,28 @@ struct DecodeMainloop {
         }
         if (warp == 0 && (lane & 3) == 0) sm.sAlpha[slot * kRows + r] = alpha_new[mt][hf];
       }
+  }
+
+  // One m-tile: the FIFO of pending survivors (P as the A operand of P.V, alpha, tile index), the
+  // oldest at index kLag - 1: push this survivor (every entry moves up by one, so the indices stay
+  // static). S's accumulator layout is the A-operand layout of P.V (this warp's 16 keys).
+  __device__ __forceinline__ void push_survivor(PFifo& pa, AlphaFifo& pal, TileFifo& ptile, const Scores& s,
+                                                const RowVals& alpha_new, std::int64_t t) const {
+#pragma unroll
+    for (int j = kLag - 1; j > 0; --j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) pa[j][e] = pa[j - 1][e];
+      pal[j][0] = pal[j - 1][0];
+      pal[j][1] = pal[j - 1][1];
+      ptile[j] = ptile[j - 1];
+    }
+    pa[0][0] = pack2<T>(s[0][0][0], s[0][0][1]);
+    pa[0][1] = pack2<T>(s[0][0][2], s[0][0][3]);
+    pa[0][2] = pack2<T>(s[0][1][0], s[0][1][1]);
+    pa[0][3] = pack2<T>(s[0][1][2], s[0][1][3]);
+    pal[0][0] = alpha_new[0][0];
+    pal[0][1] = alpha_new[0][1];
+    ptile[0] = static_cast<int>(t);
   }
 
   // ---- P.V --------------------------------------------------------------------------------------
