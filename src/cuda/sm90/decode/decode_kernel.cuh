@@ -5,28 +5,26 @@
 // tiles), so every K/V byte is read once per group. Keys are visited in 128-key tiles (the SPEC §2
 // tile); the vote group for the skip is every row of the CTA.
 //
-// Pipeline (8 warps, no warp specialisation; ring depths in decode_traits.hpp):
-//   - K tiles stream through an NK-deep ring (tensor-map boxes or 16-byte cp.async),
-//     each slot completing on its own mbarrier, so K and V slots complete independently.
-//   - Tile i: S = Q K^T with mma.sync m16n8k16 (each warp 16 keys), row maxima, the vote
-//     (__syncthreads_or), then, for a surviving tile only, P = exp2(S - m) into a P ring and the
-//     V load of that tile into an NV-deep V ring. P.V of a survivor runs NV - 1 survivors later,
-//     so each V load has NV - 1 iterations to land (the first kernel waited one iteration, and
-//     that wait bounded it: bench/results/decode_log.md) and a skipped V leaves no bubble: the
-//     next survivor's V is requested as soon as its vote is known while the K ring stays full.
-//   - P.V, one m-tile (g * q_len <= 16, the common case): each warp multiplies its own 16 keys'
-//     P (kept in registers: the score accumulators are the A operand) by those keys' V rows for
-//     all D columns; the 8 partial outputs are summed once at the end. Q, P and alpha never touch
-//     shared memory, which leaves room for 7 ring slots at d = 128 (K 3 + V 4).
-//   - P.V, four m-tiles (up to 64 rows): P through a shared-memory ring, warp w owns D/8 output
-//     columns over all 128 keys.
-//   - Seeded splits (max-first order, SPEC §2a): a prologue scores the sink and last tiles and
-//     starts the running maxima there.
 // Each CTA writes a normalised fp32 partial (O, LSE); decode_merge.cu combines the splits.
-// (A split of this kernel by concern into mainloop / epilogue files on a shared-memory struct
-// computed wrong outputs in its skip instances on the H200, cause not found: commit 9a59ea1,
-// files decode_mainloop.cuh and decode_epilogue.cuh, and bench/results/decode_log.md session 5.
-// The decode rewrite of issue 18 takes it up.)
+//
+// Files by concern (the prefill kernel's layout): decode_traits.hpp (shapes, ring depths, the
+// shared-memory struct), decode_scheduler.cuh (the CTA's work), decode_mainloop.cuh (the shared
+// memory's pointers, loads, Q staging, scores, vote, online softmax, P.V; the pipeline is
+// described there), decode_epilogue.cuh (the partials). This file wires them: the order of the
+// phases, the register arrays, the seed prologue and the tile loop.
+//
+// The SASS of every instance is main's before the split (cuobjdump listings equal, addresses
+// included), and each change here must keep it so or say why not: the compiler's output depends
+// on more than the statements (an earlier split, commit 9a59ea1, computed wrong outputs with two
+// or more tiles per split; bench/results/decode_log.md session 5). Known sensitivities:
+//   - the register arrays are separate variables of this function, passed by reference (kept in
+//     one struct, a previous attempt measured 182 vs 212 registers, a cp.async load site lost);
+//   - the loop's FIFO and counters are declared in the order below (in another order PTX's
+//     virtual registers are numbered differently and ptxas allocates two counters the other way);
+//   - the seed prologue and the tile loop stay in this body: as functions taking m and l by
+//     reference they changed the code (204-208 vs 212 registers at d = 128, one m-tile);
+//   - the mbarrier array's address is rounded up at run time, as the one-function kernel did
+//     (DecodeSmem; taking SharedStorage::bar directly gives 72 fewer instructions).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -112,8 +110,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas) decode_ker
 #pragma unroll
       for (int e = 0; e < 4; ++e) o_acc[mt][nt][e] = 0.f;
 
-  // S = scale * Q K^T for this warp's 16 keys of the tile in slot Ks (log2 units), masked; the
-  // warp's row maxima go to wmax (this thread's rows) and red[warp][row].
+  // The current tile's S (then P) for this warp's 16 keys and the warp's row maxima (score).
   typename Mainloop::Scores s;
   typename Mainloop::RowVals wmax;
 
@@ -182,12 +179,16 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas) decode_ker
   }
 
   trace_point(p, 3);  // prologue done
+  // One m-tile: P and alpha of the pending survivors in registers, a FIFO whose oldest entry sits at
+  // index pending - 1 (a push shifts every entry up by one, so the indices stay static). The tile
+  // index rides along (no shared-memory handoff: the drain has no barrier). (Declared before the
+  // counters: see the top of this file.)
   typename Mainloop::PFifo pa;
   typename Mainloop::AlphaFifo pal;
   typename Mainloop::TileFifo ptile;
   int pending = 0;
-  int done = 0;
-  int kept = 0;
+  int done = 0;  // survivors whose P.V is done
+  int kept = 0;  // survivors whose V load was issued
   int skipped_count = 0;
 
   for (int i = 0; i < w.n; ++i) {

@@ -1,4 +1,24 @@
-// Internal: the mainloop of one decode CTA (decode_kernel.cuh wires it; see docs/decode_kernel.md).
+// Internal: the mainloop of one decode CTA (decode_kernel.cuh wires it and runs the tile loop; see
+// docs/decode_kernel.md): the shared memory's pointers, the K/V loads into the rings, Q staging,
+// scores, the vote, the statistics, the online softmax and P.V.
+//
+// Pipeline (8 warps, no warp specialisation; ring depths in decode_traits.hpp):
+//   - K tiles stream through an NK-deep ring (tensor-map boxes or 16-byte cp.async),
+//     each slot completing on its own mbarrier, so K and V slots complete independently.
+//   - Tile i: S = Q K^T with mma.sync m16n8k16 (each warp 16 keys), row maxima, the vote
+//     (__syncthreads_or), then, for a surviving tile only, P = exp2(S - m) into a P ring and the
+//     V load of that tile into an NV-deep V ring. P.V of a survivor runs NV - 1 survivors later,
+//     so each V load has NV - 1 iterations to land (the first kernel waited one iteration, and
+//     that wait bounded it: bench/results/decode_log.md) and a skipped V leaves no bubble: the
+//     next survivor's V is requested as soon as its vote is known while the K ring stays full.
+//   - P.V, one m-tile (g * q_len <= 16, the common case): each warp multiplies its own 16 keys'
+//     P (kept in registers: the score accumulators are the A operand) by those keys' V rows for
+//     all D columns; the 8 partial outputs are summed once at the end. Q, P and alpha never touch
+//     shared memory, which leaves room for 7 ring slots at d = 128 (K 3 + V 4).
+//   - P.V, four m-tiles (up to 64 rows): P through a shared-memory ring, warp w owns D/8 output
+//     columns over all 128 keys.
+//   - Seeded splits (max-first order, SPEC §2a): a prologue scores the sink and last tiles and
+//     starts the running maxima there.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -29,7 +49,9 @@ __device__ __forceinline__ std::uint32_t kv_off(int key, int chunk) {
   return static_cast<std::uint32_t>(((chunk >> 3) << 14) + key * 128 + (((chunk & 7) ^ (key & 7)) << 4));
 }
 
-// The CTA's dynamic shared memory, DecodeTraits::SharedStorage, as the pointers the kernel uses:
+// The CTA's dynamic shared memory, DecodeTraits::SharedStorage, as the pointers the kernel uses
+// (each from its member; the mbarriers' address is rounded up at run time as the one-function
+// kernel did: the same SASS, where &SharedStorage::bar gave other code, 72 fewer instructions):
 // K ring, V ring, [P ring, Q, alpha ring: four m-tiles only], row-max exchange, tile index per V
 // slot, mbarriers. With one m-tile, Q, P and alpha live in registers and Q is staged once through
 // the last V slot (sP and sAlpha then point at the row-max exchange and are not used).
@@ -37,6 +59,8 @@ template <class Traits>
 struct DecodeSmem {
   using SS = typename Traits::SharedStorage;
   static constexpr int NV = Traits::NV;
+  static_assert(offsetof(SS, bar) == ((offsetof(SS, v_tile) + sizeof(int) * NV + 7) & ~std::size_t{7}),
+                "sBar (v_tile's end rounded up to 8 bytes) is SharedStorage::bar");
 
   unsigned char* sK;         // [NK][kSlotBytes]
   unsigned char* sV;         // [NV][kSlotBytes]
@@ -62,7 +86,8 @@ struct DecodeSmem {
       sAlpha = &ss.alpha[0][0];
     }
     sVTile = &ss.v_tile[0];
-    sBar = reinterpret_cast<unsigned long long*>((reinterpret_cast<std::uintptr_t>(sVTile + NV) + 7) & ~std::uintptr_t{7});
+    sBar = reinterpret_cast<unsigned long long*>((reinterpret_cast<std::uintptr_t>(sVTile + NV) + 7) &
+                                                 ~std::uintptr_t{7});
   }
 
   // Before any load: every mbarrier, by thread 0. Tensor-map loads: one arrive (with the expected
@@ -99,16 +124,15 @@ struct DecodeMainloop {
   static constexpr int kSlotBytes = Traits::kSlotBytes;
   static constexpr int kPStage = Traits::kPStageBytes;
 
-  // The per-thread register arrays (rows lane/4 + 8*half + 16*mt), each a variable of the kernel:
-  using QChunks = uint4[kQPer];                         // this thread's Q chunks, on their way to sQ
+  // The per-thread register arrays, each a variable of the kernel (rows lane/4 + 8*half + 16*mt):
   using QFrags = std::uint32_t[MT == 1 ? D / 16 : 1][4];  // one m-tile: Q's A fragments for the split
-  using RowVals = float[MT][2];                         // m (log2 units), l (this thread's part), ...
-  using RowLims = int[MT][2];                           // keys < row_lim are visible to the row
-  using Scores = float[MT][kSN][4];                     // S, then P, of this warp's 16 keys
-  using OutAcc = float[MT][kON][4];
-  using PFifo = std::uint32_t[MT == 1 ? kLag : 1][4];   // one m-tile: pending survivors' P
-  using AlphaFifo = float[MT == 1 ? kLag : 1][2];       // ... their alpha
-  using TileFifo = int[MT == 1 ? kLag : 1];             // ... their tile index                     // O (one m-tile: this warp's keys' share)
+  using RowVals = float[MT][2];                           // m (log2 units), l (this thread's part), ...
+  using RowLims = int[MT][2];                             // keys < row_lim are visible to the row
+  using Scores = float[MT][kSN][4];                       // S, then P, of this warp's 16 keys
+  using OutAcc = float[MT][kON][4];                       // O: one m-tile: this warp's keys' share
+  using PFifo = std::uint32_t[MT == 1 ? kLag : 1][4];     // one m-tile: pending survivors' P
+  using AlphaFifo = float[MT == 1 ? kLag : 1][2];         // ... their alpha
+  using TileFifo = int[MT == 1 ? kLag : 1];               // ... their tile index
 
   const Params& p;
   const DecodeWork& w;
@@ -145,7 +169,7 @@ struct DecodeMainloop {
   // ---- loads ------------------------------------------------------------------------------------
 
   // Loads of one K or V tile (tile index t of the sequence) into a ring slot.
-  __device__ inline void load_tile(const T* base, std::int64_t s0, std::int64_t s1, std::int64_t sh,
+  __device__ __forceinline__ void load_tile(const T* base, std::int64_t s0, std::int64_t s1, std::int64_t sh,
                                             unsigned char* slot, std::uint32_t bar, std::int64_t t, bool is_v) const {
     if (tma) {
       // A few large boxes per tile (rows of up to one page, 64 columns each) issued by one thread.
@@ -198,7 +222,7 @@ struct DecodeMainloop {
   }
 
   // The seed tiles' K (seeded splits) and the split's first NK tiles.
-  __device__ inline void first_loads() const {
+  __device__ __forceinline__ void first_loads() const {
     if (seed_loads) {
       // The seed tiles' K go into V slots 0 and 1 (free until the first vote) on their own barriers.
       for (int j = 0; j < 2; ++j)
@@ -270,7 +294,7 @@ struct DecodeMainloop {
 
   // A tile's raw scores (this warp's 16 keys of tile t) to log2 units, keys a row cannot see to
   // -inf; the warp's row maxima to wmax and red[warp][row].
-  __device__ inline void mask_max(Scores& sc, RowVals& wmax, const RowLims& row_lim, std::int64_t t, float* red) const {
+  __device__ __forceinline__ void mask_max(Scores& sc, RowVals& wmax, const RowLims& row_lim, std::int64_t t, float* red) const {
     const int key0 = static_cast<int>(t * kTileKeys) + warp * kKW + 2 * (lane & 3);
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
@@ -295,7 +319,7 @@ struct DecodeMainloop {
     }
   }
   // S of the tile in slot Ks into s, masked (mask_max).
-  __device__ inline void score(Scores& s, RowVals& wmax, const QFrags& qa, const RowLims& row_lim,
+  __device__ __forceinline__ void score(Scores& s, RowVals& wmax, const QFrags& qa, const RowLims& row_lim,
                                         const unsigned char* Ks, std::int64_t t, float* red) const {
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
@@ -326,76 +350,12 @@ struct DecodeMainloop {
     mask_max(s, wmax, row_lim, t, red);
   }
   // The tile maximum of row (mt, hf) over every warp's keys (after the barrier that follows score).
-  __device__ inline float tile_max(const float* red, int mt, int hf) const {
+  __device__ __forceinline__ float tile_max(const float* red, int mt, int hf) const {
     const int r = mt * 16 + hf * 8 + (lane >> 2);
     float tm = -INFINITY;
 #pragma unroll
     for (int wp = 0; wp < W; ++wp) tm = running_max(tm, red[wp * kRows + r]);
     return tm;
-  }
-
-  // Seeded split (SPEC §2a): m starts at the row's maximum over the seed tiles (computed by every
-  // split of the group; the seed tiles mostly come from L2 after the first split reads them).
-  // Both tiles in one pass: two independent MMA chains, so their latencies overlap. Their warp
-  // maxima go where nothing is written before the first vote (MT = 1: the back half of the
-  // last V slot, whose front half staged Q; MT = 4: P stage 0), so one barrier suffices: the
-  // first vote's barrier orders these reads before any reuse of that memory or the seed slots.
-  __device__ __forceinline__ void seed_prologue(RowVals& m_run, RowVals& wmax, const QFrags& qa,
-                                                const RowLims& row_lim, int warp, int lane) const {
-    float* seed_red = MT == 1 ? reinterpret_cast<float*>(sm.sV + (NV - 1) * kSlotBytes + kSlotBytes / 2)
-                              : reinterpret_cast<float*>(sm.sP);  // [2][W][kRows]
-    static_assert(MT != 1 || kRows * D * 2 <= kSlotBytes / 2, "Q staging and the seed maxima share a slot");
-    static_assert(2 * W * kRows * 4 <= (MT == 1 ? kSlotBytes / 2 : kPStage), "seed maxima fit");
-    // Probe 3 scores the split's first ring tile twice instead of the seed tiles.
-    const unsigned char* seed_slot[2] = {sm.sV, sm.sV + kSlotBytes};
-    if (seed_loads) {
-      mbar_wait(barS0, 0);
-      mbar_wait(barS0 + 8, 0);
-    } else {
-      mbar_wait(barK0, 0);
-      seed_slot[0] = seed_slot[1] = sm.sK;
-    }
-    if (seed_scores) {
-      float acc[2][MT][kSN][4];
-#pragma unroll
-      for (int j = 0; j < 2; ++j)
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-          for (int nt = 0; nt < kSN; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[j][mt][nt][e] = 0.f;
-#pragma unroll
-      for (int ks = 0; ks < D / 16; ++ks) {
-        std::uint32_t r[2][4];
-        const int key = warp * kKW + (lane & 7) + (lane >> 4) * 8;
-#pragma unroll
-        for (int j = 0; j < 2; ++j) ldsm_x4(smem_u32(seed_slot[j]) + kv_off(key, ks * 2 + ((lane >> 3) & 1)), r[j]);
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          std::uint32_t a[4];
-          if constexpr (MT == 1) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) a[e] = qa[ks][e];
-          } else {
-            ldsm_x4(smem_u32(sm.sQ + swz(mt * 16 + (lane & 15), ks * 2 + (lane >> 4), CH)), a);
-          }
-#pragma unroll
-          for (int j = 0; j < 2; ++j) {
-            mma16816<T>(acc[j][mt][0], a, r[j][0], r[j][1]);
-            mma16816<T>(acc[j][mt][1], a, r[j][2], r[j][3]);
-          }
-        }
-      }
-#pragma unroll
-      for (int j = 0; j < 2; ++j) mask_max(acc[j], wmax, row_lim, w.seed_tile(j), seed_red + j * W * kRows);
-    }
-    __syncthreads();
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf)
-        if (seed_scores) m_run[mt][hf] = running_max(tile_max(seed_red, mt, hf), tile_max(seed_red + W * kRows, mt, hf));
   }
 
   // ---- the vote and the online softmax -----------------------------------------------------------
@@ -513,7 +473,7 @@ struct DecodeMainloop {
 
   // Waits for survivor k's V (slot k % NV) and, for a tensor-map tile that ends past the sequence,
   // zeroes the rows past the end that this warp reads (P = 0 there, but 0 * NaN is not 0).
-  __device__ inline const unsigned char* wait_v(int k, std::int64_t tile, int key_lo, int key_hi,
+  __device__ __forceinline__ const unsigned char* wait_v(int k, std::int64_t tile, int key_lo, int key_hi,
                                                          int chunk_lo, int chunk_hi) const {
     const int slot = k % NV;
     mbar_wait(barV0 + 8 * slot, static_cast<std::uint32_t>((k / NV) & 1));
@@ -530,7 +490,7 @@ struct DecodeMainloop {
   }
 
   // P.V of survivor k for one m-tile: O (this warp's keys x all columns) = O * alpha + P V.
-  __device__ inline void pv_reg(OutAcc& o_acc, int k, const std::uint32_t (&a)[4], const float (&al)[2],
+  __device__ __forceinline__ void pv_reg(OutAcc& o_acc, int k, const std::uint32_t (&a)[4], const float (&al)[2],
                                          int tile) const {
     const unsigned char* Vs = wait_v(k, tile, warp * kKW, warp * kKW + kKW, 0, CH);
 #pragma unroll
@@ -551,7 +511,7 @@ struct DecodeMainloop {
   }
 
   // P.V of survivor k for four m-tiles: P from P slot k % NV, this warp's D/8 columns.
-  __device__ inline void pv_smem(OutAcc& o_acc, int k) const {
+  __device__ __forceinline__ void pv_smem(OutAcc& o_acc, int k) const {
     const int slot = k % NV;
     const unsigned char* Vs = wait_v(k, sm.sVTile[slot], 0, kTileKeys, warp * kNT, warp * kNT + kNT);
 #pragma unroll
@@ -590,97 +550,6 @@ struct DecodeMainloop {
         for (int nt = 0; nt < kNT; ++nt) mma16816<T>(o_acc[mt][nt], a, bv[nt][0], bv[nt][1]);
       }
     }
-  }
-
-  // ---- the tiles of the split -------------------------------------------------------------------
-
-  // Every tile of the split: scores, the vote, the statistics, the K refill, and for a survivor
-  // the V load, the online softmax and (kLag survivors later) its P.V; then the drain. Returns
-  // the count of skipped tiles.
-  __device__ __forceinline__ int run_tiles(Scores& s, RowVals& wmax, RowVals& m_run, RowVals& l_run, OutAcc& o_acc, const QFrags& qa,
-                                           const RowLims& row_lim, float thr) const {
-    int skipped_count = 0;
-    int kept = 0, done = 0;  // survivors whose V load was issued / whose P.V is done
-
-    // One m-tile: P and alpha of the pending survivors in registers, a FIFO whose oldest entry
-    // sits at index pending - 1 (a push shifts every entry up by one, so the indices stay static).
-    // The tile index rides along (no shared-memory handoff: the drain has no barrier).
-    std::uint32_t pa[MT == 1 ? kLag : 1][4];
-    float pal[MT == 1 ? kLag : 1][2];
-    int ptile[MT == 1 ? kLag : 1];
-    int pending = 0;
-
-    for (int i = 0; i < w.n; ++i) {
-      const int kslot = i % NK;
-      const std::int64_t t = w.t_begin + i;
-      mbar_wait(barK0 + 8 * kslot, static_cast<std::uint32_t>((i / NK) & 1));
-      float* red = sm.sRed + (i & 1) * W * kRows;
-      score(s, wmax, qa, row_lim, sm.sK + kslot * kSlotBytes, t, red);
-
-      const bool keep = vote(wmax, m_run, thr);
-      if (i == 0) trace_point(p, 4);  // first vote
-
-      record_delta(red, m_run);
-
-      // The K slot of tile i is free (every warp passed the vote): refill it first, so that no P.V
-      // wait below delays the request.
-      if (i + NK < w.n)
-        load_tile(kbase, p.k_s0, p.k_s1, p.k_sh, sm.sK + kslot * kSlotBytes, barK0 + 8 * kslot, t + NK, false);
-
-      if (keep) {
-        // The tile's V load into V slot kept % NV (free: that slot's previous survivor had its P.V
-        // before this barrier), then the online softmax.
-        const int slot = kept % NV;
-        if (MT != 1 && tid == 0) sm.sVTile[slot] = static_cast<int>(t);  // read after a later barrier
-        load_tile(vbase, p.v_s0, p.v_s1, p.v_sh, sm.sV + slot * kSlotBytes, barV0 + 8 * slot, t, true);
-        float alpha_new[MT][2];
-        online_softmax(s, m_run, l_run, red, alpha_new);
-        if constexpr (MT == 1) {
-          // The oldest pending survivor first (P.V order is the visit order), then push this one:
-          // S's accumulator layout is the A-operand layout of P.V (this warp's 16 keys).
-          if (pending == kLag) {
-            pv_reg(o_acc, done++, pa[kLag - 1], pal[kLag - 1], ptile[kLag - 1]);
-            --pending;
-          }
-#pragma unroll
-          for (int j = kLag - 1; j > 0; --j) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) pa[j][e] = pa[j - 1][e];
-            pal[j][0] = pal[j - 1][0];
-            pal[j][1] = pal[j - 1][1];
-            ptile[j] = ptile[j - 1];
-          }
-          pa[0][0] = pack2<T>(s[0][0][0], s[0][0][1]);
-          pa[0][1] = pack2<T>(s[0][0][2], s[0][0][3]);
-          pa[0][2] = pack2<T>(s[0][1][0], s[0][1][1]);
-          pa[0][3] = pack2<T>(s[0][1][2], s[0][1][3]);
-          pal[0][0] = alpha_new[0][0];
-          pal[0][1] = alpha_new[0][1];
-          ptile[0] = static_cast<int>(t);
-          ++pending;
-        } else {
-          store_p(s, slot, alpha_new);
-        }
-        ++kept;
-      } else {
-        ++skipped_count;
-      }
-      if constexpr (MT != 1) {
-        // P.V of the survivors more than kLag behind (their P was written before this iteration's
-        // barrier), so each V load has had kLag iterations to land.
-        while (kept - done > kLag) pv_smem(o_acc, done++);
-      }
-    }
-    if constexpr (MT == 1) {
-      // Drain the FIFO, oldest first (no barrier needed: each warp's P is its own).
-#pragma unroll
-      for (int j = kLag - 1; j >= 0; --j)
-        if (j < pending) pv_reg(o_acc, done++, pa[j], pal[j], ptile[j]);
-    } else {
-      __syncthreads();  // P of the last survivors written by every warp
-      while (done < kept) pv_smem(o_acc, done++);
-    }
-    return skipped_count;
   }
 };
 
