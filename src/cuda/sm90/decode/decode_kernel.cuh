@@ -5,28 +5,26 @@
 // tiles), so every K/V byte is read once per group. Keys are visited in 128-key tiles (the SPEC §2
 // tile); the vote group for the skip is every row of the CTA.
 //
-// Pipeline (8 warps, no warp specialisation; ring depths in decode_traits.hpp):
-//   - K tiles stream through an NK-deep ring (tensor-map boxes or 16-byte cp.async),
-//     each slot completing on its own mbarrier, so K and V slots complete independently.
-//   - Tile i: S = Q K^T with mma.sync m16n8k16 (each warp 16 keys), row maxima, the vote
-//     (__syncthreads_or), then, for a surviving tile only, P = exp2(S - m) into a P ring and the
-//     V load of that tile into an NV-deep V ring. P.V of a survivor runs NV - 1 survivors later,
-//     so each V load has NV - 1 iterations to land (the first kernel waited one iteration, and
-//     that wait bounded it: bench/results/decode_log.md) and a skipped V leaves no bubble: the
-//     next survivor's V is requested as soon as its vote is known while the K ring stays full.
-//   - P.V, one m-tile (g * q_len <= 16, the common case): each warp multiplies its own 16 keys'
-//     P (kept in registers: the score accumulators are the A operand) by those keys' V rows for
-//     all D columns; the 8 partial outputs are summed once at the end. Q, P and alpha never touch
-//     shared memory, which leaves room for 7 ring slots at d = 128 (K 3 + V 4).
-//   - P.V, four m-tiles (up to 64 rows): P through a shared-memory ring, warp w owns D/8 output
-//     columns over all 128 keys.
-//   - Seeded splits (max-first order, SPEC §2a): a prologue scores the sink and last tiles and
-//     starts the running maxima there.
 // Each CTA writes a normalised fp32 partial (O, LSE); decode_merge.cu combines the splits.
-// (A split of this kernel by concern into mainloop / epilogue files on a shared-memory struct
-// computed wrong outputs in its skip instances on the H200, cause not found: commit 9a59ea1,
-// files decode_mainloop.cuh and decode_epilogue.cuh, and bench/results/decode_log.md session 5.
-// The decode rewrite of issue 18 takes it up.)
+//
+// Files by concern (the prefill kernel's layout): decode_traits.hpp (shapes, ring depths, the
+// shared-memory struct), decode_scheduler.cuh (the CTA's work), decode_mainloop.cuh (the shared
+// memory's pointers, loads, Q staging, scores, vote, online softmax, P.V; the pipeline is
+// described there), decode_epilogue.cuh (the partials). This file wires them: the order of the
+// phases, the register arrays, the seed prologue and the tile loop.
+//
+// The SASS of every instance is main's before the split (cuobjdump listings equal, addresses
+// included), and each change here must keep it so or say why not: the compiler's output depends
+// on more than the statements (an earlier split, commit 9a59ea1, computed wrong outputs with two
+// or more tiles per split; bench/results/decode_log.md session 5). Known sensitivities:
+//   - the register arrays are separate variables of this function, passed by reference (kept in
+//     one struct, a previous attempt measured 182 vs 212 registers, a cp.async load site lost);
+//   - the loop's FIFO and counters are declared in the order below (in another order PTX's
+//     virtual registers are numbered differently and ptxas allocates two counters the other way);
+//   - the seed prologue and the tile loop stay in this body: as functions taking m and l by
+//     reference they changed the code (204-208 vs 212 registers at d = 128, one m-tile);
+//   - the mbarrier array's address is rounded up at run time, as the one-function kernel did
+//     (DecodeSmem; taking SharedStorage::bar directly gives 72 fewer instructions).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -40,50 +38,29 @@
 #include "cuda/cuda_check.hpp"
 #include "cuda/sm90/common/ptx.hpp"
 #include "cuda/sm90/common/skip_policy.hpp"
+#include "cuda/sm90/decode/decode_epilogue.cuh"
+#include "cuda/sm90/decode/decode_mainloop.cuh"
 #include "cuda/sm90/decode/decode_params.hpp"
+#include "cuda/sm90/decode/decode_scheduler.cuh"
 #include "cuda/sm90/decode/decode_trace.cuh"
 #include "cuda/sm90/decode/decode_traits.hpp"
 
 namespace blasst::sm90::decode {
 
-// Tiles of rows x (CH 16-byte chunks): chunk c of row r lives at chunk c ^ (r & 7), so the 8 rows
-// an ldmatrix reads hit 8 different bank groups.
-__device__ __forceinline__ std::uint32_t swz(int row, int chunk, int chunks_per_row) {
-  return static_cast<std::uint32_t>((row * chunks_per_row + (chunk ^ (row & 7))) * 16);
-}
-
-// ---- the kernel ------------------------------------------------------------------------------
-
-// Byte offset of 16-byte chunk `chunk` of key row `key` in a K/V slot: the tensor-map image, i.e.
-// 64-column halves of [128 keys][128 B] with the 128B swizzle (the cp.async path writes the same).
-__device__ __forceinline__ std::uint32_t kv_off(int key, int chunk) {
-  return static_cast<std::uint32_t>(((chunk >> 3) << 14) + key * 128 + (((chunk & 7) ^ (key & 7)) << 4));
-}
-
 template <class Traits>
 __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas) decode_kernel(const __grid_constant__ Params p) {
-  using T = typename Traits::T;
   constexpr int D = Traits::D;
-  constexpr bool kSkip = Traits::kSkip;
   constexpr int MT = Traits::MT;
-  constexpr int kTileKeys = Traits::kTileKeys;
   constexpr int W = Traits::kWarps;
-  constexpr int kThr = Traits::kThreads;
   constexpr int NK = Traits::NK, NV = Traits::NV;
-  constexpr int kLag = NV - 1;               // survivors between a tile's vote and its P.V
-  constexpr int kRows = MT * 16;             // padded rows
-  constexpr int CH = D / 8;                  // 16-byte chunks per K/V row
-  constexpr int kRowsPerPass = kThr / CH;
-  constexpr int kPasses = kTileKeys / kRowsPerPass;
-  constexpr int kKW = kTileKeys / W;         // keys per warp in S = Q K^T (16)
-  constexpr int kSN = kKW / 8;               // S n8 tiles per warp (2)
-  constexpr int kDN = D / 8;                 // n8 tiles of a full output row
-  // Four m-tiles: P through a shared-memory ring, warp w owns D/8 output columns over all keys.
-  constexpr int kNT = D / 8 / W;
+  constexpr int kLag = Traits::kLag;
+  constexpr int kRows = Traits::kRows;
+  constexpr int CH = Traits::CH;
+  constexpr int kKW = Traits::kKW, kSN = Traits::kSN, kON = Traits::kON;
   constexpr int kSlotBytes = Traits::kSlotBytes;
-  static_assert(kKW == 16 && kSN == 2, "8 warps x 16 keys");
-  static_assert(kNT == 1 || kNT == 2, "D must be 64 or 128 with 8 warps");
-  static_assert(kLag >= 1, "P.V runs at least one survivor behind its vote");
+  constexpr int kPStage = Traits::kPStageBytes;
+  using T = typename Traits::T;
+  using Mainloop = DecodeMainloop<Traits>;
 
   // Let the merge kernel (launched with programmatic serialisation) get scheduled early; it waits
   // for this grid's completion with griddepcontrol.wait before reading anything.
@@ -98,193 +75,34 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas) decode_ker
     asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<std::uint64_t>(&p.tmk)) : "memory");
     asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<std::uint64_t>(&p.tmv)) : "memory");
   }
-  const int h = blockIdx.x, split = blockIdx.y;
-  const int b = blockIdx.z;
+  const int h = blockIdx.x, split = blockIdx.y, b = blockIdx.z;  // grid (Hk, splits, B)
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const std::int64_t Lk = p.seqlens ? static_cast<std::int64_t>(p.seqlens[b]) : p.lmax;
-  const std::int64_t ntiles = (Lk + kTileKeys - 1) / kTileKeys;
-  const std::int64_t t_begin = static_cast<std::int64_t>(split) * p.split_tiles;
-  const std::int64_t t_end = t_begin + p.split_tiles < ntiles ? t_begin + p.split_tiles : ntiles;
-  const int n = t_begin < t_end ? static_cast<int>(t_end - t_begin) : 0;
-  const std::int64_t part_row0 = ((static_cast<std::int64_t>(b) * p.hk + h) * p.num_splits + split) * p.rows;
-
-  if (n == 0) {  // a split past this sequence's end: an empty partial
-    for (int r = tid; r < p.rows; r += kThr) {
-      p.lse_part[part_row0 + r] = -INFINITY;
-      for (int c = 0; c < D; ++c) p.o_part[(part_row0 + r) * D + c] = 0.f;
-    }
+  const DecodeWork w = decode_work<Traits::kTileKeys>(p, h, split, b);
+  if (w.n == 0) {  // a split past this sequence's end
+    write_empty_partial<Traits>(p, w);
     return;
   }
 
-  // Shared memory (the layout of DecodeTraits::SharedStorage, carved here by offsets): K ring, V ring, [P ring, Q, alpha ring: four
-  // m-tiles only], row-max exchange, tile index per V slot, mbarriers. With one m-tile, Q, P and
-  // alpha live in registers and Q is staged once through the last V slot.
   extern __shared__ __align__(1024) unsigned char smem[];  // 128B-swizzled TMA boxes need 1 KB
-  unsigned char* sK = smem;
-  unsigned char* sV = sK + NK * kSlotBytes;
-  constexpr int kPStage = kRows * kTileKeys * 2;
-  unsigned char* sP = sV + NV * kSlotBytes;                                     // MT = 4
-  unsigned char* sQ = MT == 1 ? sV + (NV - 1) * kSlotBytes : sP + NV * kPStage;  // MT = 1: staging
-  float* sAlpha = reinterpret_cast<float*>(MT == 1 ? sP : sQ + kRows * D * 2);  // [NV][kRows], MT = 4
-  float* sRed = MT == 1 ? reinterpret_cast<float*>(sP) : sAlpha + NV * kRows;   // [2][W][kRows]
-  int* sVTile = reinterpret_cast<int*>(sRed + 2 * W * kRows);                   // [NV]
-  unsigned long long* sBar = reinterpret_cast<unsigned long long*>(
-      (reinterpret_cast<std::uintptr_t>(sVTile + NV) + 7) & ~std::uintptr_t{7});
-  const std::uint32_t barK0 = smem_u32(sBar), barV0 = smem_u32(sBar + NK), barS0 = smem_u32(sBar + NK + NV);
-  // The offsets above are DecodeTraits::SharedStorage's layout, member by member, and end where it
-  // does (the launch sizes the dynamic shared memory from it).
-  {
-    using SS = typename Traits::SharedStorage;
-    constexpr std::size_t kRedOff = MT == 1 ? std::size_t(NK + NV) * kSlotBytes
-                                            : std::size_t(NK + NV) * kSlotBytes + std::size_t(NV) * kPStage +
-                                                  std::size_t(kRows) * D * 2 + std::size_t(NV) * kRows * 4;
-    constexpr std::size_t kVTileOff = kRedOff + std::size_t(2) * W * kRows * 4;
-    constexpr std::size_t kBarOff = (kVTileOff + std::size_t(NV) * 4 + 7) & ~std::size_t(7);
-    static_assert(offsetof(SS, v) == std::size_t(NK) * kSlotBytes && offsetof(SS, red) == kRedOff &&
-                      offsetof(SS, v_tile) == kVTileOff && offsetof(SS, bar) == kBarOff &&
-                      kBarOff + std::size_t(NK + NV + 2) * 8 == Traits::kSmemBytes,
-                  "the kernel's shared-memory offsets are SharedStorage's");
-  }
-
+  const DecodeSmem<Traits> sm(smem);
   const bool tma = p.tma != 0;
-  if (tid == 0) {
-    // Tensor-map loads: one arrive (with the expected bytes) per phase; cp.async: one per thread.
-    for (int i = 0; i < NK + NV + 2; ++i) mbar_init(smem_u32(sBar + i), tma ? 1 : kThr);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
+  sm.init_barriers(tid, tma);
+  const Mainloop ml(p, w, sm, tid, warp, lane, tma);
+  const float thr = ml.stage_q_and_first_loads();
 
-  // Loads of one K or V tile (tile index t of the sequence) into a ring slot.
-  const T* kbase = static_cast<const T*>(p.k);
-  const T* vbase = static_cast<const T*>(p.v);
-  const int ld_row = tid / CH, ld_chunk = tid % CH;
-  auto load_tile = [&](const T* base, std::int64_t s0, std::int64_t s1, std::int64_t sh, unsigned char* slot,
-                       std::uint32_t bar, std::int64_t t, bool is_v) {
-    if (tma) {
-      // A few large boxes per tile (rows of up to one page, 64 columns each) issued by one thread.
-      if (tid == 0) {
-        const int sub = p.tma_box_rows;
-        const std::int64_t left = Lk - t * kTileKeys;
-        const int valid = left < kTileKeys ? static_cast<int>(left) : kTileKeys;
-        const int nreq = (valid + sub - 1) / sub;
-        constexpr int kHalves = D / 64;
-        mbar_arrive_expect_tx(bar, nreq * kHalves * sub * 128);
-        const CUtensorMap* map = is_v ? &p.tmv : &p.tmk;
-        for (int j = 0; j < nreq; ++j) {
-          const std::int64_t key = t * kTileKeys + j * sub;
-          int c1, c3;  // key within the sequence (or slot within the page), sequence (or page)
-          if (p.page_table) {
-            c3 = __ldg(p.page_table + b * p.pt_stride + (key >> p.log2_page));
-            c1 = static_cast<int>(key & ((1 << p.log2_page) - 1));
-          } else {
-            c3 = b;
-            c1 = static_cast<int>(key);
-          }
-#pragma unroll
-          for (int hf = 0; hf < kHalves; ++hf)
-            tma_load_4d(smem_u32(slot + hf * kTileKeys * 128 + j * sub * 128), map, hf * 64, c1, h, c3, bar);
-        }
-      }
-      return;
-    }
-    // 16 bytes per thread per request into the same swizzled image; keys past the end zero-filled.
-#pragma unroll
-    for (int pass = 0; pass < kPasses; ++pass) {
-      const int row = ld_row + pass * kRowsPerPass;
-      const std::int64_t key = t * kTileKeys + row;
-      const T* src = base;
-      int bytes = 0;
-      if (key < Lk) {
-        std::int64_t off;
-        if (p.page_table) {
-          const std::int32_t page = __ldg(p.page_table + b * p.pt_stride + (key >> p.log2_page));
-          off = page * s0 + (key & ((1 << p.log2_page) - 1)) * s1;
-        } else {
-          off = b * s0 + key * s1;
-        }
-        src = base + off + h * sh + ld_chunk * 8;
-        bytes = 16;
-      }
-      cp_async16(smem_u32(slot + kv_off(row, ld_chunk)), src, bytes);
-    }
-    cp_async_arrive(bar);
-  };
-
-  const bool seeded = kSkip && p.seeded != 0;
-  const bool seed_loads = seeded, seed_scores = seeded;
-  auto seed_tile = [ntiles](int j) -> std::int64_t { return j == 0 ? 0 : ntiles - 1; };
-  auto first_loads = [&] {
-    if (seed_loads) {
-      // The seed tiles' K go into V slots 0 and 1 (free until the first vote) on their own barriers.
-      for (int j = 0; j < 2; ++j)
-        load_tile(kbase, p.k_s0, p.k_s1, p.k_sh, sV + j * kSlotBytes, barS0 + 8 * j, seed_tile(j), false);
-    }
-    for (int i = 0; i < NK && i < n; ++i)
-      load_tile(kbase, p.k_s0, p.k_s1, p.k_sh, sK + i * kSlotBytes, barK0 + 8 * i, t_begin + i, false);
-  };
-  // Q rows (zero padding rows past R) into shared memory: loaded into registers first, then the
-  // first K tiles are requested (tensor maps: by thread 0, which initialised the barriers), then Q
-  // is stored. Requested after the K tiles, the Q loads queued behind every CTA's first tiles
-  // (12 MB at B = 1) and Q was staged 5 us after the start (BLASST_DECODE_TRACE, H200, 162092d).
-  constexpr int kQPer = (kRows * CH + kThr - 1) / kThr;
-  uint4 qv[kQPer];
-  {
-    const T* q = static_cast<const T*>(p.q);
-#pragma unroll
-    for (int j = 0; j < kQPer; ++j) {
-      const int idx = tid + j * kThr, r = idx / CH, c = idx % CH;
-      qv[j] = make_uint4(0, 0, 0, 0);
-      if (idx < kRows * CH && r < p.rows) {
-        const int qi = r / p.group, hh = r % p.group;
-        const T* src = q + b * p.q_sb + qi * p.q_st + (static_cast<std::int64_t>(h) * p.group + hh) * p.q_sh + c * 8;
-        qv[j] = *reinterpret_cast<const uint4*>(src);
-      }
-    }
-  }
-  if (tma) first_loads();
-  trace_point(p, 1);  // Q requested, first loads issued
-
-  // Threshold in log2 units of the scaled scores; -inf: dense for this sequence. (After the first
-  // requests: nothing before the first vote needs it.)
-  float thr = -INFINITY;
-  if constexpr (kSkip) thr = p.threshold.template log_lambda<true>(Lk);
-#pragma unroll
-  for (int j = 0; j < kQPer; ++j) {
-    const int idx = tid + j * kThr;
-    if (idx < kRows * CH) *reinterpret_cast<uint4*>(sQ + swz(idx / CH, idx % CH, CH)) = qv[j];
-  }
-  __syncthreads();  // mbarrier init + Q visible
-  if (!tma) first_loads();
-
-  // One m-tile: Q's A fragments stay in registers for the whole split.
-  std::uint32_t qa[MT == 1 ? D / 16 : 1][4];
-  if constexpr (MT == 1) {
-#pragma unroll
-    for (int ks = 0; ks < D / 16; ++ks) ldsm_x4(smem_u32(sQ + swz(lane & 15, ks * 2 + (lane >> 4), CH)), qa[ks]);
-  }
-
-  // Per-thread row state: rows lane/4 + 8*half + 16*mt. m in log2 units; l is this thread's partial.
-  float m_run[MT][2], l_run[MT][2];
-  int row_lim[MT][2];  // keys < row_lim are visible to the row (0 for padding rows)
+  typename Mainloop::QFrags qa;
+  ml.load_q_frags(qa);
+  typename Mainloop::RowVals m_run, l_run;
+  typename Mainloop::RowLims row_lim;
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
       m_run[mt][hf] = -INFINITY;
       l_run[mt][hf] = 0.f;
-      const int r = mt * 16 + hf * 8 + (lane >> 2);
-      std::int64_t lim = 0;
-      if (r < p.rows) {
-        const int qi = r / p.group;
-        lim = p.causal ? Lk - p.q_len + qi + 1 : Lk;
-        if (lim > Lk) lim = Lk;
-        if (lim < 0) lim = 0;
-      }
-      row_lim[mt][hf] = static_cast<int>(lim < 0x7fffffff ? lim : 0x7fffffff);
+      row_lim[mt][hf] = ml.row_limit(mt, hf);
     }
-  // Output accumulator: one m-tile: this warp's 16 keys x all D columns (summed over warps at the
-  // end); four m-tiles: all keys x this warp's D/8 columns.
-  constexpr int kON = MT == 1 ? kDN : kNT;
-  float o_acc[MT][kON][4];
+  typename Mainloop::OutAcc o_acc;
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -292,96 +110,32 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas) decode_ker
 #pragma unroll
       for (int e = 0; e < 4; ++e) o_acc[mt][nt][e] = 0.f;
 
-  // S = scale * Q K^T for this warp's 16 keys of the tile in slot Ks (log2 units), masked; the
-  // warp's row maxima go to wmax (this thread's rows) and red[warp][row].
-  float s[MT][kSN][4];
-  float wmax[MT][2];
-  // A tile's raw scores (this warp's 16 keys of tile t) to log2 units, keys a row cannot see to
-  // -inf; the warp's row maxima to wmax and red[warp][row].
-  auto mask_max = [&](float (&acc)[MT][kSN][4], std::int64_t t, float* red) {
-    const int key0 = static_cast<int>(t * kTileKeys) + warp * kKW + 2 * (lane & 3);
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        float mx = -INFINITY;
-#pragma unroll
-        for (int nt = 0; nt < kSN; ++nt)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int key = key0 + nt * 8 + e;
-            float v = acc[mt][nt][hf * 2 + e] * p.scale_log2;
-            v = key < row_lim[mt][hf] ? v : -INFINITY;
-            acc[mt][nt][hf * 2 + e] = v;
-            mx = running_max(mx, v);
-          }
-        mx = running_max(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = running_max(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        wmax[mt][hf] = mx;
-        if ((lane & 3) == 0) red[warp * kRows + mt * 16 + hf * 8 + (lane >> 2)] = mx;
-      }
-    }
-  };
-  auto score = [&](const unsigned char* Ks, std::int64_t t, float* red) {
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < kSN; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.f;
-#pragma unroll
-    for (int ks = 0; ks < D / 16; ++ks) {
-      std::uint32_t r[4];
-      {
-        const int key = warp * kKW + (lane & 7) + (lane >> 4) * 8;
-        ldsm_x4(smem_u32(Ks) + kv_off(key, ks * 2 + ((lane >> 3) & 1)), r);
-      }
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        if constexpr (MT == 1) {
-          mma16816<T>(s[mt][0], qa[ks], r[0], r[1]);
-          mma16816<T>(s[mt][1], qa[ks], r[2], r[3]);
-        } else {
-          std::uint32_t a[4];
-          ldsm_x4(smem_u32(sQ + swz(mt * 16 + (lane & 15), ks * 2 + (lane >> 4), CH)), a);
-          mma16816<T>(s[mt][0], a, r[0], r[1]);
-          mma16816<T>(s[mt][1], a, r[2], r[3]);
-        }
-      }
-    }
-    mask_max(s, t, red);
-  };
-  // The tile maximum of row (mt, hf) over every warp's keys (after the barrier that follows score).
-  auto tile_max = [&](const float* red, int mt, int hf) {
-    const int r = mt * 16 + hf * 8 + (lane >> 2);
-    float tm = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < W; ++w) tm = running_max(tm, red[w * kRows + r]);
-    return tm;
-  };
+  // The current tile's S (then P) for this warp's 16 keys and the warp's row maxima (score).
+  typename Mainloop::Scores s;
+  typename Mainloop::RowVals wmax;
 
   trace_point(p, 2);  // Q staged
-  if (seeded) {
+  if (ml.seeded) {
     // Seeded split (SPEC §2a): m starts at the row's maximum over the seed tiles (computed by every
     // split of the group; the seed tiles mostly come from L2 after the first split reads them).
     // Both tiles in one pass: two independent MMA chains, so their latencies overlap. Their warp
     // maxima go where nothing is written before the first vote (MT = 1: the back half of the
     // last V slot, whose front half staged Q; MT = 4: P stage 0), so one barrier suffices: the
     // first vote's barrier orders these reads before any reuse of that memory or the seed slots.
-    float* seed_red = MT == 1 ? reinterpret_cast<float*>(sV + (NV - 1) * kSlotBytes + kSlotBytes / 2)
-                              : reinterpret_cast<float*>(sP);  // [2][W][kRows]
+    float* seed_red = MT == 1 ? reinterpret_cast<float*>(sm.sV + (NV - 1) * kSlotBytes + kSlotBytes / 2)
+                              : reinterpret_cast<float*>(sm.sP);  // [2][W][kRows]
     static_assert(MT != 1 || kRows * D * 2 <= kSlotBytes / 2, "Q staging and the seed maxima share a slot");
     static_assert(2 * W * kRows * 4 <= (MT == 1 ? kSlotBytes / 2 : kPStage), "seed maxima fit");
     // Probe 3 scores the split's first ring tile twice instead of the seed tiles.
-    const unsigned char* seed_slot[2] = {sV, sV + kSlotBytes};
-    if (seed_loads) {
-      mbar_wait(barS0, 0);
-      mbar_wait(barS0 + 8, 0);
+    const unsigned char* seed_slot[2] = {sm.sV, sm.sV + kSlotBytes};
+    if (ml.seed_loads) {
+      mbar_wait(ml.barS0, 0);
+      mbar_wait(ml.barS0 + 8, 0);
     } else {
-      mbar_wait(barK0, 0);
-      seed_slot[0] = seed_slot[1] = sK;
+      mbar_wait(ml.barK0, 0);
+      seed_slot[0] = seed_slot[1] = sm.sK;
     }
-    if (seed_scores) {
+    if (ml.seed_scores) {
       float acc[2][MT][kSN][4];
 #pragma unroll
       for (int j = 0; j < 2; ++j)
@@ -404,7 +158,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas) decode_ker
 #pragma unroll
             for (int e = 0; e < 4; ++e) a[e] = qa[ks][e];
           } else {
-            ldsm_x4(smem_u32(sQ + swz(mt * 16 + (lane & 15), ks * 2 + (lane >> 4), CH)), a);
+            ldsm_x4(smem_u32(sm.sQ + swz(mt * 16 + (lane & 15), ks * 2 + (lane >> 4), CH)), a);
           }
 #pragma unroll
           for (int j = 0; j < 2; ++j) {
@@ -414,220 +168,64 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas) decode_ker
         }
       }
 #pragma unroll
-      for (int j = 0; j < 2; ++j) mask_max(acc[j], seed_tile(j), seed_red + j * W * kRows);
+      for (int j = 0; j < 2; ++j) ml.mask_max(acc[j], wmax, row_lim, w.seed_tile(j), seed_red + j * W * kRows);
     }
     __syncthreads();
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf)
-        if (seed_scores) m_run[mt][hf] = running_max(tile_max(seed_red, mt, hf), tile_max(seed_red + W * kRows, mt, hf));
+        if (ml.seed_scores) m_run[mt][hf] = running_max(ml.tile_max(seed_red, mt, hf), ml.tile_max(seed_red + W * kRows, mt, hf));
   }
 
   trace_point(p, 3);  // prologue done
-  int skipped_count = 0;
-  int kept = 0, done = 0;  // survivors whose V load was issued / whose P.V is done
-
-  // Waits for survivor k's V (slot k % NV) and, for a tensor-map tile that ends past the sequence,
-  // zeroes the rows past the end that this warp reads (P = 0 there, but 0 * NaN is not 0).
-  auto wait_v = [&](int k, std::int64_t tile, int key_lo, int key_hi, int chunk_lo,
-                    int chunk_hi) -> const unsigned char* {
-    const int slot = k % NV;
-    mbar_wait(barV0 + 8 * slot, static_cast<std::uint32_t>((k / NV) & 1));
-    unsigned char* Vs = sV + slot * kSlotBytes;
-    if (tma && (tile + 1) * kTileKeys > Lk) {
-      const int valid = static_cast<int>(Lk - tile * kTileKeys);
-      const int k0 = valid > key_lo ? valid : key_lo;
-      const int nc = chunk_hi - chunk_lo;
-      for (int idx = lane; idx < (key_hi - k0) * nc; idx += 32)
-        *reinterpret_cast<uint4*>(Vs + kv_off(k0 + idx / nc, chunk_lo + idx % nc)) = make_uint4(0, 0, 0, 0);
-      __syncwarp();
-    }
-    return Vs;
-  };
-
   // One m-tile: P and alpha of the pending survivors in registers, a FIFO whose oldest entry sits at
-  // index pending - 1 (a push shifts every entry up by one, so the indices stay static).
-  // The tile index rides along (no shared-memory handoff: the drain has no barrier).
-  std::uint32_t pa[MT == 1 ? kLag : 1][4];
-  float pal[MT == 1 ? kLag : 1][2];
-  int ptile[MT == 1 ? kLag : 1];
+  // index pending - 1 (a push shifts every entry up by one, so the indices stay static). The tile
+  // index rides along (no shared-memory handoff: the drain has no barrier). (Declared before the
+  // counters: see the top of this file.)
+  typename Mainloop::PFifo pa;
+  typename Mainloop::AlphaFifo pal;
+  typename Mainloop::TileFifo ptile;
   int pending = 0;
-  // P.V of survivor k for one m-tile: O (this warp's keys x all columns) = O * alpha + P V.
-  auto pv_reg = [&](int k, const std::uint32_t (&a)[4], const float (&al)[2], int tile) {
-    const unsigned char* Vs = wait_v(k, tile, warp * kKW, warp * kKW + kKW, 0, CH);
-#pragma unroll
-    for (int nt = 0; nt < kDN; ++nt) {
-      o_acc[0][nt][0] *= al[0];
-      o_acc[0][nt][1] *= al[0];
-      o_acc[0][nt][2] *= al[1];
-      o_acc[0][nt][3] *= al[1];
-    }
-    const int key = warp * kKW + (lane & 7) + ((lane >> 3) & 1) * 8;
-#pragma unroll
-    for (int np = 0; np < kDN / 2; ++np) {
-      std::uint32_t r[4];
-      ldsm_x4_t(smem_u32(Vs) + kv_off(key, np * 2 + (lane >> 4)), r);
-      mma16816<T>(o_acc[0][np * 2], a, r[0], r[1]);
-      mma16816<T>(o_acc[0][np * 2 + 1], a, r[2], r[3]);
-    }
-  };
-  // P.V of survivor k for four m-tiles: P from P slot k % NV, this warp's D/8 columns.
-  auto pv_smem = [&](int k) {
-    const int slot = k % NV;
-    const unsigned char* Vs = wait_v(k, sVTile[slot], 0, kTileKeys, warp * kNT, warp * kNT + kNT);
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-      const float a0 = sAlpha[slot * kRows + mt * 16 + (lane >> 2)];
-      const float a1 = sAlpha[slot * kRows + mt * 16 + 8 + (lane >> 2)];
-#pragma unroll
-      for (int nt = 0; nt < kON; ++nt) {
-        o_acc[mt][nt][0] *= a0;
-        o_acc[mt][nt][1] *= a0;
-        o_acc[mt][nt][2] *= a1;
-        o_acc[mt][nt][3] *= a1;
-      }
-    }
-    const unsigned char* Ps = sP + slot * kPStage;
-#pragma unroll
-    for (int ks = 0; ks < kTileKeys / 16; ++ks) {
-      // B fragments of V (keys ks*16.., this warp's columns) via ldmatrix.trans.
-      std::uint32_t bv[kNT][2];
-      const int key = ks * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
-      if constexpr (kNT == 1) {  // 8 columns per warp (d = 64): keys 0-7 and 8-15
-        ldsm_x2_t(smem_u32(Vs) + kv_off(key, warp), bv[0]);
-      } else {
-        std::uint32_t r[4];
-        ldsm_x4_t(smem_u32(Vs) + kv_off(key, warp * 2 + (lane >> 4)), r);
-        bv[0][0] = r[0];
-        bv[0][1] = r[1];
-        bv[1][0] = r[2];
-        bv[1][1] = r[3];
-      }
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        std::uint32_t a[4];
-        ldsm_x4(smem_u32(Ps + swz(mt * 16 + (lane & 15), ks * 2 + (lane >> 4), kTileKeys / 8)), a);
-#pragma unroll
-        for (int nt = 0; nt < kNT; ++nt) mma16816<T>(o_acc[mt][nt], a, bv[nt][0], bv[nt][1]);
-      }
-    }
-  };
+  int done = 0;  // survivors whose P.V is done
+  int kept = 0;  // survivors whose V load was issued
+  int skipped_count = 0;
 
-  for (int i = 0; i < n; ++i) {
+  for (int i = 0; i < w.n; ++i) {
     const int kslot = i % NK;
-    const std::int64_t t = t_begin + i;
-    mbar_wait(barK0 + 8 * kslot, static_cast<std::uint32_t>((i / NK) & 1));
-    float* red = sRed + (i & 1) * W * kRows;
-    score(sK + kslot * kSlotBytes, t, red);
+    const std::int64_t t = w.t_begin + i;
+    mbar_wait(ml.barK0 + 8 * kslot, static_cast<std::uint32_t>((i / NK) & 1));
+    float* red = sm.sRed + (i & 1) * W * kRows;
+    ml.score(s, wmax, qa, row_lim, sm.sK + kslot * kSlotBytes, t, red);
 
-    // The vote: delta of each of this thread's rows against this warp's keys; -inf when none is
-    // visible, +inf on the row's first visible tile (m = -inf): that tile is never skipped.
-    bool keep = true;
-    if constexpr (kSkip) {
-      bool want = false;
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-          const float mx = wmax[mt][hf];
-          const float dl = mx == -INFINITY ? -INFINITY : mx - m_run[mt][hf];
-          want |= !(dl < thr);  // a NaN delta keeps (the NaN rule)
-        }
-      keep = __syncthreads_or(want) != 0;
-    } else {
-      __syncthreads();
-    }
+    const bool keep = ml.vote(wmax, m_run, thr);
     if (i == 0) trace_point(p, 4);  // first vote
 
-    // Exact group delta for the statistics (warp 0, whose lanes cover every row).
-    if (p.visited != nullptr && warp == 0) {
-      float dmax = -INFINITY;
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-          const float tm = tile_max(red, mt, hf);
-          const float dl = tm == -INFINITY ? -INFINITY : tm - m_run[mt][hf];
-          dmax = running_max(dmax, dl);
-        }
-      for (int o = 16; o > 0; o >>= 1) dmax = running_max(dmax, __shfl_xor_sync(0xffffffffu, dmax, o));
-      if (lane == 0 && p.hist != nullptr)
-        atomicAdd(p.hist + static_cast<std::int64_t>(h) * kHistSlots + hist_bin(static_cast<double>(dmax) * 0.6931471805599453), 1ull);
-    }
+    ml.record_delta(red, m_run);
 
     // The K slot of tile i is free (every warp passed the vote): refill it first, so that no P.V
     // wait below delays the request.
-    if (i + NK < n) load_tile(kbase, p.k_s0, p.k_s1, p.k_sh, sK + kslot * kSlotBytes, barK0 + 8 * kslot, t + NK, false);
+    if (i + NK < w.n) ml.load_tile(ml.kbase, p.k_s0, p.k_s1, p.k_sh, sm.sK + kslot * kSlotBytes, ml.barK0 + 8 * kslot, t + NK, false);
 
     if (keep) {
       // The tile's V load into V slot kept % NV (free: that slot's previous survivor had its P.V
       // before this barrier), then new maxima, rescale factors, P = exp2(S - m), row sums.
       const int slot = kept % NV;
-      if (MT != 1 && tid == 0) sVTile[slot] = static_cast<int>(t);  // read after a later barrier
-      load_tile(vbase, p.v_s0, p.v_s1, p.v_sh, sV + slot * kSlotBytes, barV0 + 8 * slot, t, true);
+      if (MT != 1 && tid == 0) sm.sVTile[slot] = static_cast<int>(t);  // read after a later barrier
+      ml.load_tile(ml.vbase, p.v_s0, p.v_s1, p.v_sh, sm.sV + slot * kSlotBytes, ml.barV0 + 8 * slot, t, true);
       float alpha_new[MT][2];
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-          const float m_old = m_run[mt][hf];
-          const float m_new = running_max(m_old, tile_max(red, mt, hf));
-          // Rows with nothing visible yet keep m = -inf; exp2 against 0 keeps their P at 0.
-          const float m_use = m_new == -INFINITY ? 0.f : m_new;
-          const float alpha = exp2f(m_old - m_use);  // 0 when m_old = -inf
-          m_run[mt][hf] = m_new;
-          alpha_new[mt][hf] = alpha;
-          float sum = 0.f;
-#pragma unroll
-          for (int nt = 0; nt < kSN; ++nt)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const float pe = exp2f(s[mt][nt][hf * 2 + e] - m_use);
-              s[mt][nt][hf * 2 + e] = pe;
-              sum += pe;
-            }
-          l_run[mt][hf] = l_run[mt][hf] * alpha + sum;
-        }
-      }
+      ml.online_softmax(s, m_run, l_run, red, alpha_new);
       if constexpr (MT == 1) {
         // The oldest pending survivor first (P.V order is the visit order), then push this one:
         // S's accumulator layout is the A-operand layout of P.V (this warp's 16 keys).
         if (pending == kLag) {
-          pv_reg(done++, pa[kLag - 1], pal[kLag - 1], ptile[kLag - 1]);
+          ml.pv_reg(o_acc, done++, pa[kLag - 1], pal[kLag - 1], ptile[kLag - 1]);
           --pending;
         }
-#pragma unroll
-        for (int j = kLag - 1; j > 0; --j) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) pa[j][e] = pa[j - 1][e];
-          pal[j][0] = pal[j - 1][0];
-          pal[j][1] = pal[j - 1][1];
-          ptile[j] = ptile[j - 1];
-        }
-        pa[0][0] = pack2<T>(s[0][0][0], s[0][0][1]);
-        pa[0][1] = pack2<T>(s[0][0][2], s[0][0][3]);
-        pa[0][2] = pack2<T>(s[0][1][0], s[0][1][1]);
-        pa[0][3] = pack2<T>(s[0][1][2], s[0][1][3]);
-        pal[0][0] = alpha_new[0][0];
-        pal[0][1] = alpha_new[0][1];
-        ptile[0] = static_cast<int>(t);
+        ml.push_survivor(pa, pal, ptile, s, alpha_new, t);
         ++pending;
       } else {
-        unsigned char* Ps = sP + slot * kPStage;
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-          for (int hf = 0; hf < 2; ++hf) {
-            const int r = mt * 16 + hf * 8 + (lane >> 2);
-#pragma unroll
-            for (int nt = 0; nt < kSN; ++nt) {
-              const int key = warp * kKW + nt * 8 + 2 * (lane & 3);
-              *reinterpret_cast<std::uint32_t*>(Ps + swz(r, key / 8, kTileKeys / 8) + (key & 7) * 2) =
-                  pack2<T>(s[mt][nt][hf * 2], s[mt][nt][hf * 2 + 1]);
-            }
-            if (warp == 0 && (lane & 3) == 0) sAlpha[slot * kRows + r] = alpha_new[mt][hf];
-          }
+        ml.store_p(s, slot, alpha_new);
       }
       ++kept;
     } else {
@@ -636,92 +234,25 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas) decode_ker
     if constexpr (MT != 1) {
       // P.V of the survivors more than kLag behind (their P was written before this iteration's
       // barrier), so each V load has had kLag iterations to land.
-      while (kept - done > kLag) pv_smem(done++);
+      while (kept - done > kLag) ml.pv_smem(o_acc, done++);
     }
   }
   if constexpr (MT == 1) {
     // Drain the FIFO, oldest first (no barrier needed: each warp's P is its own).
 #pragma unroll
     for (int j = kLag - 1; j >= 0; --j)
-      if (j < pending) pv_reg(done++, pa[j], pal[j], ptile[j]);
+      if (j < pending) ml.pv_reg(o_acc, done++, pa[j], pal[j], ptile[j]);
   } else {
     __syncthreads();  // P of the last survivors written by every warp
-    while (done < kept) pv_smem(done++);
+    while (done < kept) ml.pv_smem(o_acc, done++);
   }
 
   trace_point(p, 5);  // last P.V issued
-  // Row sums: quad, then across warps (every warp saw different keys).
-  __syncthreads();  // every warp is done with the rings: their memory is reused below
-  float* lred = sRed;  // [W][kRows]
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      float v = l_run[mt][hf];
-      v += __shfl_xor_sync(0xffffffffu, v, 1);
-      v += __shfl_xor_sync(0xffffffffu, v, 2);
-      if ((lane & 3) == 0) lred[warp * kRows + mt * 16 + hf * 8 + (lane >> 2)] = v;
-    }
-  if constexpr (MT == 1) {
-    // Each warp's O covers its keys only: sum the 8 partial outputs through shared memory (the K
-    // ring, idle now), then normalise and write rows < R with coalesced stores.
-    float* sO = reinterpret_cast<float*>(sK);  // [W][16][D]
-#pragma unroll
-    for (int nt = 0; nt < kDN; ++nt)
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        const int r = hf * 8 + (lane >> 2), c = nt * 8 + 2 * (lane & 3);
-        *reinterpret_cast<float2*>(sO + (warp * 16 + r) * D + c) = make_float2(o_acc[0][nt][hf * 2], o_acc[0][nt][hf * 2 + 1]);
-      }
-    __syncthreads();
-    for (int idx = tid; idx < p.rows * D; idx += kThr) {
-      const int r = idx / D, c = idx % D;
-      float l = 0.f, o = 0.f;
-#pragma unroll
-      for (int w = 0; w < W; ++w) {
-        l += lred[w * kRows + r];
-        o += sO[(w * 16 + r) * D + c];
-      }
-      p.o_part[(part_row0 + r) * D + c] = l != 0.f ? o / l : 0.f;  // l = 0: nothing seen; NaN: NaN
-    }
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      const int r = hf * 8 + (lane >> 2);
-      if (warp == 0 && (lane & 3) == 0 && r < p.rows) {
-        float l = 0.f;
-#pragma unroll
-        for (int w = 0; w < W; ++w) l += lred[w * kRows + r];
-        p.lse_part[part_row0 + r] = l != 0.f ? (m_run[0][hf] + log2f(l)) * 0.69314718055994531f : -INFINITY;
-      }
-    }
-  } else {
-    __syncthreads();
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        const int r = mt * 16 + hf * 8 + (lane >> 2);
-        if (r < p.rows) {
-          float l = 0.f;
-#pragma unroll
-          for (int w = 0; w < W; ++w) l += lred[w * kRows + r];
-          const bool empty = l == 0.f;  // nothing seen (a NaN l stays NaN: the NaN rule)
-          const float inv = empty ? 0.f : 1.f / l;
-          float* dst = p.o_part + (part_row0 + r) * D + warp * (D / W) + 2 * (lane & 3);
-#pragma unroll
-          for (int nt = 0; nt < kNT; ++nt)
-            *reinterpret_cast<float2*>(dst + nt * 8) =
-                make_float2(o_acc[mt][nt][hf * 2] * inv, o_acc[mt][nt][hf * 2 + 1] * inv);
-          if (warp == 0 && (lane & 3) == 0)
-            p.lse_part[part_row0 + r] = empty ? -INFINITY : (m_run[mt][hf] + log2f(l)) * 0.69314718055994531f;
-        }
-      }
-    }
-  }
+  write_partial<Traits>(p, w, sm, m_run, l_run, o_acc);
   trace_point(p, 6);  // partials written
   if (p.visited != nullptr && tid == 0) {
-    atomicAdd(p.visited + h, static_cast<unsigned long long>(n));
-    atomicAdd(p.skipped + h, static_cast<unsigned long long>(skipped_count));
+    atomicAdd(p.visited + w.h, static_cast<unsigned long long>(w.n));
+    atomicAdd(p.skipped + w.h, static_cast<unsigned long long>(skipped_count));
   }
 }
 

@@ -68,6 +68,20 @@ struct DecodeTraits {
   static constexpr int NV = MT == 1 ? (D == 128 ? 4 : 3) : 2;
   // CTAs per SM the shared-memory size allows (d = 64, one m-tile: two, with 128 registers each).
   static constexpr int kMinCtas = (D == 64 && MT == 1) ? 2 : 1;
+  static constexpr int kLag = NV - 1;  // survivors between a tile's vote and its P.V
+  static_assert(kLag >= 1, "P.V runs at least one survivor behind its vote");
+  // Fragment shapes: warp w scores keys 16w .. 16w + 15 of a tile (S = Q K^T, mma.sync m16n8k16).
+  static constexpr int CH = D / 8;                // 16-byte chunks per K/V row
+  static constexpr int kKW = kTileKeys / kWarps;  // keys per warp in S = Q K^T (16)
+  static constexpr int kSN = kKW / 8;             // S n8 tiles per warp (2)
+  static constexpr int kDN = D / 8;               // n8 tiles of a full output row
+  static constexpr int kNT = D / 8 / kWarps;      // four m-tiles: n8 tiles of a warp's D/8 output columns
+  // Output accumulator: one m-tile: this warp's 16 keys x all D columns (summed over warps at the
+  // end); four m-tiles: all keys x this warp's D/8 columns.
+  static constexpr int kON = MT == 1 ? kDN : kNT;
+  static constexpr int kQPer = (kRows * CH + kThreads - 1) / kThreads;  // Q chunks per thread
+  static_assert(kKW == 16 && kSN == 2, "8 warps x 16 keys");
+  static_assert(kNT == 1 || kNT == 2, "D must be 64 or 128 with 8 warps");
   static constexpr int kSlotBytes = kTileKeys * 2 * D;
   static constexpr int kPStageBytes = kRows * kTileKeys * 2;
   using SharedStorage =
