@@ -37,6 +37,10 @@
 #include "cuda/cuda_dispatch.hpp"
 #include "gpu_common.hpp"
 
+#ifdef BLASST_TEST_CUDA_RUNTIME  // CUDA builds: device tensors through the CUDA runtime
+#include <cuda_runtime.h>
+#endif
+
 namespace blasst::test {
 namespace {
 
@@ -626,6 +630,85 @@ TEST(GpuBackward, RefusesClearly) {
     expect_error([&] { attention_backward(call.p, {}, opt); }, "head dimension d = 32 is not supported");
   }
 }
+
+#ifdef BLASST_TEST_CUDA_RUNTIME
+// The public call on device tensors (no staging): device-resident cu_seqlens, a stream of the
+// caller's, scratch from RunOptions::workspace sized by attention_backward_workspace_bytes (and
+// a workspace one byte short refused), a skip set; results against the reference.
+TEST(GpuBackward, DeviceTensorsStreamAndCallerWorkspace) {
+  REQUIRE_GPU();
+  Case c;
+  c.lq = {130, 257, 64};
+  c.lk = {200, 129, 700};
+  c.hq = 4;
+  c.hk = 2;
+  c.d = 128;
+  c.causal = true;
+  const std::uint64_t seed = seed_for(160);
+  SCOPED_TRACE(c.name() + " seed " + std::to_string(seed));
+  SkipConfig cfg = SkipConfig::from_threshold(std::exp(-2.0));
+  cfg.vote = vote_cfg().vote;
+  Data in = make_data(c, seed, cfg);
+  Call host(c, in, c.dtype, c.io_dtype, c.grad_dtype, DType::f32);
+  std::vector<void*> owned;
+  auto check = [](cudaError_t e, const char* what) { ASSERT_EQ(e, cudaSuccess) << what << ": " << cudaGetErrorString(e); };
+  auto to_device = [&](const Tensor& t) {
+    Tensor d = t;
+    const std::size_t bytes = std::size_t(t.numel()) * dtype_size(t.dtype);
+    void* ptr = nullptr;
+    check(cudaMalloc(&ptr, bytes < 16 ? 16 : bytes), "cudaMalloc");
+    check(cudaMemcpy(ptr, t.data, bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
+    owned.push_back(ptr);
+    d.data = ptr;
+    d.device = DeviceKind::cuda;
+    return d;
+  };
+  AttentionBackwardProblem p = host.p;
+  for (auto [h, d] : {std::pair{&host.p.q, &p.q}, {&host.p.k, &p.k}, {&host.p.v, &p.v}, {&host.p.out, &p.out},
+                      {&host.p.dout, &p.dout}, {&host.p.lse, &p.lse}, {&host.p.dq, &p.dq}, {&host.p.dk, &p.dk},
+                      {&host.p.dv, &p.dv}})
+    *d = to_device(*h);  // dq, dk, dv: the NaN-poisoned host buffers
+  const std::size_t off_bytes = in.cu_q.size() * sizeof(std::int32_t);
+  void *cu_q = nullptr, *cu_k = nullptr;
+  check(cudaMalloc(&cu_q, off_bytes), "cudaMalloc");
+  check(cudaMalloc(&cu_k, off_bytes), "cudaMalloc");
+  owned.push_back(cu_q);
+  owned.push_back(cu_k);
+  check(cudaMemcpy(cu_q, in.cu_q.data(), off_bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
+  check(cudaMemcpy(cu_k, in.cu_k.data(), off_bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
+  p.cu_seqlens_q = static_cast<const std::int32_t*>(cu_q);
+  p.cu_seqlens_k = static_cast<const std::int32_t*>(cu_k);
+
+  cudaStream_t stream = nullptr;
+  check(cudaStreamCreate(&stream), "cudaStreamCreate");
+  RunOptions opt;
+  opt.stream = stream;
+  const std::size_t ws_bytes = attention_backward_workspace_bytes(p, cfg, opt, &in.set);
+  ASSERT_GT(ws_bytes, 0u);
+  void* ws = nullptr;
+  check(cudaMalloc(&ws, ws_bytes), "cudaMalloc");
+  owned.push_back(ws);
+  opt.workspace = ws;
+  opt.workspace_bytes = ws_bytes - 1;
+  try {
+    attention_backward(p, cfg, opt, &in.set);
+    ADD_FAILURE() << "a workspace one byte short was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("RunOptions::workspace"), std::string::npos) << e.what();
+  }
+  check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  opt.workspace_bytes = ws_bytes;
+  attention_backward(p, cfg, opt, &in.set);
+  check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  for (auto [h, d] : {std::pair{&host.p.dq, &p.dq}, {&host.p.dk, &p.dk}, {&host.p.dv, &p.dv}})
+    check(cudaMemcpy(h->data, d->data, std::size_t(h->numel()) * dtype_size(h->dtype), cudaMemcpyDeviceToHost),
+          "cudaMemcpy");
+  check(cudaStreamDestroy(stream), "cudaStreamDestroy");
+  for (void* ptr : owned) check(cudaFree(ptr), "cudaFree");
+  ASSERT_GT(in.set.count(), 0);
+  expect_grads(c, host.grads(), run_ref(c, in, cfg, &in.set));
+}
+#endif
 
 // attention_backward_workspace_bytes: the f32 dQ accumulator [tokens_q, Hq, d], D and LSE
 // [Hq, tokens_q], the converted dO (f32 dout only) and the skip bits, each 256-byte aligned; 0 for
