@@ -60,6 +60,10 @@ __device__ void write_dkdv_zero(const BackwardParams& p, const BackwardWork& w, 
 }
 
 // dQ accumulator [tokens_q, hq, d] += acc_dq for the valid rows of query block m0 of head h.
+// The C fragment holds column pairs (c, c + 1) of one row at consecutive indices: those go as one
+// 8-byte vector atomic (sm_90 atom.global.add.v2.f32, result unused), anything else element by
+// element (the check is per pair; the compiler folds it where the layout makes it constant: at
+// d = 128 every pair takes the vector path).
 template <class Traits, class AccDQ>
 __device__ void add_dq(const BackwardParams& p, const BackwardWork& w, int h, int m0, int tid, AccDQ const& acc_dq) {
   typename Traits::TiledMmaDQ mma;
@@ -67,13 +71,21 @@ __device__ void add_dq(const BackwardParams& p, const BackwardWork& w, int h, in
   Tensor c = make_identity_tensor(Shape<Int<Traits::kBlockM>, Int<Traits::kHeadDim>>{});
   Tensor tc = thr.partition_C(c);
   static_assert(decltype(size(tc))::value == decltype(size(acc_dq))::value, "dQ fragment and coordinates");
+  static_assert(decltype(size(acc_dq))::value % 2 == 0, "whole pairs");
+  auto offset = [&](int row, int col) {
+    return ((std::int64_t(w.tok_start) + row) * p.hq + h) * Traits::kHeadDim + col;
+  };
 #pragma unroll
-  for (int i = 0; i < size(acc_dq); ++i) {
-    const int row = m0 + get<0>(tc(i));
-    if (row < w.len_q) {
-      const std::int64_t off =
-          ((std::int64_t(w.tok_start) + row) * p.hq + h) * Traits::kHeadDim + get<1>(tc(i));
-      atomicAdd(p.dq_accum + off, acc_dq(i));  // result unused: red.global.add.f32
+  for (int i = 0; i < size(acc_dq); i += 2) {
+    const int r0 = get<0>(tc(i)), c0 = get<1>(tc(i));
+    const int r1 = get<0>(tc(i + 1)), c1 = get<1>(tc(i + 1));
+    const int row0 = m0 + r0, row1 = m0 + r1;
+    if (r1 == r0 && c1 == c0 + 1 && (c0 & 1) == 0) {
+      if (row0 < w.len_q)  // 8-byte aligned: the workspace is 256-byte aligned, c0 and d even
+        atomicAdd(reinterpret_cast<float2*>(p.dq_accum + offset(row0, c0)), make_float2(acc_dq(i), acc_dq(i + 1)));
+    } else {
+      if (row0 < w.len_q) atomicAdd(p.dq_accum + offset(row0, c0), acc_dq(i));
+      if (row1 < w.len_q) atomicAdd(p.dq_accum + offset(row1, c1), acc_dq(i + 1));
     }
   }
 }
