@@ -282,11 +282,12 @@ void attention_backward(const AttentionBackwardProblem& p, const SkipConfig& ski
 
 namespace reference {
 
-void attention_backward(const AttentionBackwardProblem& p, const SkipConfig& skip,
+void attention_backward(const AttentionBackwardProblem& p, const SkipConfig& skip_in,
                         const RunOptions& opt, const SkipSet* skip_set) {
   if (on_gpu(p)) gpu_not_implemented();
   const AttentionProblem fwd = forward_problem(p);
   const detail::ResolvedAttention r = detail::validate_attention(fwd, DeviceKind::cpu);
+  const SkipConfig skip = detail::with_effective_order(skip_in, r);  // as the forward (SPEC §2a)
   check_like(p.dout, "dout", p.out, "out", r.dtype);
   check_like(p.dq, "dq", p.q, "q", r.dtype);
   check_like(p.dk, "dk", p.k, "k", r.dtype);
