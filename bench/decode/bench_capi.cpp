@@ -49,7 +49,7 @@ int bdb_decode(void* q, void* k, void* v, void* out, int B, int L, int hq, int h
     auto p = make(q, k, v, out, B, L, hq, hk, d, dtype, head_major);
     blasst::SkipConfig skip;
     if (lambda > 0) skip = blasst::SkipConfig::from_threshold(lambda);
-    if (lambda > 0 && order == 1) skip.vote.order = blasst::VisitOrder::max_first;
+    if (lambda > 0) skip.with_order(order == 1 ? blasst::VisitOrder::max_first : blasst::VisitOrder::natural);
     blasst::RunOptions opt;
     opt.stream = stream;
     opt.collect_stats = stats != nullptr;
@@ -82,7 +82,7 @@ int bdb_lambdas(void* q, void* k, void* v, void* out, int B, int L, int hq, int 
     blasst::SkipConfig skip;
     if (order == 1) {
       skip = blasst::SkipConfig::from_factor(1e30);
-      skip.vote.order = blasst::VisitOrder::max_first;
+      skip.with_order(blasst::VisitOrder::max_first);
     }
     blasst::decode(p, skip, opt, &st);
     blasst::DeltaHistogram h;

@@ -64,7 +64,7 @@ int main(int argc, char** argv) {
   p.v_cache = blasst::Tensor::contiguous(v, blasst::DType::bf16, {B, L, hk, d}, dev);
   p.out = blasst::Tensor::contiguous(o, blasst::DType::bf16, {B, 1, hq, d}, dev);
   blasst::SkipConfig skip;
-  if (lambda > 0) skip = blasst::SkipConfig::from_threshold(lambda);
+  if (lambda > 0) skip = blasst::SkipConfig::from_threshold(lambda).with_order(blasst::VisitOrder::natural);
   for (int i = 0; i < 3; ++i) blasst::decode(p, skip);
   cudaEvent_t a, b;
   CK(cudaEventCreate(&a));

@@ -123,6 +123,7 @@ std::pair<double, Err> skip_run(double lambda, const VoteGranularity& vote, int 
                                 std::vector<float>& out, const std::vector<double>& ref, Run run) {
   SkipConfig sk = SkipConfig::from_threshold(lambda);
   sk.vote = vote;
+  sk.order_explicit = true;  // the case's order, never the SPEC §2a default's fallback
   RunOptions rs;
   rs.collect_stats = true;
   rs.num_threads = threads;

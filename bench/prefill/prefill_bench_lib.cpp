@@ -43,7 +43,7 @@ int blasst_prefill(const void* q, const void* k, const void* v, void* o, float* 
     if ((knobs & ~kOrderMaxFirst) != 0) throw Error("blasst_prefill: retired knob bits " + std::to_string(knobs));
     SkipConfig sk;
     if (lambda > 0) sk = SkipConfig::from_threshold(lambda);
-    if (knobs & kOrderMaxFirst) sk.vote.order = VisitOrder::max_first;
+    sk.with_order((knobs & kOrderMaxFirst) ? VisitOrder::max_first : VisitOrder::natural);
     sm90::prefill::launch_attention(p, sk, stream, force_skip != 0, visited, skipped, hist);
     g_err[0] = 0;
     return 0;

@@ -152,6 +152,8 @@ struct VoteGranularity {
   int rows = 64;            // consecutive query rows (positions) of one head per vote group
   int heads = 1;            // query heads of one KV group voting together (1, or g = Hq/Hk)
   std::int64_t split_tiles = 0;  // split-KV layout: key tiles per split, 0 = unsplit
+  // SPEC §2a. In SkipConfig::vote: the order asked for (see SkipConfig::order_explicit); in
+  // SkipStats::granularity and SkipSet::vote: the order actually used.
   VisitOrder order = VisitOrder::natural;
 };
 
@@ -169,10 +171,34 @@ struct SkipConfig {
   // Vote granularity for the reference; kernels use their own documented one (rows/heads) but
   // honour tile_keys, split_tiles and order where they support them.
   VoteGranularity vote;
+  // SPEC §2a default (revised): whether vote.order was chosen by the caller (or by a config that
+  // names it) rather than defaulted. from_threshold / from_factor default to max-first with
+  // order_explicit = false; every other way of building a config (default construction,
+  // from_calibration, from_piecewise, config files, with_order) is explicit. The effective order
+  // of a call (one rule for the reference and the kernels, docs/reference.md "Visit order"):
+  //   - explicit: vote.order as given; max-first where a kernel cannot do it stays an Error
+  //     (the prefill kernel: full mask with Lq != Lk for some sequence, or a ragged full-mask
+  //     batch whose lengths are not host-visible);
+  //   - defaulted max-first: max-first, except exactly where the prefill kernel cannot do it
+  //     (the cases above), where it falls back to natural on every path, reference included.
+  //     Decode has no such limit (max-first = seeded splits).
+  // SkipStats::granularity.order reports the order actually used.
+  // Setting vote.order directly keeps order_explicit as it was: use with_order to ask for one.
+  bool order_explicit = true;
+
+  // Sets vote.order and marks it explicit.
+  SkipConfig& with_order(VisitOrder o) {
+    vote.order = o;
+    order_explicit = true;
+    return *this;
+  }
 
   static SkipConfig dense() { return {}; }
+  // Direct paths (SPEC §3.1): max-first by default (order_explicit = false, see above).
   static SkipConfig from_threshold(double lambda);
   static SkipConfig from_factor(double factor);
+  // Calibrated paths: natural order unless the caller (or a config's "blasst".visit_order) says
+  // otherwise (SPEC §2a, §7: a calibration that names no order was fitted in natural order).
   static SkipConfig from_calibration(Calibration c, double target_sparsity);
   static SkipConfig from_piecewise(PiecewiseLogFactor f, double target_sparsity);
 };

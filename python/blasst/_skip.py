@@ -21,7 +21,16 @@ class SkipSoftmax:
     ``tile_keys``, ``vote_rows``, ``vote_heads``, ``split_tiles`` and ``order`` ("natural" or
     "max_first") set the vote granularity and visit order the CPU reference uses; the kernels use
     their own documented vote groups (reported in the statistics). The CUDA decode kernel honours
-    ``order``: "max_first" there means seeded split-KV (SPEC §2a). ``disabled_until_timestep``
+    ``order``: "max_first" there means seeded split-KV (SPEC §2a).
+
+    ``order=None`` (the default) means the SPEC §2a default for the source: "max_first" for
+    ``threshold=`` and ``factor=``, "natural" for ``calibration=(a, b)`` (an interop fit, made by
+    tools that visit in natural order). A defaulted max-first falls back to natural exactly where
+    the CUDA prefill kernel cannot run it (full mask with Lq != Lk for some sequence, e.g.
+    cross-attention; a ragged full-mask batch whose lengths are not host-visible), on the CPU
+    reference too; an explicit ``order="max_first"`` there is an error on the CUDA path. The
+    statistics (``SkipStats.granularity["order"]``) report the order actually used.
+    ``disabled_until_timestep``
     gates skipping on the diffusion timestep published through ``blasst.diffusion`` (SPEC §4).
     ``SkipSoftmax.dense()`` is the exact dense path.
     """
@@ -32,7 +41,7 @@ class SkipSoftmax:
                  calibration: Optional[Tuple[float, float]] = None,
                  target_sparsity: Optional[float] = None, tile_keys: int = 128,
                  vote_rows: int = 64, vote_heads: int = 1, split_tiles: int = 0,
-                 order: str = "natural", disabled_until_timestep: Optional[float] = None):
+                 order: Optional[str] = None, disabled_until_timestep: Optional[float] = None):
         given = [n for n, v in (("threshold", threshold), ("factor", factor),
                                 ("calibration", calibration)) if v is not None]
         if len(given) != 1:
@@ -60,8 +69,9 @@ class SkipSoftmax:
                    disabled_until_timestep)
 
     def _init(self, cfg, tile_keys, vote_rows, vote_heads, split_tiles, order, disabled_until):
-        if order not in _ORDERS:
-            raise ValueError(f"SkipSoftmax: order must be one of {_ORDERS}, got {order!r}")
+        # order None: keep cfg's own (the factories' SPEC §2a default, or a config's order).
+        if order is not None and order not in _ORDERS:
+            raise ValueError(f"SkipSoftmax: order must be one of {_ORDERS} or None, got {order!r}")
         for name, val in (("tile_keys", tile_keys), ("vote_rows", vote_rows),
                           ("vote_heads", vote_heads), ("split_tiles", split_tiles)):
             if isinstance(val, bool) or not isinstance(val, int):
@@ -70,7 +80,8 @@ class SkipSoftmax:
         cfg.vote_rows = vote_rows
         cfg.vote_heads = vote_heads
         cfg.split_tiles = split_tiles
-        cfg.order = order
+        if order is not None:
+            cfg.order = order  # an order asked for: explicit (SPEC §2a)
         if cfg.enabled:
             cfg.validate()  # C++ checks: NaN/inf/<= 0 thresholds, target range, tile sizes
         self._cfg = cfg
@@ -92,8 +103,8 @@ class SkipSoftmax:
     @classmethod
     def _wrap(cls, cfg, disabled_until=None) -> "SkipSoftmax":
         self = cls.__new__(cls)
-        self._init(cfg, cfg.tile_keys, cfg.vote_rows, cfg.vote_heads, cfg.split_tiles, cfg.order,
-                   disabled_until)
+        self._init(cfg, cfg.tile_keys, cfg.vote_rows, cfg.vote_heads, cfg.split_tiles,
+                   cfg.order if cfg.order_explicit else None, disabled_until)
         return self
 
     @classmethod
@@ -145,7 +156,14 @@ class SkipSoftmax:
 
     @property
     def order(self) -> str:
+        """The order asked for (or defaulted to); a call reports the one it used in its stats."""
         return self._cfg.order
+
+    @property
+    def order_explicit(self) -> bool:
+        """False when ``order`` is the SPEC §2a default of threshold=/factor= (max-first, with
+        the natural fallback where the prefill kernel cannot run it)."""
+        return bool(self._cfg.order_explicit)
 
     @property
     def disabled_until_timestep(self) -> Optional[float]:
@@ -167,13 +185,16 @@ class SkipSoftmax:
             self._key = (bool(c.enabled), c.threshold, c.factor, None if cal is None else tuple(cal),
                          float(c.target_sparsity), int(c.tile_keys), int(c.vote_rows),
                          int(c.vote_heads), int(c.split_tiles), str(c.order), self._disabled_until,
-                         pw)
+                         pw, bool(c.order_explicit))
         return self._key
 
     @classmethod
     def from_fields(cls, fields: Tuple) -> "SkipSoftmax":
         (enabled, threshold, factor, cal, target, tile_keys, vote_rows, vote_heads, split_tiles,
-         order, disabled_until, piecewise) = fields
+         order, disabled_until, piecewise) = fields[:12]
+        explicit = bool(fields[12]) if len(fields) > 12 else True
+        if not explicit:
+            order = None  # the source's SPEC §2a default, as it was built
         if enabled and piecewise is not None and threshold is None and factor is None:
             targets, log_factors, finite_size = piecewise
             cfg = _core.SkipConfig.from_piecewise(
@@ -219,8 +240,9 @@ class SkipSoftmax:
         else:
             src = f"calibration={c.calibration!r}, target_sparsity={c.target_sparsity!r}"
         extra = f", disabled_until_timestep={self._disabled_until!r}" if self._disabled_until is not None else ""
+        order = f"order={c.order!r}" if c.order_explicit else f"order=None (default: {c.order!r})"
         return (f"SkipSoftmax({src}, tile_keys={c.tile_keys}, vote_rows={c.vote_rows}, "
-                f"vote_heads={c.vote_heads}, order={c.order!r}{extra})")
+                f"vote_heads={c.vote_heads}, {order}{extra})")
 
 
 def check_skip(skip) -> None:

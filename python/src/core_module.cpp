@@ -362,8 +362,11 @@ NB_MODULE(_core, m) {
           "order",
           [](const blasst::SkipConfig& c) { return std::string(blasst::to_string(c.vote.order)); },
           [](blasst::SkipConfig& c, const std::string& s) {
-            c.vote.order = blasst::parse_visit_order(s);
+            c.with_order(blasst::parse_visit_order(s));  // an order asked for (SPEC §2a)
           })
+      .def_prop_rw(
+          "order_explicit", [](const blasst::SkipConfig& c) { return c.order_explicit; },
+          [](blasst::SkipConfig& c, bool v) { c.order_explicit = v; })
       .def_static("from_threshold", &blasst::SkipConfig::from_threshold, "lam"_a)
       .def_static("from_factor", &blasst::SkipConfig::from_factor, "factor"_a)
       .def_static(

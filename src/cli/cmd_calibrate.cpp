@@ -40,7 +40,10 @@ struct CalibrateArgs {
   std::string out;
   std::string report;
   std::string check;
-  std::string order = "natural";  // max_first: reference, CUDA prefill, CUDA decode (seeded splits)
+  // max_first: reference, CUDA prefill, CUDA decode (seeded splits). Natural by default (SPEC §2a,
+  // §7): the interop fit (a, b) is what other tools read, and they visit in natural order; a
+  // max-first calibration is ours alone, recorded in the config's "blasst".visit_order.
+  std::string order = "natural";
   std::string mask;  // npy: causal | full (default causal); workloads: llm causal, dit full
   int tile_keys = 128;
   int rows = 64;

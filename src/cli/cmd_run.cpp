@@ -273,12 +273,10 @@ void run(RunArgs& a) {
   std::string source = "none (dense)";
   std::optional<double> gate_d;
   if (a.o_threshold->count()) {
-    skip.enabled = true;
-    skip.threshold = a.threshold;
+    skip = SkipConfig::from_threshold(a.threshold);  // max-first by default (SPEC §2a)
     source = "threshold";
   } else if (a.o_factor->count()) {
-    skip.enabled = true;
-    skip.factor = a.factor;
+    skip = SkipConfig::from_factor(a.factor);
     source = "factor";
   } else if (a.o_config->count()) {
     source = "config";
@@ -314,13 +312,16 @@ void run(RunArgs& a) {
   }
   // A config's "blasst" extension sets the visit order and vote granularity its calibration used
   // (config::resolve); flags given explicitly override it. Without the extension resolve leaves
-  // the defaults, which are the flags' defaults: the same as before.
+  // the defaults, which are the flags' defaults: the same as before. The visit order (SPEC §2a):
+  // --order when given (explicit: max_first where the kernel cannot do it is an error); else a
+  // config's own order (natural when it names none); else the direct paths' default, max-first,
+  // which falls back to natural where the prefill kernel cannot do it (full mask, Lq != Lk).
   const bool from_config = a.o_config->count() > 0;
   if (!from_config || a.o_tile_keys->count()) skip.vote.tile_keys = a.tile_keys;
   if (!from_config || a.o_vote_rows->count()) skip.vote.rows = a.vote_rows;
   if (!from_config || a.o_vote_heads->count()) skip.vote.heads = a.vote_heads;
   if (!from_config || a.o_split_tiles->count()) skip.vote.split_tiles = a.split_tiles;
-  if (!from_config || a.o_order->count()) skip.vote.order = parse_visit_order(a.order);
+  if (a.o_order->count()) skip.with_order(parse_visit_order(a.order));
   const std::string threshold_flag = a.o_threshold->count() ? "--threshold"
                                      : a.o_factor->count()  ? "--factor"
                                                             : "--config: " + shown(a.config);
@@ -463,8 +464,9 @@ void register_run(CLI::App& app) {
   a->o_split_tiles =
       s->add_option("--split-tiles", a->split_tiles, "split-KV layout: key tiles per split (0 = unsplit)");
   a->o_order = s->add_option("--order", a->order,
-                             "tile visit order (SPEC §2a; default natural, or the order a config's blasst "
-                             "extension names)")
+                             "tile visit order (SPEC §2a): natural or max_first. Default: max_first with "
+                             "--threshold/--factor (natural where the kernel cannot do max-first: full mask "
+                             "with Lq != Lk); with --config the order it names (natural if none)")
                    ->check(CLI::IsMember({"natural", "max_first", "max-first"}));
   s->add_option("--device", a->device, "cpu (reference), cuda, or auto")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   s->add_option("--threads", a->threads, "reference threads, 0..1024 (0 = all cores; the reference uses at most 4 per core)");

@@ -69,7 +69,8 @@ SkipSetShape skip_set_shape(const AttentionProblem& p, const SkipConfig& skip, c
   const bool cuda = wants_cuda(p.q, opt);
   const detail::ResolvedAttention r = detail::validate_attention(p, p.q.device);
   validate(skip);
-  return detail::skip_set_shape_of(r, cuda ? detail::prefill_vote_granularity(skip.vote.order) : skip.vote);
+  const SkipConfig eff = detail::with_effective_order(skip, r);  // SPEC §2a, as the call
+  return detail::skip_set_shape_of(r, cuda ? detail::prefill_vote_granularity(eff.vote.order) : eff.vote);
 }
 
 // SPEC §9: device tensors (or host tensors with opt.device == cuda) go to the sm_90a backward

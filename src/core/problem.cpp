@@ -393,6 +393,31 @@ ResolvedDecode validate_decode(const DecodeProblem& p, DeviceKind device) {
   return r;
 }
 
+// ---- SPEC §2a: the effective visit order of an attention call --------------------------------
+
+bool prefill_supports_max_first(const ResolvedAttention& r) {
+  if (r.mask != MaskKind::full) return true;
+  if (!r.ragged) return r.max_q_len == r.max_k_len;
+  if (r.q_len.size() != static_cast<std::size_t>(r.batch) || r.k_len.size() != r.q_len.size())
+    return false;  // lengths not host-visible (device offsets with both bounds given)
+  for (std::size_t b = 0; b < r.q_len.size(); ++b)
+    if (r.q_len[b] != r.k_len[b]) return false;
+  return true;
+}
+
+VisitOrder effective_attention_order(const SkipConfig& skip, const ResolvedAttention& r) {
+  if (skip.vote.order == VisitOrder::max_first && !skip.order_explicit && !prefill_supports_max_first(r))
+    return VisitOrder::natural;
+  return skip.vote.order;
+}
+
+SkipConfig with_effective_order(const SkipConfig& skip, const ResolvedAttention& r) {
+  SkipConfig out = skip;
+  out.vote.order = effective_attention_order(skip, r);
+  out.order_explicit = true;
+  return out;
+}
+
 }  // namespace blasst::detail
 
 namespace blasst::detail {

@@ -56,6 +56,17 @@ AttentionProblem forward_of(const AttentionBackwardProblem& p);
 // ceil(max_q / rows), ceil(max_k / tile_keys)], one bit per pair.
 void validate_skip_set(const SkipSet& set, const SkipConfig& skip, std::int64_t batch, std::int64_t hq,
                        std::int64_t max_q, std::int64_t max_k);
+// SPEC §2a default rule, shared by the reference and the prefill kernels' host code so that both
+// visit in the same order: whether the sm_90a prefill kernel can run max-first on this problem
+// (one order per 128-row CTA serves both 64-row vote groups exactly for causal masks, and for
+// full masks only with Lq == Lk per sequence, checked on host-visible lengths), and the order a
+// call actually uses: skip.vote.order, except that a defaulted max-first
+// (skip.order_explicit == false) falls back to natural exactly where the kernel cannot do it.
+// An explicit max-first is returned as is (the kernel path then refuses it).
+bool prefill_supports_max_first(const ResolvedAttention& r);
+VisitOrder effective_attention_order(const SkipConfig& skip, const ResolvedAttention& r);
+// skip with vote.order = effective_attention_order(skip, r), marked explicit.
+SkipConfig with_effective_order(const SkipConfig& skip, const ResolvedAttention& r);
 
 // Copies n bytes from device memory to host; installed by the CUDA layer when it is built.
 using DeviceToHostCopy = void (*)(void* dst, const void* src, std::size_t n);

@@ -240,6 +240,8 @@ SkipConfig SkipConfig::from_threshold(double lambda) {
   SkipConfig c;
   c.enabled = true;
   c.threshold = lambda;
+  c.vote.order = VisitOrder::max_first;  // SPEC §2a default for the direct paths
+  c.order_explicit = false;
   return c;
 }
 
@@ -247,6 +249,8 @@ SkipConfig SkipConfig::from_factor(double factor) {
   SkipConfig c;
   c.enabled = true;
   c.factor = factor;
+  c.vote.order = VisitOrder::max_first;  // SPEC §2a default for the direct paths
+  c.order_explicit = false;
   return c;
 }
 

@@ -205,10 +205,11 @@ class Backward {
 
 namespace reference {
 
-void attention_backward(const AttentionBackwardProblem& p, const SkipConfig& skip,
+void attention_backward(const AttentionBackwardProblem& p, const SkipConfig& skip_in,
                         const RunOptions& opt, const SkipSet* skip_set) {
   const AttentionProblem fwd = detail::forward_of(p);
   const detail::ResolvedAttention r = detail::validate_attention_backward(p, DeviceKind::cpu);
+  const SkipConfig skip = detail::with_effective_order(skip_in, r);  // as the forward (SPEC §2a)
   validate(skip);
   if (opt.num_threads < 0) throw Error("num_threads must be >= 0, got " + std::to_string(opt.num_threads));
 

@@ -637,9 +637,12 @@ void attention(const AttentionProblem& p, const SkipConfig& skip, const RunOptio
   attention(p, skip, opt, stats, nullptr);
 }
 
-void attention(const AttentionProblem& p, const SkipConfig& skip, const RunOptions& opt,
+void attention(const AttentionProblem& p, const SkipConfig& skip_in, const RunOptions& opt,
                SkipStats* stats, SkipSet* skip_set) {
   const detail::ResolvedAttention r = detail::validate_attention(p, DeviceKind::cpu);
+  // SPEC §2a: the order the prefill kernel would use (a defaulted max-first falls back to natural
+  // where the kernel cannot do it); stats and the skip set report it.
+  const SkipConfig skip = detail::with_effective_order(skip_in, r);
   View v = make_view(r, p.q, p.k, p.v, p.out, p.lse, r.ragged ? 0 : 1);
   v.q_len = r.q_len;
   for (i64 b = 0; b < r.batch; ++b) {

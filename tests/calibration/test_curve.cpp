@@ -187,7 +187,7 @@ TEST(Curve, OnePassCurvePredictsReferenceRuns) {
         p.v = Tensor::contiguous(v.data(), DType::f32, {1, L, hk, d});
         p.out = Tensor::contiguous(out.data(), DType::f32, {1, L, hq, d});
         p.mask = mask;
-        SkipConfig cfg = SkipConfig::from_threshold(lam);
+        SkipConfig cfg = SkipConfig::from_threshold(lam).with_order(VisitOrder::natural);
         cfg.vote = g;
         RunOptions ro;
         ro.collect_stats = true;
@@ -233,7 +233,7 @@ TEST(Curve, OnePassCurvePredictsReferenceRuns) {
       p.v_cache = Tensor::contiguous(vc.data(), DType::f32, {B, L, hk, d});
       p.seqlens_k = lens.data();
       p.out = Tensor::contiguous(od.data(), DType::f32, {B, Q, hq, d});
-      SkipConfig cfg = SkipConfig::from_threshold(lam);
+      SkipConfig cfg = SkipConfig::from_threshold(lam).with_order(VisitOrder::natural);
       cfg.vote = gg;
       RunOptions ro;
       ro.collect_stats = true;

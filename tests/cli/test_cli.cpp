@@ -224,6 +224,9 @@ TEST_F(Cli, DenseRunMatchesNaiveFp64) {
 
 // SPEC §3: a threshold lambda >= 1 runs dense (counted as such), as the library and Python do:
 // on data where lambda = 0.05 skips, --threshold 1.5 gives the dense run's bytes and skips none.
+// The dense run visits in natural order, so the byte comparison asks for natural order; in the
+// default max-first order (SPEC §2a) the tiles are summed in another order (rounding differs) and
+// still none is skipped.
 TEST_F(Cli, ThresholdAtLeastOneRunsDense) {
   const std::int64_t L = 384, H = 2, d = 32;
   auto q = randn(L * H * d, 61), k = randn(L * H * d, 62), v = randn(L * H * d, 63);
@@ -244,12 +247,49 @@ TEST_F(Cli, ThresholdAtLeastOneRunsDense) {
   ASSERT_GT(sparse["total_skipped"].get<long>(), 0) << "the sink must make lambda = 0.05 skip";
   run("", "o_dense.npy");
   for (const char* lam : {"1", "1.5", "1e300"}) {
-    const json s = run(std::string(" --threshold ") + lam, "o_ge1.npy");
+    const json s = run(std::string(" --threshold ") + lam + " --order natural", "o_ge1.npy");
     EXPECT_EQ(s["total_skipped"], 0) << lam;
+    const json m = run(std::string(" --threshold ") + lam, "o_ge1_mf.npy");
+    EXPECT_EQ(m["total_skipped"], 0) << lam;
+    EXPECT_EQ(m["granularity"]["order"], "max_first") << lam;
     EXPECT_GT(s["total_visited"].get<long>(), 0) << lam;
     EXPECT_EQ(slurp(p("o_ge1.npy")), slurp(p("o_dense.npy"))) << "--threshold " << lam << " must equal the dense run";
   }
   EXPECT_NE(slurp(p("o_sparse.npy")), slurp(p("o_dense.npy")));
+}
+
+// SPEC §2a default (revised): --threshold / --factor visit max-first unless --order says
+// otherwise; a full mask with Lq != Lk falls back to natural (the prefill kernel cannot run
+// max-first there), where an explicit --order max_first still runs max-first on the reference;
+// a --config keeps its own order (natural when it names none). The stats report the order used.
+TEST_F(Cli, RunOrderDefaults) {
+  const std::int64_t L = 384, Lx = 200, H = 2, d = 16;
+  write_f32("q.npy", randn(L * H * d, 51), {L, H, d});
+  write_f32("qx.npy", randn(Lx * H * d, 54), {Lx, H, d});
+  write_f32("k.npy", randn(L * H * d, 52), {L, H, d});
+  write_f32("v.npy", randn(L * H * d, 53), {L, H, d});
+  auto order_of = [&](const std::string& q, const std::string& extra) {
+    const Result r = blasst("run --q " + p(q) + " --k " + p("k.npy") + " --v " + p("v.npy") + " --out " + p("o.npy") +
+                            " --stats " + p("s.json") + extra);
+    EXPECT_EQ(r.rc, 0) << extra << ": " << r.err;
+    return json::parse(slurp(p("s.json")))["granularity"]["order"].get<std::string>();
+  };
+  EXPECT_EQ(order_of("q.npy", " --threshold 0.05"), "max_first");
+  EXPECT_EQ(order_of("q.npy", " --factor 20"), "max_first");
+  EXPECT_EQ(order_of("q.npy", " --threshold 0.05 --causal"), "max_first");
+  EXPECT_EQ(order_of("qx.npy", " --threshold 0.05 --causal"), "max_first");  // causal: any lengths
+  EXPECT_EQ(order_of("q.npy", " --threshold 0.05 --order natural"), "natural");
+  EXPECT_EQ(order_of("qx.npy", " --threshold 0.05"), "natural");  // the fallback: full, Lq != Lk
+  EXPECT_EQ(order_of("qx.npy", " --factor 20"), "natural");
+  EXPECT_EQ(order_of("qx.npy", " --threshold 0.05 --order max_first"), "max_first");  // explicit: kept
+  std::ofstream(p("plain.json")) << R"J({"sparse_attention_config": {"config_groups": {"g": {
+      "threshold_scale_factor": {"formula": "a * exp(b * target_sparsity)", "prefill": {"a": 2.0, "b": 3.0}},
+      "target_sparsity": 0.5}}}})J";
+  std::ofstream(p("mf.json")) << R"J({"sparse_attention_config": {"config_groups": {"g": {
+      "threshold_scale_factor": 20.0, "blasst": {"visit_order": "max_first"}}}}})J";
+  EXPECT_EQ(order_of("q.npy", " --config " + p("plain.json")), "natural");  // names no order: natural
+  EXPECT_EQ(order_of("q.npy", " --config " + p("mf.json")), "max_first");
+  EXPECT_EQ(order_of("qx.npy", " --config " + p("mf.json")), "max_first");  // a config's order is explicit
 }
 
 // Skip run: bit-for-bit the in-process reference with the same settings; statistics agree.
@@ -279,7 +319,7 @@ TEST_F(Cli, SkipRunMatchesInProcessReference) {
   pr.out = blasst::Tensor::contiguous(o_ref.data(), blasst::DType::f32, {B, L, H, d});
   pr.lse = blasst::Tensor::contiguous(lse_ref.data(), blasst::DType::f32, {B, H, L});
   pr.mask = blasst::MaskKind::causal;
-  blasst::SkipConfig skip = blasst::SkipConfig::from_factor(20);
+  blasst::SkipConfig skip = blasst::SkipConfig::from_factor(20).with_order(blasst::VisitOrder::natural);
   skip.vote.tile_keys = 32;
   skip.vote.rows = 16;
   skip.vote.order = blasst::VisitOrder::max_first;
@@ -502,7 +542,8 @@ TEST_F(Cli, BadArgumentsExit2NamingTheArgument) {
 // float64 by the independent SPEC oracle (tests/reference/spec_oracle.hpp: its own visit order,
 // vote, skip decision and output over the kept tiles) on the demo's inputs: the CPU setup of
 // src/cli/cmd_demo.cpp (Hq = Hk = 4, d = 128, seed 20251129 + 2 L (+1 for dit); llm causal, dit
-// full; vote groups 64 rows x 1 head x 128 keys, natural order) regenerated with make_workload.
+// full; vote groups 64 rows x 1 head x 128 keys, max-first order: the demo's default, SPEC §2a)
+// regenerated with make_workload.
 std::vector<double> demo_oracle_errors(const std::string& workload, std::int64_t L, const std::vector<double>& lambdas) {
   const bool llm = workload == "llm";
   blasst::WorkloadSpec spec;
@@ -520,6 +561,7 @@ std::vector<double> demo_oracle_errors(const std::string& workload, std::int64_t
   a.Hq = a.Hk = 4;
   a.d = a.dv = 128;
   a.causal = llm;
+  a.order = blasst::oracle::Order::max_first;  // the demo's default order (SPEC §2a)
   a.lambda = 1.0;  // dense
   const std::vector<double> dense = blasst::oracle::run(a).out;
   std::vector<double> errs;
@@ -550,6 +592,7 @@ TEST_F(Cli, DemoJsonQuick) {
       ASSERT_TRUE(row.contains(key)) << key << " missing in " << row.dump();
     workloads.insert(row["workload"].get<std::string>());
     EXPECT_EQ(row["device"], "cpu");
+    EXPECT_EQ(row["order"], "max_first") << "SPEC §2a: the direct threshold path defaults to max-first";
     const double s = row["sparsity"], t = row["target_sparsity"], lam = row["lambda"], err = row["rel_error"];
     EXPECT_GE(s, 0.0);
     EXPECT_LE(s, 1.0);

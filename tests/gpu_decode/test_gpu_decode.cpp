@@ -334,7 +334,7 @@ std::vector<std::int64_t> check_skip(const Case& c, const blasst::SkipConfig& sk
   // The kernel's split layout, reported by a GPU call with the skip instantiation on (its
   // occupancy, hence the layout, differs from the dense one's): lambda 1e-30 (any lambda < 1
   // selects it, as do the factor and seeded runs below).
-  blasst::SkipConfig probe = blasst::SkipConfig::from_threshold(1e-30);
+  blasst::SkipConfig probe = blasst::SkipConfig::from_threshold(1e-30).with_order(blasst::VisitOrder::natural);
   probe.vote = skip.vote;
   blasst::RunOptions po;
   po.collect_stats = true;
@@ -360,7 +360,7 @@ std::vector<std::int64_t> check_skip(const Case& c, const blasst::SkipConfig& sk
       ADD_FAILURE() << "no lambda < 1 reaches " << t;
       return {};
     }
-    skip = blasst::SkipConfig::from_threshold(std::exp(ln));
+    skip = blasst::SkipConfig::from_threshold(std::exp(ln)).with_order(blasst::VisitOrder::natural);
     skip.vote = skip0.vote;
     skip.vote.split_tiles = split_tiles;
     std::printf("[decode skip] %s split %lld: reachable %.3f, target %.3f, lambda %.4g\n", describe(c).c_str(),
@@ -543,7 +543,7 @@ TEST(GpuDecode, DtypesHeadDimsOutputs) {
 
 TEST(GpuDecode, SkipMatchesReferenceThreshold) {
   SKIP_WITHOUT_GPU();
-  const blasst::SkipConfig skip = blasst::SkipConfig::from_threshold(0.5);  // lambda: from the curve
+  const blasst::SkipConfig skip = blasst::SkipConfig::from_threshold(0.5).with_order(blasst::VisitOrder::natural);  // lambda: from the curve
   for (int ql : {1, 4}) {
     Case c;
     c.structured = true;
@@ -561,7 +561,7 @@ TEST(GpuDecode, SkipMatchesReferenceThreshold) {
 TEST(GpuDecode, SkipMatchesReferenceFactorPerSequence) {
   SKIP_WITHOUT_GPU();
   // lambda = factor / Lk: the 1000-key sequence gets lambda >= 1 (dense), the others skip.
-  blasst::SkipConfig skip = blasst::SkipConfig::from_factor(1500.0);
+  blasst::SkipConfig skip = blasst::SkipConfig::from_factor(1500.0).with_order(blasst::VisitOrder::natural);
   Case c;
   c.structured = true;
   c.hq = 32;
@@ -661,7 +661,7 @@ TEST(GpuDecode, EveryInstantiationMatchesReference) {
         check_dense(c, 3);
         c.structured = true;
         c.lens = {d == 128 ? 20000 : 12000};
-        check_skip(c, blasst::SkipConfig::from_threshold(0.5), d == 128 ? 0 : 5, 0.3);
+        check_skip(c, blasst::SkipConfig::from_threshold(0.5).with_order(blasst::VisitOrder::natural), d == 128 ? 0 : 5, 0.3);
       }
   Case c;  // 64 rows: g = 8, q_len = 8
   c.hq = 16;
@@ -678,7 +678,7 @@ TEST(GpuDecode, EveryInstantiationMatchesReference) {
   sk.structured = true;
   sk.q_len = 4;
   sk.lens = {9000, 129, 3000};
-  check_skip(sk, blasst::SkipConfig::from_threshold(0.5), 0, 0.3);
+  check_skip(sk, blasst::SkipConfig::from_threshold(0.5).with_order(blasst::VisitOrder::natural), 0, 0.3);
 }
 
 // Max-first order in decode = seeded splits (SPEC §2a): every split starts from the scores of the
@@ -690,7 +690,7 @@ TEST(GpuDecode, SeededSplitsMatchReference) {
   // lambda: from the reference's one-pass curve of this data at 30 % (check_skip); the distance
   // from the dense output is bounded per row by the exact skipped mass share.
   constexpr double kTarget = 0.3;
-  blasst::SkipConfig skip = blasst::SkipConfig::from_threshold(0.5);
+  blasst::SkipConfig skip = blasst::SkipConfig::from_threshold(0.5).with_order(blasst::VisitOrder::natural);
   skip.vote.order = blasst::VisitOrder::max_first;
   for (int ql : {1, 4}) {
     Case c;
@@ -704,7 +704,7 @@ TEST(GpuDecode, SeededSplitsMatchReference) {
     c.lens = {9000, 129, 3000, 0};
     check_skip(c, skip, 5, kTarget);
   }
-  blasst::SkipConfig f = blasst::SkipConfig::from_factor(1500.0);
+  blasst::SkipConfig f = blasst::SkipConfig::from_factor(1500.0).with_order(blasst::VisitOrder::natural);
   f.vote.order = blasst::VisitOrder::max_first;
   Case c;
   c.structured = true;
@@ -744,7 +744,7 @@ TEST(GpuDecode, CallerWorkspace) {
   curve.vote.split_tiles = 8;
   const double ln = blasst::test::ln_lambda_for(run_ref(hp, curve, true, true).stats.deltas, 0.3);
   ASSERT_TRUE(std::isfinite(ln)) << "no lambda < 1 reaches 30 % on these data";
-  blasst::SkipConfig skip = blasst::SkipConfig::from_threshold(std::exp(ln));
+  blasst::SkipConfig skip = blasst::SkipConfig::from_threshold(std::exp(ln)).with_order(blasst::VisitOrder::natural);
   skip.vote.split_tiles = 8;  // several splits: the partials live in the workspace
   blasst::RunOptions opt;
   opt.collect_histogram = true;
@@ -822,7 +822,7 @@ TEST(GpuDecode, UnsupportedCombosAreErrors) {
     expect_error(p, {}, "g * q_len <= 64");
   }
   {
-    blasst::SkipConfig s = blasst::SkipConfig::from_threshold(0.01);
+    blasst::SkipConfig s = blasst::SkipConfig::from_threshold(0.01).with_order(blasst::VisitOrder::natural);
     s.vote.tile_keys = 64;
     expect_error(base(), s, "tile_keys");
   }
@@ -840,7 +840,7 @@ TEST(GpuDecodeSanitizer, Small) {
   check_dense(c, 2);
   c.structured = true;
   c.lens = {2000};
-  check_skip(c, blasst::SkipConfig::from_threshold(0.5), 4, 0.3);
+  check_skip(c, blasst::SkipConfig::from_threshold(0.5).with_order(blasst::VisitOrder::natural), 4, 0.3);
 }
 
 TEST(GpuDecodeSanitizer, SmallSeededAndWideRows) {
@@ -857,8 +857,8 @@ TEST(GpuDecodeSanitizer, SmallSeededAndWideRows) {
   c.d = 128;
   c.structured = true;
   c.lens = {2000};
-  check_skip(c, blasst::SkipConfig::from_threshold(0.5), 4, 0.3);
-  blasst::SkipConfig s = blasst::SkipConfig::from_threshold(0.5);
+  check_skip(c, blasst::SkipConfig::from_threshold(0.5).with_order(blasst::VisitOrder::natural), 4, 0.3);
+  blasst::SkipConfig s = blasst::SkipConfig::from_threshold(0.5).with_order(blasst::VisitOrder::natural);
   s.vote.order = blasst::VisitOrder::max_first;
   c.q_len = 1;
   // Seeded splits: lambda from this data's one-pass curve at 30 %, as everywhere in check_skip.

@@ -175,7 +175,7 @@ TEST(GpuNanRule, NanInOneKeyDense) {
 
 // The kernel's vote groups (64 rows x 1 head x 128 keys, natural order), skipping for real.
 SkipConfig kernel_skip() {
-  SkipConfig s = SkipConfig::from_threshold(0.05);
+  SkipConfig s = SkipConfig::from_threshold(0.05).with_order(VisitOrder::natural);
   s.vote.tile_keys = 128;
   s.vote.rows = 64;
   s.vote.heads = 1;
@@ -241,7 +241,7 @@ struct DecodeData {
 };
 
 SkipConfig decode_skip(bool skipping, VisitOrder order) {
-  SkipConfig s = skipping ? SkipConfig::from_threshold(0.05) : SkipConfig{};
+  SkipConfig s = skipping ? SkipConfig::from_threshold(0.05).with_order(VisitOrder::natural) : SkipConfig{};
   s.vote.rows = 1;
   s.vote.heads = int(kDg);
   s.vote.tile_keys = 128;

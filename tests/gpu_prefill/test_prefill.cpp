@@ -140,9 +140,9 @@ SkipResult check_skip(const Case& c, const Inputs& in, std::optional<double> tar
                                   << max_reachable_sparsity(dense.all_deltas) << "): the fixed data is inadequate";
     if (!std::isfinite(l)) return res;
     ln.assign(ln.size(), l);
-    sk = SkipConfig::from_threshold(std::exp(l));
+    sk = SkipConfig::from_threshold(std::exp(l)).with_order(VisitOrder::natural);
   } else {
-    sk = SkipConfig::from_factor(*factor);
+    sk = SkipConfig::from_factor(*factor).with_order(VisitOrder::natural);
     for (std::int64_t b = 0; b < c.nseq(); ++b)
       if (*factor / double(c.klen(b)) < 1) ln[std::size_t(b)] = std::log(*factor / double(c.klen(b)));
   }

@@ -78,7 +78,7 @@ void compare(const Case& c, const Inputs& in, double target, VisitOrder order = 
   const double lambda = std::exp(ln);
   SCOPED_TRACE(c.name() + " target " + std::to_string(target) + " lambda " + std::to_string(lambda) + " order " +
                to_string(order));
-  SkipConfig sk = SkipConfig::from_threshold(lambda);
+  SkipConfig sk = SkipConfig::from_threshold(lambda).with_order(VisitOrder::natural);
   sk.vote = probe.vote;
   SkipStats rs;
   blasst::SkipSet ref_set;
@@ -225,7 +225,7 @@ TEST(GpuPrefillVsReference, SkipSetRaggedDenseAndErrors) {
   ASSERT_TRUE(std::isfinite(ln)) << "target 0.4 unreachable at lambda < 1: the fixed data is inadequate";
   const double lambda = std::exp(ln);
   // One factor for all sequences would give each its own lambda; a direct threshold gives one.
-  SkipConfig sk = SkipConfig::from_threshold(lambda);
+  SkipConfig sk = SkipConfig::from_threshold(lambda).with_order(VisitOrder::natural);
   std::vector<std::uint32_t> words;
   SkipStats gs;
   RunOptions gopt;
@@ -263,7 +263,7 @@ TEST(GpuPrefillVsReference, SkipSetRaggedDenseAndErrors) {
   std::printf("[skip set] ragged: %lld sure skipped pairs, %lld near-ties, kernel sparsity %.4f\n",
               (long long)sure, (long long)ties, gs.sparsity());
 
-  for (const SkipConfig& none : {SkipConfig{}, SkipConfig::from_threshold(1.0)}) {
+  for (const SkipConfig& none : {SkipConfig{}, SkipConfig::from_threshold(1.0).with_order(VisitOrder::natural)}) {
     std::vector<std::uint32_t> w;
     (void)run_gpu(c, in, none, RunOptions{}, nullptr, &w);
     ASSERT_EQ(w.size(), words.size());
@@ -309,13 +309,65 @@ TEST(GpuPrefillVsReference, MaxFirstFullMaskNeedsEqualLengths) {
   c.causal = false;
   std::vector<float> q(std::size_t(c.Lq) * c.hq * c.d, 0.1f), kv(std::size_t(c.Lk) * c.hk * c.d, 0.1f);
   const Inputs in = make_inputs(c, q, kv, kv);
-  SkipConfig sk = SkipConfig::from_threshold(1e-3);
-  sk.vote.order = VisitOrder::max_first;
+  const SkipConfig sk = SkipConfig::from_threshold(1e-3).with_order(VisitOrder::max_first);  // explicit
   try {
     (void)run_gpu(c, in, sk, RunOptions{}, nullptr);
     ADD_FAILURE() << "expected an error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("Lq == Lk"), std::string::npos) << e.what();
+  }
+}
+
+// SPEC §2a default (revised): a threshold config without an explicit order is max-first where the
+// kernel can run it (full mask, Lq == Lk; causal, any lengths) and natural where it cannot (full
+// mask, Lq != Lk: cross-attention keeps working). On the GPU the default run equals the explicit
+// run of the order it reports, bit for bit, and the reference reports the same order and visits
+// the same pairs.
+TEST(GpuPrefillVsReference, DefaultOrderAndItsFallback) {
+  BLASST_GPU_OR_SKIP("the sm_90a prefill kernel needs a Hopper device");
+  struct Shape { std::int64_t Lq, Lk; bool causal; VisitOrder want; };
+  for (const Shape s : {Shape{300, 500, false, VisitOrder::natural}, Shape{500, 300, false, VisitOrder::natural},
+                        Shape{512, 512, false, VisitOrder::max_first}, Shape{300, 500, true, VisitOrder::max_first}}) {
+    Case c;
+    c.Lq = s.Lq;
+    c.Lk = s.Lk;
+    c.hq = 2;
+    c.hk = 1;
+    c.causal = s.causal;
+    SCOPED_TRACE(c.name());
+    // A towering key every row sees (logit ~ 17 over i.i.d. noise), so the threshold skips.
+    std::mt19937_64 g(901);
+    std::vector<float> q = randn(std::size_t(c.Lq) * c.hq * c.d, g), k = randn(std::size_t(c.Lk) * c.hk * c.d, g),
+                       v = randn(std::size_t(c.Lk) * c.hk * c.d, g);
+    for (std::int64_t i = 0; i < c.Lq; ++i)
+      for (std::int64_t h = 0; h < c.hq; ++h) q[std::size_t((i * c.hq + h) * c.d)] += 6.0f;
+    const std::int64_t key = s.causal ? c.Lk - c.Lq : c.Lk - 1;
+    k[std::size_t(key * c.hk * c.d)] = 16.0f * std::sqrt(float(c.d) / 32.0f);
+    const Inputs in = make_inputs(c, q, k, v);
+    RunOptions opt;
+    opt.collect_stats = true;
+    SkipStats def_st, exp_st;
+    const SkipConfig def = SkipConfig::from_threshold(0.05);
+    const KernelOut a = run_gpu(c, in, def, opt, &def_st);  // the default: never an error here
+    EXPECT_EQ(def_st.granularity.order, s.want);
+    const KernelOut b = run_gpu(c, in, SkipConfig::from_threshold(0.05).with_order(s.want), opt, &exp_st);
+    EXPECT_EQ(exp_st.granularity.order, s.want);
+    ASSERT_EQ(a.o.size(), b.o.size());
+    for (std::size_t i = 0; i < a.o.size(); ++i) ASSERT_EQ(a.o[i], b.o[i]) << i;
+    EXPECT_EQ(def_st.skipped, exp_st.skipped);
+    EXPECT_GT(def_st.total_skipped(), 0) << "the data must make the threshold skip";
+    // The reference applies the same rule on the same problem.
+    std::vector<float> out(std::size_t(c.Lq * c.hq * c.d));
+    AttentionProblem p;
+    p.q = Tensor::contiguous(const_cast<float*>(in.qf.data()), DType::f32, {c.B, c.Lq, c.hq, c.d});
+    p.k = Tensor::contiguous(const_cast<float*>(in.kf.data()), DType::f32, {c.B, c.Lk, c.hk, c.d});
+    p.v = Tensor::contiguous(const_cast<float*>(in.vf.data()), DType::f32, {c.B, c.Lk, c.hk, c.d});
+    p.out = Tensor::contiguous(out.data(), DType::f32, {c.B, c.Lq, c.hq, c.d});
+    p.mask = c.causal ? MaskKind::causal : MaskKind::full;
+    SkipStats rs;
+    reference::attention(p, def, opt, &rs);
+    EXPECT_EQ(rs.granularity.order, s.want);
+    EXPECT_EQ(rs.visited, def_st.visited);
   }
 }
 

@@ -71,7 +71,7 @@ def test_gradcheck_dense_gqa(gen, causal):
 
 def test_gradcheck_with_skipping(gen):
     q, k, v = randn(gen, 1, 8, 2, 4, sd=2.0), randn(gen, 1, 12, 1, 4, sd=2.0), randn(gen, 1, 12, 1, 4)
-    skip = blasst.SkipSoftmax(threshold=0.05, tile_keys=3, vote_rows=2)
+    skip = blasst.SkipSoftmax(threshold=0.05, tile_keys=3, vote_rows=2, order="natural")
     st = blasst.SkipStats()
     blasst.attention(q.detach(), k.detach(), v.detach(), skip=skip, stats=st)
     assert st.total_skipped > 0
@@ -85,7 +85,7 @@ def test_gradcheck_with_skipping(gen):
 def test_skip_gradient_is_masked_softmax_gradient(gen, causal, Lq, Lk, Hq, Hk):
     rows, tile, lam = 4, 8, 0.05
     q, k, v = randn(gen, 2, Lq, Hq, 8, sd=2.0), randn(gen, 2, Lk, Hk, 8, sd=2.0), randn(gen, 2, Lk, Hk, 8)
-    skip = blasst.SkipSoftmax(threshold=lam, tile_keys=tile, vote_rows=rows)
+    skip = blasst.SkipSoftmax(threshold=lam, tile_keys=tile, vote_rows=rows, order="natural")
     st = blasst.SkipStats(record_deltas=True)
     with torch.no_grad():
         blasst.attention(q, k, v, causal=causal, skip=skip, stats=st)
@@ -110,7 +110,7 @@ def test_gradient_through_lse(gen, with_skip):
     over kept keys)."""
     B, Lq, Lk, Hq, Hk, rows, tile, lam = 1, 40, 40, 2, 1, 4, 8, 0.1
     q, k, v = randn(gen, B, Lq, Hq, 8, sd=3.0), randn(gen, B, Lk, Hk, 8, sd=3.0), randn(gen, B, Lk, Hk, 8)
-    skip = blasst.SkipSoftmax(threshold=lam, tile_keys=tile, vote_rows=rows) if with_skip else None
+    skip = blasst.SkipSoftmax(threshold=lam, tile_keys=tile, vote_rows=rows, order="natural") if with_skip else None
     keep = None
     if with_skip:
         st = blasst.SkipStats(record_deltas=True)
@@ -139,7 +139,7 @@ def test_gating_is_decided_at_the_forward(gen):
     """A forward that timestep gating held dense has the dense gradient, even when the published
     step changes before the backward."""
     q, k, v = randn(gen, 1, 24, 1, 8, sd=3.0), randn(gen, 1, 24, 1, 8, sd=3.0), randn(gen, 1, 24, 1, 8)
-    skip = blasst.SkipSoftmax(threshold=0.1, tile_keys=4, vote_rows=4, disabled_until_timestep=0.5)
+    skip = blasst.SkipSoftmax(threshold=0.1, tile_keys=4, vote_rows=4, disabled_until_timestep=0.5, order="natural")
     st = blasst.SkipStats()
     with torch.no_grad():
         blasst.attention(q, k, v, causal=True, skip=skip, stats=st)  # no step published: dense
@@ -168,7 +168,7 @@ def test_float32_gradient_close_to_float64(gen):
 
 def test_torch_compile_fullgraph_backward(gen):
     q, k, v = randn(gen, 1, 20, 2, 8), randn(gen, 1, 20, 1, 8), randn(gen, 1, 20, 1, 8)
-    skip = blasst.SkipSoftmax(threshold=0.05, tile_keys=4, vote_rows=4)
+    skip = blasst.SkipSoftmax(threshold=0.05, tile_keys=4, vote_rows=4, order="natural")
 
     def f(q, k, v):
         return (blasst.attention(q * 2.0, k, v, skip=skip, causal=True) ** 2).sum()
@@ -253,7 +253,7 @@ def test_ragged_gradient_equals_each_sequence(gen):
     """A ragged batch (cu_seqlens) with skipping: each sequence's gradient is the one it gets
     alone."""
     lens = [(9, 20), (1, 3), (16, 16)]
-    skip = blasst.SkipSoftmax(threshold=0.1, tile_keys=4, vote_rows=4)
+    skip = blasst.SkipSoftmax(threshold=0.1, tile_keys=4, vote_rows=4, order="natural")
     qs = [randn(gen, lq, 2, 8, sd=3.0) for lq, _ in lens]
     ks = [randn(gen, lk, 1, 8, sd=3.0) for _, lk in lens]
     vs = [randn(gen, lk, 1, 8) for _, lk in lens]
@@ -287,7 +287,7 @@ def test_forward_records_the_skip_set_it_used(gen):
     skipped (from its recorded deltas); no bit past the last pair."""
     B, Lq, Lk, Hq, Hk, rows, tile, lam = 2, 33, 50, 4, 2, 4, 8, 0.05
     q, k, v = randn(gen, B, Lq, Hq, 8, sd=2.0), randn(gen, B, Lk, Hk, 8, sd=2.0), randn(gen, B, Lk, Hk, 8)
-    skip = blasst.SkipSoftmax(threshold=lam, tile_keys=tile, vote_rows=rows)
+    skip = blasst.SkipSoftmax(threshold=lam, tile_keys=tile, vote_rows=rows, order="natural")
     st = blasst.SkipStats(record_deltas=True)
     with torch.no_grad():
         blasst.attention(q, k, v, skip=skip, stats=st)
@@ -324,7 +324,7 @@ def test_cuda_forward_records_its_skip_set():
     k[:, 0] += 8.0  # a sink: later tiles fall below it
     q = (q.float() + 1.0).bfloat16()
     k, v = k.bfloat16(), torch.randn(B, L, H, d, device="cuda", generator=g).bfloat16()
-    skip = blasst.SkipSoftmax(threshold=1e-2)
+    skip = blasst.SkipSoftmax(threshold=1e-2, order="natural")
     st = blasst.SkipStats()
     blasst.attention(q, k, v, causal=True, skip=skip, stats=st)
     assert st.total_skipped > 0, "the case must skip"

@@ -251,7 +251,7 @@ def test_ignore_patterns_honoured(model):
 
 @pytest.mark.parametrize("case", ["mask", "dtype", "autograd", "heads"])
 def test_unsupported_calls_fall_back_to_native(model, case):
-    h = bd.enable(model, skip=blasst.SkipSoftmax(threshold=0.5))
+    h = bd.enable(model, skip=blasst.SkipSoftmax(threshold=0.5, order="natural"))
     backend = ad.AttentionBackendName(h.layers["transformer/blocks.0.attn1"]["backend"])
     g = torch.Generator().manual_seed(5)
     q, k, v = (torch.randn(1, 70, 2, 16, generator=g) for _ in range(3))

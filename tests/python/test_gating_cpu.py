@@ -16,7 +16,7 @@ def run(rng, skip):
 
 
 def test_no_step_published_runs_dense_with_one_warning(rng):
-    skip = blasst.SkipSoftmax(threshold=1e-2, disabled_until_timestep=0.5)
+    skip = blasst.SkipSoftmax(threshold=1e-2, disabled_until_timestep=0.5, order="natural")
     with pytest.warns(RuntimeWarning, match="no denoise step was published"):
         st = run(rng, skip)
     assert st["skipped"] == 0 and st["gated"]
@@ -27,7 +27,7 @@ def test_no_step_published_runs_dense_with_one_warning(rng):
 
 
 def test_gate_opens_when_t_drops_below_D(rng):
-    skip = blasst.SkipSoftmax(threshold=1e-2, disabled_until_timestep=0.5)
+    skip = blasst.SkipSoftmax(threshold=1e-2, disabled_until_timestep=0.5, order="natural")
     assert blasst.diffusion.record_denoise_step(900, 1000) == pytest.approx(0.9)
     st = run(rng, skip)
     assert st["skipped"] == 0 and st["gated"]
@@ -40,7 +40,7 @@ def test_gate_opens_when_t_drops_below_D(rng):
 
 def test_ungated_skip_ignores_the_timestep(rng):
     blasst.diffusion.record_denoise_step(999, 1000)
-    assert run(rng, blasst.SkipSoftmax(threshold=1e-2))["skipped"] == 6
+    assert run(rng, blasst.SkipSoftmax(threshold=1e-2, order="natural"))["skipped"] == 6
 
 
 def test_reset_forgets_t():

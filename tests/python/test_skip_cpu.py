@@ -130,7 +130,7 @@ def test_skip_set_matches_the_oracle_on_structured_data(rng, order, Lq, Lk, caus
 def test_threshold_below_gap_keeps_dense(rng):
     q, k, v = dominant_first_tile(rng, score=3.0)  # delta -3 > ln(1e-2): nothing skipped
     stats = blasst.SkipStats()
-    out = blasst.attention(q, k, v, skip=blasst.SkipSoftmax(threshold=1e-2), stats=stats)
+    out = blasst.attention(q, k, v, skip=blasst.SkipSoftmax(threshold=1e-2, order="natural"), stats=stats)
     assert stats.total_skipped == 0 and stats.total_visited == 8
     np.testing.assert_allclose(out, oracle.attention(q, k, v)[0], rtol=1e-4, atol=2e-5)
 
@@ -138,7 +138,7 @@ def test_threshold_below_gap_keeps_dense(rng):
 def test_factor_and_calibration_resolve_per_sequence_length(rng):
     q, k, v = dominant_first_tile(rng)
     Lk = k.shape[1]
-    f = blasst.SkipSoftmax(factor=1e-2 * Lk)
+    f = blasst.SkipSoftmax(factor=1e-2 * Lk, order="natural")
     assert f.lambda_for(Lk) == pytest.approx(1e-2)
     a, b, s = 0.3, 4.0, 0.5
     c = blasst.SkipSoftmax(calibration=(a, b), target_sparsity=s)
@@ -149,7 +149,7 @@ def test_factor_and_calibration_resolve_per_sequence_length(rng):
         assert st["lambdas"] == [pytest.approx(skip.lambda_for(Lk))]
     # lambda >= 1 (a huge factor on a short sequence) means dense for that sequence
     st = {}
-    out = blasst.attention(q, k, v, skip=blasst.SkipSoftmax(factor=10.0 * Lk), stats=st)
+    out = blasst.attention(q, k, v, skip=blasst.SkipSoftmax(factor=10.0 * Lk, order="natural"), stats=st)
     assert st["skipped"] == 0
     np.testing.assert_allclose(out, oracle.attention(q, k, v)[0], rtol=1e-4, atol=2e-5)
 
@@ -187,7 +187,7 @@ def test_one_pass_curve_matches_skip_run(rng):
     assert sum(int(h.sum()) for h in dense.histograms) == dense.total_visited
     lam = math.exp(-4.0)
     run = blasst.SkipStats()
-    blasst.attention(q, k, v, causal=True, skip=blasst.SkipSoftmax(threshold=lam), stats=run)
+    blasst.attention(q, k, v, causal=True, skip=blasst.SkipSoftmax(threshold=lam, order="natural"), stats=run)
     assert run.total_visited == dense.total_visited
     assert dense.sparsity_at(lam) == pytest.approx(run.sparsity(), abs=1e-12)
     assert run.total_skipped > 0  # the data has enough structure to skip something
@@ -217,7 +217,7 @@ def test_decode_stats(rng):
     vc = rng.standard_normal((B, Lk, Hk, d)).astype(np.float32)
     vc[:, TILE:] += 50.0
     stats = {}
-    out = blasst.decode(q, kc, vc, skip=blasst.SkipSoftmax(threshold=1e-3), stats=stats)
+    out = blasst.decode(q, kc, vc, skip=blasst.SkipSoftmax(threshold=1e-3, order="natural"), stats=stats)
     n_tiles = -(-Lk // TILE)  # 4: the last tile is short
     groups = B * Hq  # vote_rows = 64 > q_len: one group per (sequence, query head)
     assert stats["visited"] == groups * n_tiles

@@ -106,7 +106,7 @@ def test_custom_ops_opcheck(gen):
     q, k, v = randn(gen, 1, 20, 4, 16), randn(gen, 1, 40, 2, 16), randn(gen, 1, 40, 2, 16)
     torch.library.opcheck(torch.ops.blasst.attention.default,
                           (q, k, v, None, None, 0, 0, True, None, "", True, False))
-    skip = blasst._torch_ops.skip_to_str(blasst.SkipSoftmax(threshold=1e-3))
+    skip = blasst._torch_ops.skip_to_str(blasst.SkipSoftmax(threshold=1e-3, order="natural"))
     torch.library.opcheck(torch.ops.blasst.attention.default,
                           (q, k, v, None, None, 0, 0, False, 0.3, skip, False, False))
     # Recording the skip set (SPEC §9): the third output's length is known only at run time.
@@ -121,7 +121,7 @@ def test_custom_ops_opcheck(gen):
 
 def test_torch_compile_cpu_fullgraph(gen):
     q, k, v = randn(gen, 1, 64, 2, 32), randn(gen, 1, 300, 2, 32), randn(gen, 1, 300, 2, 32)
-    skip = blasst.SkipSoftmax(threshold=1e-3)
+    skip = blasst.SkipSoftmax(threshold=1e-3, order="natural")
 
     def f(q, k, v):
         out, lse = blasst.attention(q * 2.0, k, v, skip=skip, return_lse=True)
@@ -241,7 +241,7 @@ def test_gpu_skip_reports_sparsity_and_stays_close(cuda, gen):
     v = randn(gen, B, L, H, d)
     q, k, v = (t.to(torch.bfloat16).to(cuda) for t in (q, k, v))
     stats = {}
-    out = blasst.attention(q, k, v, skip=blasst.SkipSoftmax(threshold=1e-3), stats=stats)
+    out = blasst.attention(q, k, v, skip=blasst.SkipSoftmax(threshold=1e-3, order="natural"), stats=stats)
     dense = blasst.attention(q, k, v)
     assert stats["visited"] > 0 and stats["sparsity"] > 0.5, stats
     assert stats["counted_at"]
@@ -266,7 +266,7 @@ def test_gpu_cuda_graph_capture_and_replay(cuda, gen):
     sq = randn(gen, 1000, H, d, dtype=torch.bfloat16).to(cuda)
     sk = randn(gen, 1000, H, d, dtype=torch.bfloat16).to(cuda)
     sv = randn(gen, 1000, H, d, dtype=torch.bfloat16).to(cuda)
-    skip = blasst.SkipSoftmax(threshold=1e-3)
+    skip = blasst.SkipSoftmax(threshold=1e-3, order="natural")
 
     def step():
         return blasst.attention(sq, sk, sv, causal=True, skip=skip, cu_seqlens_q=cu,

@@ -159,7 +159,7 @@ void expect_grads(const Case& c, const Grads& want, double tol) {
 }
 
 SkipConfig skip_cfg(double lambda, int rows, int tile, VisitOrder order = VisitOrder::natural, int heads = 1) {
-  SkipConfig s = SkipConfig::from_threshold(lambda);
+  SkipConfig s = SkipConfig::from_threshold(lambda).with_order(VisitOrder::natural);
   s.vote.rows = rows;
   s.vote.tile_keys = tile;
   s.vote.order = order;

@@ -242,7 +242,7 @@ TEST(Core, RaggedEqualsEachSequenceAlone) {
   SkipStats st;
   RunOptions opt;
   opt.collect_stats = true;
-  reference::attention(p, SkipConfig::from_factor(20.0), opt, &st);
+  reference::attention(p, SkipConfig::from_factor(20.0).with_order(VisitOrder::natural), opt, &st);
   ASSERT_EQ(st.lambda.size(), lq.size());
   for (std::size_t b = 0; b < lq.size(); ++b) {
     EXPECT_DOUBLE_EQ(st.lambda[b], 20.0 / lk[b]);
@@ -255,7 +255,7 @@ TEST(Core, RaggedEqualsEachSequenceAlone) {
     s.out = Tensor::contiguous(oq.data(), DType::f32, {1, lq[b], Hq, d});
     s.lse = Tensor::contiguous(ol.data(), DType::f32, {1, Hq, lq[b]});
     s.mask = MaskKind::causal;
-    reference::attention(s, SkipConfig::from_factor(20.0));
+    reference::attention(s, SkipConfig::from_factor(20.0).with_order(VisitOrder::natural));
     for (std::int64_t i = 0; i < lq[b] * Hq * d; ++i) ASSERT_EQ(o[cq[b] * Hq * d + i], oq[i]);
     for (std::int64_t h = 0; h < Hq; ++h)
       for (std::int64_t i = 0; i < lq[b]; ++i) ASSERT_EQ(l[h * Tq + cq[b] + i], ol[h * lq[b] + i]);
@@ -267,7 +267,7 @@ TEST(Core, DecodeContiguousAndPagedMatchAttention) {
   const std::vector<std::int32_t> sl = {1, 300, 637};
   const std::int64_t Lmax = ps * maxp;
   auto q = randn(B * qlen * Hq * d, 60), kc = randn(B * Lmax * Hk * d, 61), vc = randn(B * Lmax * Hk * d, 62);
-  SkipConfig cfg = SkipConfig::from_threshold(0.01);
+  SkipConfig cfg = SkipConfig::from_threshold(0.01).with_order(VisitOrder::natural);
   cfg.vote.rows = qlen;
   cfg.vote.heads = Hq / Hk;
   RunOptions opt;
@@ -382,7 +382,7 @@ TEST(Workloads, StructuredKindsAreSparserThanRandom) {
     SkipStats st;
     RunOptions opt;
     opt.collect_stats = true;
-    reference::attention(p, SkipConfig::from_threshold(0.05), opt, &st);
+    reference::attention(p, SkipConfig::from_threshold(0.05).with_order(VisitOrder::natural), opt, &st);
     return st.sparsity();
   };
   const double r = sparsity(WorkloadKind::random, MaskKind::causal);

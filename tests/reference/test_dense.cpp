@@ -75,7 +75,7 @@ TEST(Dense, DeterministicAcrossThreadCounts) {
     opt.num_threads = th;
     opt.record_deltas = true;
     SkipStats st;
-    SkipConfig c = SkipConfig::from_threshold(0.05);
+    SkipConfig c = SkipConfig::from_threshold(0.05).with_order(VisitOrder::natural);
     c.vote.rows = 16;
     reference::attention(D.problem(MaskKind::causal), c, opt, &st);
     if (th == 1) {

@@ -95,7 +95,7 @@ TEST(NanRule, SkippingNeverHidesANaN) {
     for (std::int64_t i = 0; i < p.Lq; ++i) p.q[qi(p, 0, i, h)] += 6.0f;
     p.k[ki(p, 0, 0, h)] = 10.0f;  // the sink: score ~ 15 against ~ N(0, 1) elsewhere
   }
-  SkipConfig skip = SkipConfig::from_threshold(0.05);
+  SkipConfig skip = SkipConfig::from_threshold(0.05).with_order(VisitOrder::natural);
   skip.vote.tile_keys = 64;
   skip.vote.rows = 32;
   RunOptions opt;

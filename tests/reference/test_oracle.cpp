@@ -66,7 +66,7 @@ Data make_data(i64 Lq, i64 Lk, i64 Hq, i64 Hk, bool causal, std::uint64_t seed) 
 }
 
 SkipConfig cfg_for(double lambda, int rows, int heads, VisitOrder order) {
-  SkipConfig c = SkipConfig::from_threshold(lambda);
+  SkipConfig c = SkipConfig::from_threshold(lambda).with_order(VisitOrder::natural);
   c.vote.rows = rows;
   c.vote.heads = heads;
   c.vote.order = order;
@@ -372,7 +372,7 @@ TEST(Oracle, LambdaAtLeastOneRunsDenseOnMultiTileSequences) {
     dense.vote.order = order;
     SkipStats sd, ss;
     const std::vector<float> out_dense = run_batch(dense, &sd);
-    SkipConfig cfg = SkipConfig::from_factor(600.0);
+    SkipConfig cfg = SkipConfig::from_factor(600.0).with_order(VisitOrder::natural);
     cfg.vote.order = order;
     const std::vector<float> out_skip = run_batch(cfg, &ss);
     ASSERT_EQ(ss.lambda.size(), 2u);

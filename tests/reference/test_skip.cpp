@@ -40,7 +40,7 @@ SkipStats run(Dense& D, MaskKind mask, const SkipConfig& cfg, RunOptions opt = {
 }
 
 SkipConfig thr(double lambda, int rows = 64, int heads = 1) {
-  SkipConfig c = SkipConfig::from_threshold(lambda);
+  SkipConfig c = SkipConfig::from_threshold(lambda).with_order(VisitOrder::natural);
   c.vote.rows = rows;
   c.vote.heads = heads;
   return c;
@@ -365,7 +365,7 @@ TEST(Skip, FactorIsPerSequenceAndLambdaAtLeastOneRunsDense) {
   };
   const std::vector<float> dense = run(SkipConfig{}, nullptr);
   SkipStats st;
-  const std::vector<float> mixed = run(SkipConfig::from_factor(400.0), &st);
+  const std::vector<float> mixed = run(SkipConfig::from_factor(400.0).with_order(VisitOrder::natural), &st);
   ASSERT_EQ(st.lambda.size(), 2u);
   EXPECT_DOUBLE_EQ(st.lambda[0], 400.0 / 300.0);  // >= 1: dense for that sequence
   EXPECT_DOUBLE_EQ(st.lambda[1], 0.5);

@@ -170,7 +170,7 @@ TEST(Validation, SkipConfig) {
   expect_error(with(SkipConfig::from_calibration({1.0, 1.0}, 1.5)), "target_sparsity");
   expect_error(with(SkipConfig::from_calibration({1.0, 1.0}, -0.1)), "target_sparsity");
   expect_error(with(SkipConfig::from_calibration({1.0, 1e6}, 1.0)), "skip.calibration");  // exp overflow
-  SkipConfig c = SkipConfig::from_threshold(0.1);
+  SkipConfig c = SkipConfig::from_threshold(0.1).with_order(VisitOrder::natural);
   c.vote.rows = 0;
   expect_error(with(c), "skip.vote.rows");
   c.vote.rows = 64;
@@ -198,7 +198,7 @@ TEST(Validation, EmptySequencesAreAllowed) {
   SkipStats st;
   RunOptions opt;
   opt.collect_stats = true;
-  reference::attention(Bz.problem(MaskKind::full), SkipConfig::from_factor(10), opt, &st);
+  reference::attention(Bz.problem(MaskKind::full), SkipConfig::from_factor(10).with_order(VisitOrder::natural), opt, &st);
   for (float x : Bz.out) EXPECT_EQ(x, 0.0f);
   for (float x : Bz.lse) EXPECT_TRUE(std::isinf(x) && x < 0);
   EXPECT_EQ(st.total_visited(), 0);

@@ -55,11 +55,13 @@ void check_dtype_in(const Tensor& t, const char* name, DType qdtype) {
 }
 
 // The kernels' limits (CUTLASS can_implement), each an Error naming the argument.
-Plan plan(const AttentionBackwardProblem& p, const SkipConfig& skip, const SkipSet* set,
+Plan plan(const AttentionBackwardProblem& p, const SkipConfig& skip_in, const SkipSet* set,
           DeviceKind device = DeviceKind::cuda) {
   Plan pl;
   pl.r = detail::validate_attention_backward(p, device);
   const detail::ResolvedAttention& r = pl.r;
+  // The order the forward used (SPEC §2a default rule): the recorded set's vote carries it.
+  const SkipConfig skip = detail::with_effective_order(skip_in, r);
   if (r.dtype != DType::bf16 && r.dtype != DType::f16)
     throw Error(std::string("q: dtype ") + to_string(r.dtype) + " is not supported by " + kKernel + " (" +
                 backward_dtypes() + ")");

@@ -31,7 +31,8 @@ constexpr const char* kKernel = "the CUDA prefill kernel";
 // The kernels' limits (CUTLASS can_implement): dtypes and head dims of kernel_table.inc, dv == d,
 // out in q's dtype or f32, lse in f32, TMA-legal operands (16-byte aligned base, strides in
 // multiples of 16 bytes), even output strides (column pairs are written), max-first with a full
-// mask only where Lq == Lk.
+// mask only where Lq == Lk (detail::prefill_supports_max_first states the same rule for the
+// default's fallback; here only an explicit max-first reaches it).
 void can_implement(const AttentionProblem& p, const detail::ResolvedAttention& r, const SkipConfig& skip,
                    bool skip_kernel) {
   if (r.dtype != DType::bf16 && r.dtype != DType::f16)
@@ -130,10 +131,14 @@ PrefillParams make_params(const AttentionProblem& p, const detail::ResolvedAtten
 
 }  // namespace
 
-std::vector<double> launch_attention(const AttentionProblem& p, const SkipConfig& skip, void* stream,
+std::vector<double> launch_attention(const AttentionProblem& p, const SkipConfig& skip_in, void* stream,
                                      bool force_skip_kernel, unsigned long long* visited,
-                                     unsigned long long* skipped, unsigned long long* hist) {
+                                     unsigned long long* skipped, unsigned long long* hist,
+                                     VisitOrder* order_used) {
   const detail::ResolvedAttention r = detail::validate_attention(p, DeviceKind::cuda);
+  // SPEC §2a: the one rule the reference applies too (src/core/problem.hpp).
+  const SkipConfig skip = detail::with_effective_order(skip_in, r);
+  if (order_used != nullptr) *order_used = skip.vote.order;
   const bool want_stats = visited != nullptr;
   const bool skip_kernel = skip.enabled || force_skip_kernel || want_stats;
   can_implement(p, r, skip, skip_kernel);
@@ -188,8 +193,10 @@ bool wants_stats(const SkipStats* stats, const RunOptions& opt) {
 std::int64_t query_heads(const AttentionProblem& p) { return p.q.rank >= 2 ? p.q.shape[p.q.rank - 2] : 0; }
 
 // Host tensors, opt.device == cuda: staged through device memory, run, copied back, synchronised.
-void run_staged(const AttentionProblem& hp, const SkipConfig& skip, const RunOptions& opt, SkipStats* stats) {
+void run_staged(const AttentionProblem& hp, const SkipConfig& skip_in, const RunOptions& opt, SkipStats* stats) {
   const ResolvedAttention r = validate_attention(hp, DeviceKind::cpu);  // errors name the host arguments
+  // SPEC §2a on the host lengths (as the reference sees them), then explicit for the device call.
+  const SkipConfig skip = with_effective_order(skip_in, r);
   if (hp.lse.defined() && hp.lse.device != DeviceKind::cpu)
     throw Error("lse: must live with q (host) when staging through the device");
   DeviceStaging staging(static_cast<cudaStream_t>(opt.stream));
@@ -243,12 +250,12 @@ void cuda_attention(const AttentionProblem& p, const SkipConfig& skip, const Run
   Workspace ws(opt, stream, "attention");
   StatCounters cnt;
   if (want_stats && hq > 0) cnt = StatCounters::take(ws, hq, opt.collect_histogram, stream);
+  VisitOrder order = VisitOrder::natural;  // the order used (SPEC §2a), from the launch
   const std::vector<double> lambdas =
-      sm90::prefill::launch_attention(p, skip, opt.stream, false, cnt.visited, cnt.skipped, cnt.hist);
+      sm90::prefill::launch_attention(p, skip, opt.stream, false, cnt.visited, cnt.skipped, cnt.hist, &order);
 
   if (stats) {
     *stats = SkipStats{};
-    const VisitOrder order = skip.vote.order == VisitOrder::max_first ? VisitOrder::max_first : VisitOrder::natural;
     stats->granularity = prefill_vote_granularity(order);
     stats->counted_at = prefill_counted_at(order);
     stats->lambda = lambdas;

@@ -13,9 +13,13 @@ namespace blasst::sm90::prefill {
 // synchronising. Non-null counters (device memory, zeroed by the caller: visited/skipped [hq],
 // hist [hq, kHistSlots]) turn the statistics on. force_skip_kernel runs the skip instance even
 // when skipping is off (the benchmark's measure of its cost with nothing skipped). Returns lambda
-// per sequence when the lengths are known on the host.
+// per sequence when the lengths are known on the host. The visit order is the effective one of
+// SPEC §2a (detail::effective_attention_order, src/core/problem.hpp: a defaulted max-first falls
+// back to natural where the kernel cannot do it; an explicit one there is an Error); *order_used,
+// when given, receives it.
 std::vector<double> launch_attention(const AttentionProblem& p, const SkipConfig& skip, void* stream,
                                      bool force_skip_kernel, unsigned long long* visited,
-                                     unsigned long long* skipped, unsigned long long* hist);
+                                     unsigned long long* skipped, unsigned long long* hist,
+                                     VisitOrder* order_used = nullptr);
 
 }  // namespace blasst::sm90::prefill
