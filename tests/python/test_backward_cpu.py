@@ -208,45 +208,50 @@ def _keep_from_words(words, B, Hq, Lq, Lk, rows=64, tile=128):
                                                   (False, 300, 700, 2, 1, 128),
                                                   (True, 257, 1290, 4, 4, 128)])
 @pytest.mark.parametrize("with_skip", [False, True])
-def test_cuda_gradient_is_masked_softmax_gradient(causal, Lq, Lk, Hq, Hk, d, with_skip):
-    """CUDA bf16 training step through blasst.attention (the sm_90a backward kernels): dq, dk, dv
-    against autograd through a float64 masked softmax on the same bf16 values, whose block mask
-    is the skip set the CUDA forward recorded (SPEC §9; dense: no mask)."""
+def test_cuda_gradient_matches_the_reference_backward(causal, Lq, Lk, Hq, Hk, d, with_skip):
+    """A CUDA bf16 training step through blasst.attention (autograd, the sm_90a backward kernels)
+    against the float64 reference backward on the same values: the same recorded skip set (the
+    CUDA forward's words, SPEC §9) and the kernel's own bf16 O, so D = rowsum(dO * O) is the same
+    on both sides (an oracle with the exact O differs by bf16 rounding of O times |k|, which a
+    strong sink amplifies past any relative bound: the first H200 run, a0106a0). The reference
+    backward itself is checked against autograd through a masked softmax above."""
     _gpu_or_skip()
     g = torch.Generator(device="cuda").manual_seed(4321 + Lq + d)
     B = 2
     q = torch.randn(B, Lq, Hq, d, device="cuda", generator=g)
     k = torch.randn(B, Lk, Hk, d, device="cuda", generator=g)
-    if with_skip:  # a sink of ~15 nats in every row: the later tiles fall below it (skipped)
+    if with_skip:  # a sink of 15 nats in every row: the later tiles fall below it (skipped)
         q[..., 0] = 3.0
-        k[:, 0, :, 0] = 40.0
+        k[:, 0, :, 0] = 40.0 * math.sqrt(d / 64)
     v = torch.randn(B, Lk, Hk, d, device="cuda", generator=g)
     q, k, v = (x.bfloat16().requires_grad_(True) for x in (q, k, v))
     dout = torch.randn(B, Lq, Hq, d, device="cuda", generator=g).bfloat16()
     skip = blasst.SkipSoftmax(threshold=1e-3) if with_skip else None
-    out, lse, words = torch.ops.blasst.attention(
-        q, k, v, None, None, 0, 0, causal, None, blasst._torch_ops.skip_to_str(skip), True, True)
-    keep = None
+    s = blasst._torch_ops.skip_to_str(skip)
+    with torch.no_grad():
+        out, lse, words = torch.ops.blasst.attention(q, k, v, None, None, 0, 0, causal, None, s,
+                                                     True, True)
     if with_skip:
-        keep, nskip = _keep_from_words(words, B, Hq, Lq, Lk)
+        _, nskip = _keep_from_words(words, B, Hq, Lq, Lk)
         total = B * Hq * -(-Lq // 64) * -(-Lk // 128)
         assert 0 < nskip < total, f"the case must skip some pairs, not all ({nskip} of {total})"
     else:
         assert words.numel() == 0
-    out = blasst.attention(q, k, v, causal=causal, skip=skip)
-    got = torch.autograd.grad(out, (q, k, v), dout)
-    q64, k64, v64 = (x.detach().double().cpu().requires_grad_(True) for x in (q, k, v))
-    want_out = masked_attention(q64, k64, v64, causal, keep)
-    want = torch.autograd.grad(want_out, (q64, k64, v64), dout.double().cpu())
-    for name, a, b in zip("qkv", got, want):
+    # Autograd through blasst.attention (records its own set: the same inputs give the same set).
+    got = torch.autograd.grad(blasst.attention(q, k, v, causal=causal, skip=skip), (q, k, v), dout)
+    ex = [x.detach().double().cpu() for x in (dout, q, k, v, out)]
+    want = torch.ops.blasst.attention_backward(*ex, None, None, None, None, 0, 0, causal, None, s,
+                                               words.cpu())
+    for name, a, b, other in zip("qkv", got, want, (ex[2], ex[1], None)):
         a = a.double().cpu()
-        err = (a - b).abs().max().item() / max(b.abs().max().item(), 1e-30)
-        # bf16 P and dS in the tensor-core products, bf16 outputs: ~1e-2 of the largest entry.
-        assert err < 3e-2, f"d{name}: max error {err:.3g} of max |d{name}|"
-    if with_skip:  # the mask matters: the dense gradient is farther away
-        dense = torch.autograd.grad(masked_attention(q64, k64, v64, causal), (q64, k64, v64),
-                                    dout.double().cpu())
-        assert (dense[0] - want[0]).abs().max() > (got[0].double().cpu() - want[0]).abs().max()
+        assert torch.isfinite(a).all(), f"d{name}: not finite"
+        err = (a - b).abs().max().item()
+        # bf16 P and dS in the tensor-core products, bf16 outputs (u = 2^-8): a few u of the
+        # largest entry, plus float32 sums where the gradient cancels (SPEC §8 style floor).
+        floor = d * 2.0 ** -24 * d ** -0.5 * ex[0].abs().max().item() * ex[3].abs().max().item() * (
+            other.abs().max().item() if other is not None else 1.0)
+        assert err <= 8 * 2.0 ** -8 * b.abs().max().item() + floor, \
+            f"d{name}: max error {err:.3g}, max |want| {b.abs().max().item():.3g}"
 
 
 def test_ragged_gradient_equals_each_sequence(gen):
