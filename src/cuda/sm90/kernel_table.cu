@@ -12,6 +12,7 @@ const char* to_string(KernelVariant v) {
     case KernelVariant::dense: return "dense";
     case KernelVariant::skip: return "skip";
     case KernelVariant::skip_hist: return "skip_hist";
+    case KernelVariant::skip_record: return "skip_record";
   }
   return "?";
 }

@@ -15,7 +15,7 @@ namespace blasst::sm90 {
 // What a kernel instance computes beyond dense attention (prefill: the statistics histogram is its
 // own instance, because its code costs the plain skip kernel 4-9 % even when off; decode: one skip
 // instance, histogram by pointer).
-enum class KernelVariant : int { dense, skip, skip_hist };
+enum class KernelVariant : int { dense, skip, skip_hist, skip_record };
 const char* to_string(KernelVariant v);
 
 namespace prefill {

@@ -170,8 +170,11 @@ std::vector<double> launch_attention(const AttentionProblem& p, const SkipConfig
     for (const std::int64_t L : k_len) lambdas.push_back(L > 0 ? resolve_lambda(skip, L) : 1.0);
   }
 
-  const KernelVariant v = !skip_kernel ? KernelVariant::dense : hist != nullptr ? KernelVariant::skip_hist
-                                                                                : KernelVariant::skip;
+  // The skip set is recorded by the skip_record instance (and by skip_hist, which also bins).
+  const KernelVariant v = !skip_kernel        ? KernelVariant::dense
+                          : hist != nullptr   ? KernelVariant::skip_hist
+                          : prm.skip_set      ? KernelVariant::skip_record
+                                              : KernelVariant::skip;
   const PrefillLaunchFn run = find_prefill_kernel(r.dtype, static_cast<int>(r.d), v);
   if (run == nullptr)
     throw Error(std::string("no CUDA prefill kernel instance for ") + to_string(r.dtype) + ", d = " +

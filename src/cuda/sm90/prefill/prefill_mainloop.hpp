@@ -165,9 +165,10 @@ __device__ __forceinline__ void consumer_mainloop(KernelParams<Traits> const& kp
   // Non-null: histogram on (skip_hist instance only; null elsewhere, so all its code folds away).
   unsigned long long* const hist = Traits::kHist ? p.hist : nullptr;
   int n_visited = 0, n_skipped = 0;
-  // Non-null: the skip set is recorded (SPEC §9): the first thread of the warpgroup sets the bit
-  // of each visited tile its vote skipped. set_row: bit index of this vote group's tile 0.
-  std::uint32_t* const skip_set = Traits::kSkip ? p.skip_set : nullptr;
+  // Non-null: the skip set is recorded (SPEC §9; skip_record and skip_hist instances only, null
+  // elsewhere so its code folds away): the first thread of the warpgroup sets the bit of each
+  // visited tile its vote skipped. set_row: bit index of this vote group's tile 0.
+  std::uint32_t* const skip_set = Traits::kRecordSet ? p.skip_set : nullptr;
   const long long set_row =
       (static_cast<long long>(w.b * p.hq + w.h) * p.set_groups + (row0 / 64 + cwg)) * p.set_tiles;
 
@@ -266,9 +267,11 @@ __device__ __forceinline__ void consumer_mainloop(KernelParams<Traits> const& kp
       if (tile < n_vis) {
         n_visited += 1;
         n_skipped += skip ? 1 : 0;
-        if (skip && skip_set != nullptr && mma_tid % 128 == 0) {
-          const long long i = set_row + tile;
-          atomicOr(skip_set + (i >> 5), 1u << (i & 31));
+        if constexpr (Traits::kRecordSet) {
+          if (skip && skip_set != nullptr && mma_tid % 128 == 0) {
+            const long long i = set_row + tile;
+            atomicOr(skip_set + (i >> 5), 1u << (i & 31));
+          }
         }
       }
     }

@@ -27,7 +27,10 @@ using cute::Tensor;  // not blasst::Tensor
 //   - early V release: wait for P V of tile n-1 and release its V stage right after the vote
 //     (before the exponentials), a skipped tile's V stage in its own step;
 //   - K ahead: the producer issues K_{n+1} before V_n (V is first read one step after K);
-//   - skip_hist only: the SPEC §5 delta histogram (its code costs the plain skip kernel 4-9 %).
+//   - skip_hist only: the SPEC §5 delta histogram (its code costs the plain skip kernel 4-9 %);
+//   - skip_record (and skip_hist): the SPEC §9 skip set for the backward (AttentionProblem::
+//     skip_set). Its code in the plain skip kernel, switched off at run time, cost skip50 / skip70
+//     2-6 % (H200, ed3a5b3 against d55992a), so it has its own instance.
 template <class Element_, int kHeadDim_, KernelVariant kVariant_>
 struct PrefillTraits {
   using Element = Element_;
@@ -35,6 +38,7 @@ struct PrefillTraits {
   static constexpr KernelVariant kVariant = kVariant_;
   static constexpr bool kSkip = kVariant_ != KernelVariant::dense;
   static constexpr bool kHist = kVariant_ == KernelVariant::skip_hist;
+  static constexpr bool kRecordSet = kVariant_ == KernelVariant::skip_record || kHist;
   static constexpr bool kTreeMax = kSkip;
   static constexpr bool kEarlyV = kSkip;
   static constexpr bool kKAhead = kSkip;
