@@ -257,3 +257,42 @@ def test_errors(layers):
     mixed = [(list(samples[0][0].histograms), samples[0][1], g)] + samples[1:]
     with pytest.raises(ValueError, match="mix vote granularities: 32 rows"):
         fit(mixed)
+
+
+def _cli():
+    for p in (os.environ.get("BLASST_CLI"), os.path.join(ROOT, "build-cpu", "blasst"),
+              os.path.join(ROOT, "build", "blasst")):
+        if p and os.path.isfile(p) and os.access(p, os.X_OK):
+            return p
+    return None
+
+
+@pytest.mark.skipif(_cli() is None, reason="no blasst command (set BLASST_CLI or build build-cpu/; "
+                    "the pip build has BLASST_BUILD_CLI=OFF)")
+def test_same_fit_as_blasst_calibrate_cli(tmp_path):
+    """`blasst calibrate --npy-dir` (exact curves of the reference, prefixes of one sequence) and
+    blasst.calibration.fit on SkipStats(record_deltas=True) of the same prefixes: one C++ fit."""
+    import subprocess
+    q, k, v = workload(4096, 5)
+    for n, a in (("q", q), ("k", k), ("v", v)):
+        np.save(tmp_path / f"layer0_{n}.npy", a[0])
+    samples = []
+    for L in LENGTHS:
+        st = blasst.SkipStats(record_deltas=True)
+        probe = blasst.SkipSoftmax(threshold=1e-30, order="natural", tile_keys=TILE, vote_rows=ROWS)
+        blasst.attention(q[:, :L].copy(), k[:, :L].copy(), v[:, :L].copy(), causal=True, stats=st,
+                         skip=probe)
+        samples.append((st, L))
+    cal = blasst.calibration.fit(samples, TARGETS)
+    out = tmp_path / "config.json"
+    subprocess.run([_cli(), "calibrate", "--npy-dir", str(tmp_path), "--lengths",
+                    ",".join(map(str, LENGTHS)), "--phase", "prefill", "--targets",
+                    ",".join(map(str, TARGETS)), "--order", "natural", "--tile-keys", str(TILE),
+                    "--rows", str(ROWS), "--no-finite-size", "--threads", "1", "--out", str(out)],
+                   check=True, capture_output=True)
+    (g,) = json.loads(out.read_text())["sparse_attention_config"]["config_groups"].values()
+    assert g["threshold_scale_factor"]["prefill"] == {"a": cal.a, "b": cal.b}
+    ext = g["blasst"]["threshold_scale_factor"]["prefill"]
+    assert ext["target_sparsity"] == list(cal.piecewise[0])
+    assert ext["log_factor"] == list(cal.piecewise[1])
+    assert json.loads(cal.to_json(0.5)) == json.loads(out.read_text())
