@@ -1,20 +1,17 @@
-"""SPEC §6 calibration from a model run, in Python (bench/model/README.md, "Calibration").
+"""SPEC §6 calibration from a model run (bench/model/README.md, "Calibration").
 
-The package's fit (src/calibration/fit.cpp, `blasst calibrate`) is not exposed to Python and the
-CLI takes Q/K/V .npy files, not histograms, so this module follows SPEC §6 and
-docs/calibration.md §2 step by step on the one-pass curves of blasst's SkipStats histograms:
+The fit is the package's own (C++ calibrate(), src/calibration/fit.cpp) through
+blasst.calibration.fit on the one-pass curves of blasst's SkipStats histograms; fit_phase
+reshapes its result into the dict recipe.py reports (lambda per (target, length), in-range targets,
+knots of the richer form, the paper's inverse law). The finite-size variant of the richer form is
+not asked for (mask=None), as before.
 
-- lambda_s at length L: the smallest histogram bin edge e (ln units, -64 + i/16) whose pooled
-  sparsity_at(exp(e)) >= s (where a histogram curve is exact); unreachable (None) when no
-  lambda < 1 reaches s;
-- in range: a target reached at every length; only in-range targets enter the fit;
-- interop form: least squares of log(factor) = log(a) + b * s over (s, L_i) points, R^2 in log
-  space;
-- richer form: ln factor piecewise linear over the in-range targets, knot value = mean over the
-  lengths of ln(factor), made non-decreasing by pooling adjacent violators (as fit.cpp does).
-  The finite-size term is not fitted here (it is optional; see the README);
-- the paper's inverse law per target: log a' = mean log(lambda * L), and the free exponent p of
-  lambda ~ L^-p.
+Kept in Python here, with no C++ binding of the same shape:
+- pooled_curve / lambda_for_sparsity: the curve read back at one lambda for the per-layer report
+  (recipe.py "calib_sparsity"); the C++ fit does this internally and reports only its own points;
+- make_config: recipe.py fits every layer separately so that one layer the data cannot fit falls
+  back to the pooled group (an error in blasst.calibration.fit with {layer: samples} would fail
+  every layer), and it names groups layer_N / all_layers, which its test and report read.
 """
 from __future__ import annotations
 
@@ -46,72 +43,35 @@ def lambda_for_sparsity(stats_list, s):
     return math.exp(BIN_LO + hi * BIN_W)
 
 
-def _ols(xs, ys):
-    n = len(xs)
-    mx, my = sum(xs) / n, sum(ys) / n
-    sxx = sum((x - mx) ** 2 for x in xs)
-    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
-    la = my - b * mx
-    ss_res = sum((y - (la + b * x)) ** 2 for x, y in zip(xs, ys))
-    ss_tot = sum((y - my) ** 2 for y in ys)
-    return la, b, (1.0 - ss_res / ss_tot) if ss_tot > 0 else 1.0
-
-
-def _pava(ys):
-    blocks = []  # [sum, count]
-    for v in ys:
-        blocks.append([v, 1])
-        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
-            blocks[-2][0] += blocks[-1][0]
-            blocks[-2][1] += blocks[-1][1]
-            blocks.pop()
-    out = []
-    for s_, c in blocks:
-        out += [s_ if c == 1 else s_ / c] * c
-    return out
-
-
 def fit_phase(curves_by_len, targets):
     """curves_by_len: {L: [SkipStats, ...]} (one layer or pooled). Returns a dict with a, b, r2,
-    range, knots, per-(target, L) lambdas, inverse law; raises ValueError with the max sparsity
-    per length when fewer than 2 targets are reached at every length."""
+    range, knots, per-(target, L) lambdas, inverse law; raises ValueError when the C++ fit cannot
+    fit (e.g. fewer than 2 targets reached at every length)."""
+    import blasst
     lens = sorted(curves_by_len)
-    lam = {t: {L: lambda_for_sparsity(curves_by_len[L], t) for L in lens} for t in targets}
-    max_sp = {L: pooled_curve(curves_by_len[L], math.exp(BIN_LO + (N_EDGES - 1) * BIN_W))
-              for L in lens}
-    in_range = [t for t in targets if all(lam[t][L] is not None for L in lens)]
+    cal = blasst.calibration.fit([(curves_by_len[L], L) for L in lens], list(targets))
+    f = cal.fit_for()
+    extrapolated = [t for t in targets if t in f["extrapolated"]]
+    in_range = [t for t in targets if t not in extrapolated]
     if len(in_range) < 2:
         raise ValueError("fewer than 2 targets are reached at every length (max sparsity with "
-                         "lambda < 1: " + ", ".join(f"L={L}: {max_sp[L]:.3f}" for L in lens) + ")")
-    xs, ys = [], []
-    for t in in_range:
-        for L in lens:
-            xs.append(t)
-            ys.append(math.log(lam[t][L] * L))
-    la, b, r2 = _ols(xs, ys)
-    knots_y = _pava([sum(math.log(lam[t][L] * L) for L in lens) / len(lens) for t in in_range])
-    inverse = []
-    for t in in_range:
-        lx = [math.log(L) for L in lens]
-        ly = [math.log(lam[t][L]) for L in lens]
-        la_inv = sum(math.log(lam[t][L] * L) for L in lens) / len(lens)
-        p = -_ols(lx, ly)[1] if len(set(lx)) > 1 else None
-        inverse.append({"target": t, "a_prime": math.exp(la_inv), "p": p})
-    return {"a": math.exp(la), "b": b, "r2": r2, "range": [in_range[0], in_range[-1]],
-            "in_range": in_range, "extrapolated": [t for t in targets if t not in in_range],
-            "knots": {"target_sparsity": in_range, "log_factor": knots_y},
-            "lengths": lens, "max_sparsity": {str(L): max_sp[L] for L in lens},
+                         "lambda < 1: " + ", ".join(f"L={L}: {m:.3f}" for L, m in
+                                                    zip(f["lengths"], f["max_sparsity"])) + ")")
+    lam = {t: {L: None for L in lens} for t in targets}
+    for p in f["points"]:
+        if p["lambda"] < 1.0:
+            lam[p["target"]][p["length"]] = p["lambda"]
+    knots_t, knots_y, _ = f["piecewise"]
+    inverse = [{"target": i["target"], "a_prime": i["a_prime"],
+                "p": None if i["exponent"] != i["exponent"] else i["exponent"]}
+               for i in f["inverse_law"] if i["target"] in in_range]
+    return {"a": f["a"], "b": f["b"], "r2": f["r2"], "range": [in_range[0], in_range[-1]],
+            "in_range": in_range, "extrapolated": extrapolated,
+            "knots": {"target_sparsity": list(knots_t), "log_factor": list(knots_y)},
+            "lengths": lens, "max_sparsity": {str(L): m for L, m in zip(f["lengths"],
+                                                                        f["max_sparsity"])},
             "lambdas": {str(t): {str(L): lam[t][L] for L in lens} for t in targets},
-            "inverse_law": inverse}
-
-
-def piecewise_factor(knots, s):
-    """ln factor linear between knots, end slopes outside (docs/config.md)."""
-    xs, ys = knots["target_sparsity"], knots["log_factor"]
-    i = 0 if s <= xs[0] else (len(xs) - 2 if s >= xs[-1] else
-                              max(j for j in range(len(xs) - 1) if xs[j] <= s))
-    sl = (ys[i + 1] - ys[i]) / (xs[i + 1] - xs[i])
-    return math.exp(ys[i] + sl * (s - xs[i]))
+            "inverse_law": inverse, "fit": "blasst.calibration.fit (C++ calibrate)"}
 
 
 def layer_name(l):

@@ -341,7 +341,7 @@ def calibrated_rows(R, args, P, cfg, blasst, tile_kw, targets, calib_targets, ca
     t1 = time.time()
     n_layers = cfg.n_layers
     C = {"order": order, "phase": "prefill", "lengths": fit_lens, "targets": calib_targets,
-         "fit": "bench/model/calib.py (SPEC §6 in Python; the package's C++ fit is not bound)",
+         "fit": "blasst.calibration.fit (the package's C++ calibrate, via bench/model/calib.py)",
          "layers": [], "errors": []}
     fits, pooled = _fit_layers(calib, H, fit_lens, n_layers, calib_targets, "prefill", C, R)
     vote = _vote(R.get("calib_granularity", {}).get(order, {}), (128, 64, 1, 0))

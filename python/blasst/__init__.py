@@ -11,7 +11,7 @@ torch is optional: it is imported only when torch tensors are used. See docs/pyt
 import sys as _sys
 
 from . import _core
-from . import diffusion
+from . import calibration, diffusion
 from ._api import attention, decode
 from ._calls import built_with_cuda, cuda_available, cuda_device_name, set_num_threads
 from ._skip import SkipSoftmax, SkipStats, SparseAttentionConfig, load_config, load_model_configs
@@ -21,7 +21,7 @@ __version__ = _core.__version__
 __all__ = [
     "attention", "decode", "SkipSoftmax", "SkipStats", "SparseAttentionConfig", "load_config",
     "load_model_configs", "cuda_available", "cuda_device_name", "built_with_cuda",
-    "set_num_threads", "diffusion",
+    "set_num_threads", "diffusion", "calibration",
 ]
 
 # With torch already loaded, register the custom ops now so that torch.compile finds them.

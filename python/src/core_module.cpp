@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "blasst/blasst.hpp"
+#include "blasst/calibration.hpp"
 #include "blasst/config.hpp"
 #include "blasst/gating.hpp"
 
@@ -304,6 +305,157 @@ blasst::PiecewiseLogFactor piecewise_from(const PiecewiseTuple& t) {
 }
 }  // namespace
 
+// ---- SPEC §6 calibration (blasst.calibration): curves from recorded statistics/histograms ----
+namespace {
+namespace cal = blasst::calibration;
+using GranTuple = std::tuple<int, int, int, std::int64_t, std::string>;  // tile_keys, rows, heads, split, order
+using HistArray = nb::ndarray<nb::ro, std::uint64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+
+// One sample as the Python layer passes it: (component, layer, phase, length, stats, histograms,
+// granularity of the histograms or None). stats: SkipStats (each pooled, their own granularity);
+// histograms: per-head DeltaHistogram counts (kBins + 2 entries each).
+using SampleTuple = std::tuple<std::string, std::string, std::string, std::int64_t,
+                               nb::list, std::vector<HistArray>,
+                               std::optional<GranTuple>>;
+
+blasst::VoteGranularity granularity_from(const GranTuple& t) {
+  blasst::VoteGranularity g;
+  g.tile_keys = std::get<0>(t);
+  g.rows = std::get<1>(t);
+  g.heads = std::get<2>(t);
+  g.split_tiles = std::get<3>(t);
+  g.order = blasst::parse_visit_order(std::get<4>(t));
+  return g;
+}
+
+cal::CurveSample sample_from(const SampleTuple& t, std::size_t index) {
+  cal::CurveSample s;
+  s.component = std::get<0>(t);
+  s.layer = std::get<1>(t);
+  s.phase = blasst::parse_phase(std::get<2>(t));
+  s.length = std::get<3>(t);
+  const std::string where = "calibration: sample " + std::to_string(index) +
+                            (s.layer.empty() ? "" : " (layer '" + s.layer + "')");
+  if (s.length <= 0) throw Error(where + ": key length must be > 0, got " + std::to_string(s.length));
+  bool any = false;
+  auto add = [&](const cal::SparsityCurve& c) {
+    if (!any) s.curve = c;
+    else if (!cal::same_granularity(s.curve.granularity(), c.granularity()))
+      throw Error(where + ": statistics of different vote granularity in one sample: " +
+                  cal::describe(s.curve.granularity()) + " vs " + cal::describe(c.granularity()));
+    else s.curve.merge(c);
+    any = true;
+  };
+  for (nb::handle h : std::get<4>(t)) {
+    const blasst::SkipStats* st = nullptr;
+    if (!nb::try_cast<const blasst::SkipStats*>(h, st) || st == nullptr)
+      throw Error(where + ": expected blasst SkipStats in the statistics");
+    if (st->hist.empty() && st->deltas.empty())
+      throw Error(where + ": the SkipStats holds no delta histogram (record with "
+                          "SkipStats(histogram=True)) or the call it was passed to ran no attention");
+    cal::StatsCurves sc = cal::curves_from_stats(*st);
+    add(sc.layer);
+    for (auto& h : sc.per_head) s.heads.push_back(std::move(h));
+  }
+  const auto& hists = std::get<5>(t);
+  if (!hists.empty() && !std::get<6>(t))
+    throw Error(where + ": histograms without a granularity (pass the vote granularity the "
+                        "statistics report, e.g. SkipStats.granularity)");
+  for (const HistArray& a : hists) {
+    blasst::DeltaHistogram h;
+    if (a.shape(0) != h.counts.size())
+      throw Error(where + ": a delta histogram has " + std::to_string(a.shape(0)) +
+                  " bins, expected " + std::to_string(h.counts.size()));
+    for (std::size_t i = 0; i < h.counts.size(); ++i) h.counts[i] = a.data()[i];
+    cal::SparsityCurve c = cal::SparsityCurve::from_histogram(h, granularity_from(*std::get<6>(t)));
+    s.heads.push_back(c);
+    add(c);
+  }
+  if (!any || s.curve.empty())
+    throw Error(where + ": no visited (vote group, key tile) pair recorded (empty curve)");
+  return s;
+}
+
+nb::dict fit_dict(const cal::PhaseFit& f) {
+  nb::dict d;
+  d["component"] = f.component;
+  d["layer"] = f.layer;
+  d["phase"] = std::string(blasst::to_string(f.phase));
+  d["granularity"] = granularity_dict(f.granularity);
+  d["a"] = f.fit.ab.a;
+  d["b"] = f.fit.ab.b;
+  d["r2"] = f.fit.r2;
+  d["n"] = f.fit.n;
+  d["lengths"] = f.lengths;
+  d["range"] = std::make_pair(f.range_lo, f.range_hi);
+  d["max_sparsity"] = f.max_sparsity;
+  nb::list pts;
+  for (const auto& p : f.points) {
+    nb::dict q;
+    q["length"] = p.length;
+    q["target"] = p.target;
+    q["lambda"] = p.lambda;
+    q["factor"] = p.factor;
+    q["used"] = p.used;
+    pts.append(q);
+  }
+  d["points"] = pts;
+  d["extrapolated"] = f.extrapolated;
+  nb::list inv;
+  for (const auto& i : f.inverse) {
+    nb::dict q;
+    q["target"] = i.target;
+    q["a_prime"] = i.a_prime;
+    q["r2"] = i.r2;
+    q["exponent"] = i.exponent;
+    q["n"] = i.n;
+    inv.append(q);
+  }
+  d["inverse_law"] = inv;
+  d["warnings"] = f.warnings;
+  d["piecewise"] = piecewise_tuple(f.curve);
+  d["curve_error"] = f.curve_error;
+  d["curve_error_plain"] = f.curve_error_plain;
+  d["curve_error_finite_size"] = f.curve_error_finite_size;
+  return d;
+}
+
+nb::dict validation_dict(const cal::ValidationReport& v) {
+  nb::dict d;
+  d["tolerance"] = v.tolerance;
+  d["max_error"] = v.max_error;
+  d["max_error_fixed"] = v.max_error_fixed;
+  d["max_error_curve"] = v.max_error_curve;
+  d["ok"] = v.ok();
+  d["curve_ok"] = v.curve_ok();
+  nb::list rows;
+  for (const auto& r : v.rows) {
+    nb::dict q;
+    q["component"] = r.component;
+    q["layer"] = r.layer;
+    q["phase"] = std::string(blasst::to_string(r.phase));
+    q["length"] = r.length;
+    q["target"] = r.target;
+    q["lambda"] = r.lambda;
+    q["achieved"] = r.achieved;
+    q["lambda_fixed"] = r.lambda_fixed;
+    q["achieved_fixed"] = r.achieved_fixed;
+    q["lambda_curve"] = r.lambda_curve;
+    q["achieved_curve"] = r.achieved_curve;
+    q["in_range"] = r.in_range;
+    rows.append(q);
+  }
+  d["rows"] = rows;
+  return d;
+}
+
+// The fitted calibration with the samples it came from (validation and configs need both).
+struct PyCalibration {
+  std::vector<cal::CurveSample> samples;
+  cal::CalibrationResult result;
+};
+}  // namespace
+
 NB_MODULE(_core, m) {
   m.doc() = "blasst C++ core (Skip-Softmax sparse attention)";
   m.attr("__version__") = BLASST_VERSION;
@@ -478,9 +630,83 @@ NB_MODULE(_core, m) {
           "layer"_a)
       .def("to_json",
            [](const blasst::config::SparseAttentionConfig& c) { return blasst::config::to_json(c); })
+      .def("write_into",
+           [](const blasst::config::SparseAttentionConfig& c, const std::string& path) {
+             blasst::config::write_into(path, c);
+           },
+           "path"_a)
       .def_prop_ro("group_names", [](const blasst::config::SparseAttentionConfig& c) {
         std::vector<std::string> names;
         for (const auto& g : c.groups) names.push_back(g.name);
         return names;
       });
+
+  // SPEC §6 calibration of recorded curves (blasst.calibration; docs/python.md "Calibration").
+  nb::class_<PyCalibration>(m, "Calibration")
+      .def_static(
+          "fit",
+          [](const std::vector<SampleTuple>& samples, const std::vector<double>& targets,
+             bool allow_any_target, bool per_layer, std::optional<std::string> prefill_mask,
+             bool finite_size) {
+            if (samples.empty()) throw Error("calibration: no samples");
+            PyCalibration out;
+            for (std::size_t i = 0; i < samples.size(); ++i)
+              out.samples.push_back(sample_from(samples[i], i));
+            cal::FitOptions fo;
+            fo.targets = targets;
+            fo.allow_any_target = allow_any_target;
+            fo.per_layer = per_layer;
+            fo.finite_size = finite_size;
+            if (prefill_mask) {
+              if (*prefill_mask != "causal" && *prefill_mask != "full")
+                throw Error("calibration: mask must be 'causal', 'full' or None, got '" + *prefill_mask + "'");
+              fo.prefill_mask = *prefill_mask == "full" ? blasst::MaskKind::full : blasst::MaskKind::causal;
+            }
+            {
+              nb::gil_scoped_release release;
+              out.result = cal::calibrate(out.samples, fo);
+            }
+            return out;
+          },
+          "samples"_a, "targets"_a, "allow_any_target"_a, "per_layer"_a, "prefill_mask"_a.none(),
+          "finite_size"_a)
+      .def_prop_ro("targets", [](const PyCalibration& c) { return c.result.targets; })
+      .def_prop_ro("fits",
+                   [](const PyCalibration& c) {
+                     nb::list l;
+                     for (const auto& f : c.result.fits) l.append(fit_dict(f));
+                     return l;
+                   })
+      .def(
+          "validate",
+          [](const PyCalibration& c, std::optional<std::vector<double>> targets, double tolerance) {
+            return validation_dict(
+                cal::validate(c.result, c.samples, targets ? *targets : c.result.targets, tolerance));
+          },
+          "targets"_a.none(), "tolerance"_a)
+      .def(
+          "sparsity_at",
+          [](const PyCalibration& c, std::size_t i, double lambda) {
+            if (i >= c.samples.size()) throw Error("calibration: sample index out of range");
+            return c.samples[i].curve.sparsity_at(lambda);
+          },
+          "sample"_a, "lam"_a)
+      .def(
+          "to_configs",
+          [](const PyCalibration& c, double target_prefill, double target_decode,
+             std::optional<double> disabled_until, const std::vector<std::string>& ignore,
+             const std::string& layer_pattern) {
+            cal::ConfigOptions co;
+            co.target_prefill = target_prefill;
+            co.target_decode = target_decode;
+            co.disabled_until_timestep = disabled_until;
+            co.ignore = ignore;
+            co.layer_pattern = layer_pattern;
+            auto cfgs = cal::to_configs(c.result, co);
+            return std::vector<std::pair<std::string, blasst::config::SparseAttentionConfig>>(
+                cfgs.begin(), cfgs.end());
+          },
+          "target_prefill"_a, "target_decode"_a, "disabled_until_timestep"_a.none(), "ignore"_a,
+          "layer_pattern"_a);
+
 }
