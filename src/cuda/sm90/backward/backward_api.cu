@@ -44,7 +44,6 @@ struct Plan {
   i64 max_q = 0, max_k = 0;
   bool dout_conv = false;  // f32 dout: the preprocess rounds a copy to q's dtype
   std::size_t bytes_accum = 0, bytes_rows = 0, bytes_dout = 0, bytes_bits = 0;
-  i64 words = 0;                    // the problem's skip-set words (read in place), else 0
   i64 set_groups = 0, set_tiles = 0;  // the skip set's dimensions (either form)
 };
 
@@ -107,7 +106,6 @@ Plan plan(const AttentionBackwardProblem& p, const SkipConfig& skip_in, const Sk
     detail::check_skip_set_words(p.skip_set_words, shape, "skip_set_words");
     if (reinterpret_cast<std::uintptr_t>(p.skip_set) % alignof(std::uint32_t) != 0)
       throw Error("skip_set: must be 4-byte aligned (32-bit words)");
-    pl.words = shape.words();
     pl.set_groups = shape.groups;
     pl.set_tiles = shape.tiles;
   } else if (set != nullptr) {

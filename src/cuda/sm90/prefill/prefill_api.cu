@@ -209,9 +209,12 @@ void run_staged(const AttentionProblem& hp, const SkipConfig& skip_in, const Run
   dp.v = staging.upload(hp.v);
   dp.out = staging.upload(hp.out);
   dp.lse = staging.upload(hp.lse);
+  // The skip set's words (SPEC §9): checked here, written on the device, copied back below.
+  std::size_t set_words = 0;
   if (hp.skip_set != nullptr) {
-    detail::check_skip_set_words(hp.skip_set_words,
-                                 skip_set_shape_of(r, prefill_vote_granularity(skip.vote.order)), "skip_set_words");
+    const SkipSetShape shape = skip_set_shape_of(r, prefill_vote_granularity(skip.vote.order));
+    check_skip_set_words(hp.skip_set_words, shape, "skip_set_words");
+    set_words = static_cast<std::size_t>(shape.words());
     dp.skip_set = staging.output_words(static_cast<std::size_t>(hp.skip_set_words));
   }
   if (hp.cu_seqlens_q) {
@@ -224,11 +227,7 @@ void run_staged(const AttentionProblem& hp, const SkipConfig& skip_in, const Run
   cuda_attention(dp, skip, dopt, stats);
   staging.download(hp.out, dp.out);
   staging.download(hp.lse, dp.lse);
-  if (hp.skip_set != nullptr) {
-    const std::size_t words = static_cast<std::size_t>(
-        skip_set_shape_of(r, prefill_vote_granularity(skip.vote.order)).words());
-    staging.download(hp.skip_set, dp.skip_set, words);
-  }
+  if (hp.skip_set != nullptr) staging.download(hp.skip_set, dp.skip_set, set_words);
   staging.synchronize();
 }
 
