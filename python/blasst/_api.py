@@ -2,7 +2,8 @@
 
 Eager calls run blasst._calls: any DLPack-capable tensors (torch, numpy, cupy) in the SPEC layout;
 outputs are allocated by the input's own framework (torch.empty, numpy.empty, cupy.empty) and
-filled by C++. CPU tensors run the reference engine, CUDA tensors the kernels on the caller's
+filled by C++. Eager calls with torch tensors take the short path of blasst._torch_eager (same
+arguments to C++, less Python per call); what it does not take goes to blasst._calls. CPU tensors run the reference engine, CUDA tensors the kernels on the caller's
 current stream. While torch.compile traces a call with torch tensors, the call goes through the
 custom ops of blasst._torch_ops instead, which run the same blasst._calls at run time; so does an
 attention call that autograd records (its backward is registered on the op, SPEC §9).
@@ -16,39 +17,40 @@ from . import _calls
 from ._skip import SkipSoftmax, SkipStats
 
 _torch_ops = None  # blasst._torch_ops once torch is in use (registers the custom ops)
+_torch_eager = None  # blasst._torch_eager, loaded with it: the short eager path of torch tensors
+_Tensor = _is_compiling = _grad_enabled = None  # torch.Tensor and two queries, once torch is in use
 
 
 def _load_torch_ops():
-    global _torch_ops
+    global _torch_ops, _torch_eager, _Tensor, _is_compiling, _grad_enabled
     if _torch_ops is None:
+        from . import _torch_eager as eager
         from . import _torch_ops as ops
+        torch = ops.torch
+        _torch_eager = eager
+        _Tensor, _is_compiling, _grad_enabled = (torch.Tensor, torch.compiler.is_compiling,
+                                                 torch.is_grad_enabled)
         _torch_ops = ops
     return _torch_ops
 
 
-def _torch_compiling(q) -> bool:
-    """True while torch.compile traces a call with torch tensors: route through the custom op.
-    With torch imported, the first call loads the custom ops (torch.compile needs them
-    registered before it traces)."""
-    ops = _torch_ops
-    if ops is None:
+def _torch_route(q, k, v):
+    """How a call with query q goes: None (not a torch tensor: blasst._calls), "op" (torch.compile
+    traces the call: the custom op), "grad" (autograd records it: the custom op, whose backward is
+    registered, SPEC §9) or "eager" (blasst._torch_eager). With torch imported, the first call
+    loads the custom ops (torch.compile needs them registered before it traces)."""
+    if _torch_ops is None:
         if sys.modules.get("torch") is None:
-            return False
-        ops = _load_torch_ops()
-    return isinstance(q, ops.torch.Tensor) and ops.torch.compiler.is_compiling()
-
-
-def _needs_grad(q, k, v) -> bool:
-    """True when autograd records this call (torch tensors requiring grad, grad mode on): route it
-    through the custom op, whose backward is registered (SPEC §9)."""
-    ops = _torch_ops
-    if ops is None:
-        if sys.modules.get("torch") is None:
-            return False
-        ops = _load_torch_ops()
-    torch = ops.torch
-    return torch.is_grad_enabled() and any(
-        isinstance(x, torch.Tensor) and x.requires_grad for x in (q, k, v))
+            return None
+        _load_torch_ops()
+    if not isinstance(q, _Tensor):
+        return None
+    if _is_compiling():
+        return "op"
+    if _grad_enabled() and (q.requires_grad or (isinstance(k, _Tensor) and k.requires_grad)
+                            or (isinstance(v, _Tensor) and v.requires_grad)):
+        return "grad"
+    return "eager"
 
 
 def _no_stats_when_compiling(stats, entry: str) -> None:
@@ -73,13 +75,19 @@ def attention(q, k, v, *, causal: bool = False, scale: Optional[float] = None,
     causal: bottom-right aligned when Lq != Lk. skip: a blasst.SkipSoftmax (None: dense).
     stats: a dict (filled in place) or a blasst.SkipStats.
     """
-    if not _torch_compiling(q) and _needs_grad(q, k, v) and stats is not None:
+    route = _torch_route(q, k, v)
+    if route == "grad" and stats is not None:
         raise ValueError("stats: not available while autograd records the call; collect "
                          "statistics under torch.no_grad() or with detached tensors")
-    if _torch_compiling(q) or _needs_grad(q, k, v):
+    if route == "op" or route == "grad":
         _no_stats_when_compiling(stats, "blasst.attention")
         return _torch_ops.attention_op(q, k, v, causal, scale, skip, cu_seqlens_q, cu_seqlens_k,
                                        max_seqlen_q, max_seqlen_k, return_lse)
+    if route == "eager" and stats is None:
+        res = _torch_eager.attention(q, k, v, causal, scale, skip, cu_seqlens_q, cu_seqlens_k,
+                                     max_seqlen_q, max_seqlen_k, return_lse)
+        if res is not None:
+            return res
     return _calls.attention(q, k, v, causal, scale, skip, cu_seqlens_q, cu_seqlens_k,
                             max_seqlen_q, max_seqlen_k, return_lse, stats)
 
@@ -96,9 +104,15 @@ def decode(q, k_cache, v_cache, *, page_table=None, seqlens=None,
     int32 page_table [B, max_pages_per_seq] and seqlens. out [B, q_len, Hq, dv], lse [B, Hq, q_len].
     With q_len > 1 (speculative decoding) query i sees key j iff j <= i + Lk - q_len (causal=True).
     """
-    if _torch_compiling(q):
+    route = _torch_route(q, k_cache, v_cache)
+    if route == "op":
         _no_stats_when_compiling(stats, "blasst.decode")
         return _torch_ops.decode_op(q, k_cache, v_cache, page_table, seqlens, max_seqlen_k,
                                     skip, scale, causal, return_lse)
+    if route is not None and stats is None:  # eager, or grad (decode has no gradient)
+        res = _torch_eager.decode(q, k_cache, v_cache, page_table, seqlens, max_seqlen_k, skip,
+                                  scale, causal, return_lse)
+        if res is not None:
+            return res
     return _calls.decode(q, k_cache, v_cache, page_table, seqlens, max_seqlen_k, skip, scale,
                          causal, return_lse, stats)

@@ -85,7 +85,8 @@ def _effective_skip(skip):
     check_skip(skip)
     if skip is None or not skip.enabled:
         return None, False
-    if not _diffusion.active(skip.disabled_until_timestep):
+    # No D: the gate is always open (SPEC §4; TimestepGate::active without D), asked for nothing.
+    if skip._disabled_until is not None and not _diffusion.active(skip._disabled_until):
         return None, True
     return skip._cfg, False
 

@@ -1,9 +1,12 @@
-// Internal CUDA helpers shared by the kernels' host code: checked calls and a device buffer.
+// Internal CUDA helpers shared by the kernels' host code: checked calls, a device buffer and the
+// once-per-device kernel attribute.
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <utility>
 
@@ -48,5 +51,19 @@ class DeviceBuffer {
   void* ptr_ = nullptr;
   std::size_t bytes_ = 0;
 };
+
+// cudaFuncSetAttribute(kernel, MaxDynamicSharedMemorySize, bytes) once per device and kernel
+// (it is a property of the kernel in the device's context; asking again on every launch costs host
+// time). Kernel: the __global__ function itself, e.g. set_max_dynamic_smem<&my_kernel<T>>(bytes).
+template <auto Kernel>
+void set_max_dynamic_smem(int bytes) {
+  static std::atomic<std::uint64_t> done{0};  // bit d: set on device d (devices 0..63)
+  int dev = 0;
+  BLASST_CUDA_CHECK(cudaGetDevice(&dev));
+  const std::uint64_t bit = dev < 64 ? std::uint64_t{1} << dev : 0;
+  if (bit != 0 && (done.load(std::memory_order_acquire) & bit) != 0) return;
+  BLASST_CUDA_CHECK(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  done.fetch_or(bit, std::memory_order_release);
+}
 
 }  // namespace blasst::detail

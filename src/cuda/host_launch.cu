@@ -132,17 +132,7 @@ Workspace::~Workspace() {
   for (void* p : owned_) cudaFreeAsync(p, stream_);
 }
 
-void* Workspace::take(std::size_t bytes) {
-  if (bytes == 0) return nullptr;
-  if (given_ != nullptr) {
-    const std::size_t need = used_ + align_up(bytes);
-    if (need > given_bytes_)
-      throw Error(std::string("RunOptions::workspace: ") + std::to_string(given_bytes_) + " bytes given, " + what_ +
-                  " needs at least " + std::to_string(need) + " (ask *_workspace_bytes for the size)");
-    void* p = given_ + used_;
-    used_ = need;
-    return p;
-  }
+void* Workspace::allocate(std::size_t bytes) {
   void* p = nullptr;
   if (capturing()) {
     BLASST_CUDA_CHECK(cudaMallocAsync(&p, bytes, stream_));
@@ -152,6 +142,30 @@ void* Workspace::take(std::size_t bytes) {
     BLASST_CUDA_CHECK(cudaMallocFromPoolAsync(&p, bytes, workspace_pool(dev), stream_));
   }
   owned_.push_back(p);
+  return p;
+}
+
+void Workspace::reserve(std::size_t bytes) {
+  if (given_ != nullptr || bytes == 0) return;
+  given_ = static_cast<unsigned char*>(allocate(bytes));
+  given_bytes_ = bytes;
+  used_ = 0;
+  reserved_ = true;
+}
+
+void* Workspace::take(std::size_t bytes) {
+  if (bytes == 0) return nullptr;
+  if (given_ == nullptr) return allocate(bytes);
+  const std::size_t need = used_ + align_up(bytes);
+  if (need > given_bytes_) {
+    if (reserved_)  // a bug of ours: the call's reserve() did not cover what it takes
+      throw Error(std::string("internal: ") + what_ + " reserved " + std::to_string(given_bytes_) +
+                  " workspace bytes and takes " + std::to_string(need));
+    throw Error(std::string("RunOptions::workspace: ") + std::to_string(given_bytes_) + " bytes given, " + what_ +
+                " needs at least " + std::to_string(need) + " (ask *_workspace_bytes for the size)");
+  }
+  void* p = given_ + used_;
+  used_ = need;
   return p;
 }
 

@@ -59,18 +59,26 @@ class Workspace {
   ~Workspace();
   Workspace(const Workspace&) = delete;
   Workspace& operator=(const Workspace&) = delete;
+  // Without a caller's workspace: takes `bytes` (bytes_for of the blocks to come) from the pool
+  // in one allocation, from which the takes that follow are carved (one pool allocation per call,
+  // not one per block). With the caller's workspace: nothing to do.
+  void reserve(std::size_t bytes);
   void* take(std::size_t bytes);
   template <class T> T* take(std::size_t count) { return static_cast<T*>(take(count * sizeof(T))); }
   bool capturing();  // the stream is being captured into a CUDA graph (asked once)
 
  private:
+  void* allocate(std::size_t bytes);  // from the pool (or, during capture, a graph memory node)
+
   cudaStream_t stream_;
   const char* what_;
   unsigned char* given_ = nullptr;
   std::size_t given_bytes_ = 0, used_ = 0;
+  bool reserved_ = false;  // given_ is our reserve(), not the caller's workspace
   bool capturing_ = false, capture_known_ = false;
   std::vector<void*> owned_;
 };
+
 
 // Statistics counters of a skip kernel, zeroed: visited and skipped per head, and, with a
 // histogram, [head][kHistSlots] delta counts (SPEC §5).

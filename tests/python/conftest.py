@@ -13,7 +13,8 @@ sys.path.insert(0, os.path.dirname(__file__))  # oracle.py
 # install or a broken import, not a missing GPU. GPU tests (marker "gpu") inside them may skip on a
 # machine without a GPU; with BLASST_REQUIRE_GPU=1 (scripts/device_python.sh, device_all.sh) a
 # skipped GPU test anywhere is a failure.
-REQUIRED_SUITES = {"test_torch.py": ("torch",), "test_backward_cpu.py": ("torch",), "test_transformers.py": ("torch", "transformers"),
+REQUIRED_SUITES = {"test_torch.py": ("torch",), "test_backward_cpu.py": ("torch",),
+                   "test_torch_eager_cpu.py": ("torch",), "test_transformers.py": ("torch", "transformers"),
                    "test_diffusers_cpu.py": ("torch", "diffusers"),
                    "test_diffusers_gpu.py": ("torch", "diffusers")}
 REQUIRE_TORCH = os.environ.get("BLASST_REQUIRE_TORCH") == "1"

@@ -47,6 +47,12 @@ struct Plan {
   i64 set_groups = 0, set_tiles = 0;  // the skip set's dimensions (either form)
 };
 
+// The call's scratch memory, in the order it is taken: dQ accumulator, LSE (log2), dsum, the
+// converted dout, the uploaded skip-set bits.
+std::size_t scratch_bytes(const Plan& pl) {
+  return detail::Workspace::bytes_for({pl.bytes_accum, pl.bytes_rows, pl.bytes_rows, pl.bytes_dout, pl.bytes_bits});
+}
+
 void check_dtype_in(const Tensor& t, const char* name, DType qdtype) {
   if (t.dtype != qdtype && t.dtype != DType::f32)
     throw Error(std::string(name) + ": dtype " + to_string(t.dtype) + " is not supported by " + kKernel + " (" +
@@ -223,7 +229,7 @@ std::size_t attention_backward_workspace_bytes(const AttentionBackwardProblem& p
   const DeviceKind where = p.q.device == DeviceKind::cpu && opt.device == DeviceKind::cuda ? DeviceKind::cpu
                                                                                            : DeviceKind::cuda;
   const Plan pl = plan(p, skip, skip_set, where);
-  return detail::Workspace::bytes_for({pl.bytes_accum, pl.bytes_rows, pl.bytes_rows, pl.bytes_dout, pl.bytes_bits});
+  return scratch_bytes(pl);
 }
 
 void launch_attention_backward(const AttentionBackwardProblem& p, const SkipConfig& skip, const RunOptions& opt,
@@ -238,6 +244,7 @@ void launch_attention_backward(const AttentionBackwardProblem& p, const SkipConf
   cudaStream_t stream = static_cast<cudaStream_t>(opt.stream);
   // Same order as attention_backward_workspace_bytes.
   detail::Workspace ws(opt, stream, "attention_backward");
+  ws.reserve(scratch_bytes(pl));  // one pool allocation for the blocks below
   prm.dq_accum = static_cast<float*>(ws.take(pl.bytes_accum));
   prm.lse_log2 = static_cast<float*>(ws.take(pl.bytes_rows));
   prm.dsum = static_cast<float*>(ws.take(pl.bytes_rows));

@@ -103,7 +103,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1) backward_kernel(CUTE_G
 template <class Traits>
 void launch_backward(const BackwardParams& p, cudaStream_t stream) {
   auto kernel = backward_kernel<Traits>;
-  BLASST_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes));
+  ::blasst::detail::set_max_dynamic_smem<&backward_kernel<Traits>>(Traits::kSmemBytes);
   const dim3 grid = BackwardScheduler::grid(p);
   if (grid.x == 0 || grid.y == 0 || grid.z == 0) return;
   kernel<<<grid, Traits::kNumThreads, Traits::kSmemBytes, stream>>>(p);

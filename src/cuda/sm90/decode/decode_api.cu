@@ -134,6 +134,15 @@ std::size_t partial_rows(const ResolvedDecode& r, const Plan& pl) {
   return static_cast<std::size_t>(r.batch * r.hk * pl.num_splits * pl.rows);
 }
 
+// The call's scratch memory, as run() takes it: partial O, partial LSE, then the statistics
+// counters (stats: counted; hist: with the delta histograms).
+std::size_t workspace_need(const ResolvedDecode& r, const Plan& pl, bool stats, bool hist) {
+  const std::size_t part_rows = partial_rows(r, pl);
+  return detail::Workspace::bytes_for({part_rows * static_cast<std::size_t>(r.d) * sizeof(float),
+                                       part_rows * sizeof(float),
+                                       stats ? detail::StatCounters::bytes(r.hk, hist) : 0});
+}
+
 // cuTensorMapEncodeTiled through the runtime's driver entry point (no link against libcuda).
 using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
                                  const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
@@ -248,6 +257,17 @@ void run(const DecodeProblem& p, const SkipConfig& skip, const RunOptions& opt, 
   detail::Workspace ws(opt, stream, "decode");
   if (stats != nullptr && ws.capturing())
     throw Error("decode: statistics need a synchronisation and cannot be collected during stream capture");
+  const dim3 grid(static_cast<unsigned>(r.hk), static_cast<unsigned>(pl.num_splits), static_cast<unsigned>(r.batch));
+  std::size_t need = workspace_need(r, pl, want_stats, want_hist);
+#ifdef BLASST_DECODE_TRACE
+  // Diagnostic timeline (trace builds, BLASST_DECODE_TRACE=<file>, bench/decode/trace_decode.py).
+  const char* trace_file = std::getenv("BLASST_DECODE_TRACE");
+  if (trace_file != nullptr && *trace_file == '\0') trace_file = nullptr;
+  if (trace_file != nullptr && ws.capturing()) throw Error("BLASST_DECODE_TRACE: cannot trace during stream capture");
+  const std::size_t n_ctas = static_cast<std::size_t>(grid.x) * grid.y * grid.z;
+  if (trace_file) need += detail::Workspace::bytes_for({n_ctas * kTracePoints * sizeof(unsigned long long)});
+#endif
+  ws.reserve(need);  // one pool allocation for the blocks below
   const std::size_t part_rows = partial_rows(r, pl);
   float* o_part = ws.take<float>(part_rows * static_cast<std::size_t>(r.d));
   float* lse_part = ws.take<float>(part_rows);
@@ -287,13 +307,7 @@ void run(const DecodeProblem& p, const SkipConfig& skip, const RunOptions& opt, 
       kp.tma_box_rows = box_rows;
     }
   }
-  const dim3 grid(static_cast<unsigned>(r.hk), static_cast<unsigned>(pl.num_splits), static_cast<unsigned>(r.batch));
 #ifdef BLASST_DECODE_TRACE
-  // Diagnostic timeline (trace builds, BLASST_DECODE_TRACE=<file>, bench/decode/trace_decode.py).
-  const char* trace_file = std::getenv("BLASST_DECODE_TRACE");
-  if (trace_file != nullptr && *trace_file == '\0') trace_file = nullptr;
-  if (trace_file != nullptr && ws.capturing()) throw Error("BLASST_DECODE_TRACE: cannot trace during stream capture");
-  const std::size_t n_ctas = static_cast<std::size_t>(grid.x) * grid.y * grid.z;
   kp.trace = trace_file ? ws.take<unsigned long long>(n_ctas * kTracePoints) : nullptr;
   if (kp.trace) BLASST_CUDA_CHECK(cudaMemsetAsync(kp.trace, 0, n_ctas * kTracePoints * sizeof(unsigned long long), stream));
 #endif
@@ -339,12 +353,7 @@ std::size_t workspace_bytes(const DecodeProblem& p, const SkipConfig& skip, cons
     throw Error("q: host tensor on the CUDA path; set RunOptions::device = cuda to stage it");
   const ResolvedDecode r = detail::validate_decode(p, host ? DeviceKind::cpu : DeviceKind::cuda);
   can_implement(p, r, skip);
-  const Plan pl = plan(r, skip);
-  const std::size_t part_rows = partial_rows(r, pl);
-  // As run() takes it: partial O, partial LSE, then the statistics counters.
-  return detail::Workspace::bytes_for({part_rows * static_cast<std::size_t>(r.d) * sizeof(float),
-                                       part_rows * sizeof(float),
-                                       stats ? detail::StatCounters::bytes(r.hk, opt.collect_histogram) : 0});
+  return workspace_need(r, plan(r, skip), stats, opt.collect_histogram);
 }
 
 }  // namespace blasst::sm90::decode

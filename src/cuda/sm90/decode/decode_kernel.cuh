@@ -263,11 +263,9 @@ void launch(const Params& p, dim3 grid, cudaStream_t stream) {
   using Traits = DecodeTraits<E, kHeadDim, V, kMTiles>;
   auto* fn = &decode_kernel<Traits>;
   constexpr int smem = static_cast<int>(Traits::kSmemBytes);
-  cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (e == cudaSuccess) {
-    fn<<<grid, Traits::kThreads, smem, stream>>>(p);
-    e = cudaGetLastError();
-  }
+  ::blasst::detail::set_max_dynamic_smem<&decode_kernel<Traits>>(smem);
+  fn<<<grid, Traits::kThreads, smem, stream>>>(p);
+  const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) ::blasst::detail::throw_cuda(e, "decode_kernel launch", __FILE__, __LINE__);
 }
 

@@ -102,7 +102,7 @@ void launch_prefill(const PrefillParams& p, cudaStream_t stream) {
 
   const int smem = int(sizeof(typename Traits::SharedStorage));
   auto kernel = prefill_kernel<Traits>;
-  BLASST_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  ::blasst::detail::set_max_dynamic_smem<&prefill_kernel<Traits>>(smem);
   const dim3 grid = HeavyFirstScheduler::grid(p);
   if (grid.x == 0 || grid.y == 0) return;
   kernel<<<grid, Traits::kNumThreads, smem, stream>>>(kp);
