@@ -101,7 +101,12 @@ def host_rows():
     # Pieces of the Python side, each alone.
     import torch.utils.dlpack as tdl
     add("piece: torch.empty (cuda, out)", lambda: torch.empty((B, 1, hq, d), dtype=BF16, device=DEV))
+    add("piece: q.new_empty(shape)", lambda: q.new_empty((B, 1, hq, d)))
+    add("piece: torch.empty_like(q)", lambda: torch.empty_like(q))
+    add("piece: q.new_empty(lse shape, dtype=float32)", lambda: q.new_empty((B, hq, 1), dtype=torch.float32))
     add("piece: to_dlpack(x.detach())", lambda: tdl.to_dlpack(q.detach()))
+    add("piece: torch._C._to_dlpack(x)", lambda: torch._C._to_dlpack(q))
+    add("piece: torch._C._cuda_getCurrentRawStream(i)", lambda: torch._C._cuda_getCurrentRawStream(0))
     add("piece: torch.cuda.current_stream(dev).cuda_stream",
         lambda: torch.cuda.current_stream(q.device).cuda_stream)
     add("piece: torch.cuda.current_device()", torch.cuda.current_device)

@@ -3,7 +3,7 @@ short path (issue 18: host overhead per call).
 
 blasst._calls serves every framework through its adapters (blasst._frameworks); that generality
 costs tens of microseconds per call, more than the kernels at decode sizes. Here q, k, v (and
-the index tensors) are torch tensors: outputs come from q.new_empty, DLPack capsules from
+the index tensors) are torch tensors: outputs come from empty_like / new_empty, DLPack capsules from
 torch's C exporter, the current stream from torch's raw-stream query, and nothing else is done
 in Python that C++ checks anyway. The semantics are those of blasst._calls: the same arguments
 reach _core.attention / _core.decode in the same form, and a call this path does not take
@@ -50,6 +50,14 @@ def _plain_length(n) -> bool:
     return n is None or (type(n) is int and n >= 0)
 
 
+def _out_like(q, shape):
+    """Uninitialised out [shape] in q's dtype and device: empty_like(q) when that is the shape
+    and q is contiguous (the common case, and the cheaper allocation call), else new_empty."""
+    if q.shape == shape and q.is_contiguous():
+        return torch.empty_like(q)
+    return q.new_empty(shape)
+
+
 def _stream_and_device(q):
     """(stream, device to switch to or None) for q's device: the caller's current stream there."""
     if not q.is_cuda:
@@ -77,7 +85,7 @@ def attention(q, k, v, causal, scale, skip, cu_seqlens_q, cu_seqlens_k, max_seql
     if not (_plain_length(max_seqlen_q) and _plain_length(max_seqlen_k)):
         return None  # the generic path's checks and messages
     cfg, _ = _effective_skip(skip)
-    out = q.new_empty(out_shape)
+    out = _out_like(q, out_shape)
     lse = q.new_empty(lse_shape, dtype=_f32) if return_lse else None
     stream, switch = _stream_and_device(q)
     args = (_export(q), _export(k), _export(v), _to_dlpack(out),
@@ -105,7 +113,7 @@ def decode(q, k_cache, v_cache, page_table, seqlens, max_seqlen_k, skip, scale, 
     if not _plain_length(max_seqlen_k):
         return None
     cfg, _ = _effective_skip(skip)
-    out = q.new_empty((qs[0], qs[1], qs[2], vs[3]))
+    out = _out_like(q, (qs[0], qs[1], qs[2], vs[3]))
     lse = q.new_empty((qs[0], qs[2], qs[1]), dtype=_f32) if return_lse else None
     stream, switch = _stream_and_device(q)
     args = (_export(q), _export(k_cache), _export(v_cache), _to_dlpack(out),

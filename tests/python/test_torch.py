@@ -260,6 +260,29 @@ def test_gpu_uses_the_current_stream(cuda, gen):
 
 
 @pytest.mark.gpu
+def test_gpu_eager_calls_are_ordered_on_the_current_stream(cuda, gen):
+    """On a side stream, q/k/v get their values from a copy queued behind a long sleep; calls on
+    that stream must see them. A call launched on any other stream would read the zeros before
+    the copy (its output would be 0) - and with timing this long, it would."""
+    src = randn(gen, 1, 512, 4, 128, dtype=torch.bfloat16).to(cuda)
+    want = blasst.attention(src, src, src, causal=True, return_lse=True)
+    want_dec = blasst.decode(src[:, :1], src, src, return_lse=True)
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        x = torch.zeros_like(src)
+        torch.cuda._sleep(100_000_000)  # tens of ms of GPU time on this stream
+        x.copy_(src)
+        got = blasst.attention(x, x, x, causal=True, return_lse=True)
+        got_dec = blasst.decode(x[:, :1], x, x, return_lse=True)
+    side.synchronize()
+    for a, b in zip(got + got_dec, want + want_dec):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert want[0].abs().max() > 0.01  # the outputs the check relies on are not zeros
+
+
+@pytest.mark.gpu
 def test_gpu_cuda_graph_capture_and_replay(cuda, gen):
     B, L, H, d = 2, 700, 4, 128
     cu = torch.tensor([0, 300, 1000], dtype=torch.int32, device=cuda)
