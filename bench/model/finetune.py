@@ -233,8 +233,10 @@ def finetune_arm(name, base_sd, cfg, attn, train, args, P, dev, K, measure_skip,
         loss.backward()
         del logits
         if step % args.log_every == 0:
+            # the q/k/v projections get their gradient only through the attention's backward
             rec["qkv_grad_norm"].append({"step": step, "norm": float(torch.linalg.vector_norm(
-                torch.stack([torch.linalg.vector_norm(p.grad.float()) for p in qkv])))})
+                torch.stack([torch.linalg.vector_norm(p.grad.float()) if p.grad is not None
+                             else p.new_zeros(()) for p in qkv])))})
         gn = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         rec["losses"].append(loss.detach())
