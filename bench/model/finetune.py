@@ -196,7 +196,7 @@ def finetune_arm(name, base_sd, cfg, attn, train, args, P, dev, K, measure_skip,
     meas_skips = skips_for(blasst, measure_skip, cfg.n_layers, tile_kw) if measure_skip else None
     while step < total:
         el = time.time() - t0
-        if not fixed:
+        if not fixed:  # the time budget decides K, once, at step HOLD; then K steps exactly
             if el >= args.ft_seconds:
                 total = step
                 break
@@ -207,6 +207,7 @@ def finetune_arm(name, base_sd, cfg, attn, train, args, P, dev, K, measure_skip,
                 total = max(HOLD + 1, min(args.max_steps, int((args.ft_seconds - el) / rate) + HOLD))
                 log(f"{name}: {rate * 1e3:.0f} ms/step -> {total} steps for every arm")
                 rec["ms_per_step_at_hold"] = rate * 1e3
+                fixed = True
         elif el > args.arm_seconds_cap:
             rec["truncated"] = True
             R["errors"].append(f"{name}: stopped at step {step} of {total} (arm time cap)")
@@ -385,7 +386,8 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=2024)
     ap.add_argument("--ft-seconds", type=float, default=None,
                     help="time budget of the first (aware, 'target') arm; fixes K for all arms")
-    ap.add_argument("--steps", type=int, default=None, help="fixed K (no time budget)")
+    ap.add_argument("--steps", type=int, default=None,
+                    help="fixed K (no time budget; --tiny default 20; 0: the time budget)")
     ap.add_argument("--max-steps", type=int, default=100000)
     ap.add_argument("--arm-seconds-cap", type=float, default=None,
                     help="safety stop of an arm with fixed K (default 1.5 x ft-seconds)")
@@ -402,6 +404,10 @@ def main(argv=None):
     ap.add_argument("--measure-every", type=int, default=None)
     ap.add_argument("--settings", default="target,max", help="which trained settings to run")
     ap.add_argument("--workers", type=int, default=None)
+    ap.add_argument("--ctx", type=int, default=None,
+                    help="(testing) context other than the checkpoint's training context")
+    ap.add_argument("--corpus-bytes", type=int, default=None,
+                    help="(testing) a smaller corpus than the checkpoint's (token counts differ)")
     ap.add_argument("--threads", type=int, default=None,
                     help="torch CPU threads (--tiny default 1: tiny ops, often a shared CPU)")
     args = ap.parse_args(argv)
@@ -430,7 +436,7 @@ def main(argv=None):
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     pp = prev["params"]
-    P = {"ctx": pp["ctx"], "corpus_bytes": pp["corpus_bytes"], "heldout_pct": pp["heldout_pct"],
+    P = {"ctx": args.ctx or pp["ctx"], "corpus_bytes": args.corpus_bytes or pp["corpus_bytes"], "heldout_pct": pp["heldout_pct"],
          "tile_kw": pp.get("tile_kw", {}), "max_tokens": pp.get("max_tokens", 65536)}
     if args.lr is None:
         args.lr = 0.1 * pp["lr"]  # where the checkpoint's cosine schedule ended
@@ -440,6 +446,8 @@ def main(argv=None):
         args.ft_seconds = 20.0 if tiny else 100.0
     if args.steps is None and tiny:
         args.steps = 20
+    if args.steps == 0:
+        args.steps = None
     if args.warmup is None:
         args.warmup = 4 if tiny else 20
     if args.arm_seconds_cap is None:
