@@ -349,13 +349,15 @@ def markdown(R):
     S = R.get("summary", {})
     if S:
         L += ["", "| setting | post-hoc gap (control) | aware gap | ratio post-hoc / aware | "
-              "aware dense - control dense | sparsity control / aware | base post-hoc gap | "
-              "gap <= 0.5x | dense within 1 % |", "|---|---|---|---|---|---|---|---|---|"]
+              "aware dense - control dense | aware skip - control dense | sparsity control / aware | "
+              "base post-hoc gap | gap <= 0.5x | dense within 1 % |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
         for n, s in S.items():
             ratio = f"{s['gap_ratio']:.2f}" if s["gap_ratio"] is not None else "n/a (aware gap <= 0)"
             L.append(f"| {n} | {s['posthoc_gap']:+.4f} +- {s['posthoc_gap_se']:.4f} | "
                      f"{s['aware_gap']:+.4f} +- {s['aware_gap_se']:.4f} | {ratio} | "
                      f"{s['aware_dense_minus_control_dense']:+.4f} ({100 * s['aware_dense_rel']:+.2f} %) | "
+                     f"{s['aware_skip_minus_control_dense']:+.4f} | "
                      f"{s['control_posthoc_sparsity']:.3f} / {s['aware_sparsity']:.3f} | "
                      f"{s.get('base_posthoc_gap', float('nan')):+.4f} | "
                      f"{'yes' if s['issue_target_gap_le_half'] else 'no'} | "
