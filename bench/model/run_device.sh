@@ -12,6 +12,12 @@
 # EVAL_ONLY=1 CKPT_DIR=DIR: no training; evaluate DIR's checkpoint (ckpt_*.pt, tokenizer.json,
 # results.json of a previous run): about 1 min, timeout 175 s; $OUT gets results.json,
 # calibrated_config.json, misc.tar.gz.
+# FINETUNE=1 CKPT_DIR=DIR: sparsity-aware fine-tuning vs a dense control from DIR's checkpoint
+# (bench/model/finetune.py; README "Sparsity-aware fine-tuning"): FT_S (default 100) is the time
+# budget of the first arm, which fixes the step count of all three; FT_ARGS extra flags; about
+# 5.5 min, timeout TOTAL_TIMEOUT_S (default 500 s); $OUT gets results.json, misc.tar.gz
+# (results.md, log.txt, gpu.txt). With TINY=1 and no CKPT_DIR: a tiny CPU checkpoint is trained
+# first (finetune.py --tiny).
 # Outputs in $OUT (<= 6 files): results.json, ckpt_*.pt (< 15 MiB each, bf16),
 # misc.tar.gz (results.md, log.txt, tokenizer.json, build log).
 set -uo pipefail
@@ -50,6 +56,32 @@ if [ "${TINY:-0}" = 1 ]; then  # local smoke test of this script: CPU, --tiny
 else
 python3 -c "import torch; assert torch.cuda.is_available(), 'no CUDA'; print('torch', torch.__version__, torch.cuda.get_device_name(0))" || {
   echo "[$(ts)] ERROR: torch sees no CUDA device"; exit 2; }
+fi
+
+if [ "${FINETUNE:-0}" = 1 ]; then  # sparsity-aware fine-tuning (no training from scratch)
+  FT_ARGS=${FT_ARGS:-}
+  if [ "${TINY:-0}" = 1 ]; then
+    FT_ARGS="--tiny $FT_ARGS"
+  else
+    CKPT_DIR=${CKPT_DIR:?FINETUNE=1 needs CKPT_DIR: a previous run folder with ckpt_*.pt, tokenizer.json, results.json}
+  fi
+  if [ -n "${CKPT_DIR:-}" ]; then
+    ls "$CKPT_DIR"/ckpt_*.pt >/dev/null 2>&1 || { echo "[$(ts)] ERROR: no ckpt_*.pt in $CKPT_DIR"; exit 2; }
+    [ -f "$CKPT_DIR/tokenizer.json" ] || { echo "[$(ts)] ERROR: no tokenizer.json in $CKPT_DIR"; exit 2; }
+    FT_ARGS="--ckpt $CKPT_DIR $FT_ARGS"
+  fi
+  [ -n "${FT_S:-}" ] && FT_ARGS="--ft-seconds $FT_S $FT_ARGS"
+  t0=$(date +%s)
+  echo "[$(ts)] finetune.py $FT_ARGS (timeout ${TOTAL_TIMEOUT_S:-500} s)"
+  timeout "${TOTAL_TIMEOUT_S:-500}" python3 bench/model/finetune.py --out "$WORK" $FT_ARGS
+  rc=$?
+  echo "[$(ts)] finetune rc=$rc ($(( $(date +%s) - t0 )) s)"
+  cp "$WORK"/results.json "$OUT"/ 2>/dev/null
+  (cd "$WORK" && tar czf "$OUT/misc.tar.gz" $(ls | grep -v -E '^results\.json$'))
+  ls -la "$OUT"
+  [ -f "$WORK/results.md" ] && cat "$WORK/results.md"
+  rm -rf "$WORK"
+  exit $rc
 fi
 
 EVAL_ONLY=${EVAL_ONLY:-0}
