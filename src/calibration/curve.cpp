@@ -2,7 +2,6 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <sstream>
 
 #include "blasst/calibration.hpp"
 
@@ -30,16 +29,16 @@ bool same_granularity(const VoteGranularity& a, const VoteGranularity& b) {
          a.split_tiles == b.split_tiles && a.order == b.order;
 }
 
+// Built with std::string and std::to_string, not an ostringstream: this text reaches Python error
+// messages, and a Python extension linked against a static libstdc++ (some toolchains' default)
+// inside a process that already loaded the shared one crashed in ostream's number formatting
+// (the H200 machine's /opt/gcc, 2026-12-02). The same holds for every message on the Python path.
 std::string describe(const VoteGranularity& g) {
-  std::ostringstream o;
-  o << g.rows << (g.rows == 1 ? " row x " : " rows x ") << g.heads
-    << (g.heads == 1 ? " head, " : " heads, ") << g.tile_keys << "-key tiles, "
-    << to_string(g.order) << " order, ";
-  if (g.split_tiles > 0)
-    o << "split every " << g.split_tiles << " tiles";
-  else
-    o << "unsplit";
-  return o.str();
+  std::string s = std::to_string(g.rows) + (g.rows == 1 ? " row x " : " rows x ") + std::to_string(g.heads) +
+                  (g.heads == 1 ? " head, " : " heads, ") + std::to_string(g.tile_keys) + "-key tiles, " +
+                  to_string(g.order) + " order, ";
+  s += g.split_tiles > 0 ? "split every " + std::to_string(g.split_tiles) + " tiles" : std::string("unsplit");
+  return s;
 }
 
 SparsityCurve SparsityCurve::from_deltas(std::vector<float> deltas, const VoteGranularity& g) {

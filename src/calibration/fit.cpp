@@ -5,7 +5,6 @@
 #include <map>
 #include <optional>
 #include <set>
-#include <sstream>
 #include <tuple>
 
 #include "blasst/calibration.hpp"
@@ -291,15 +290,16 @@ CalibrationResult calibrate(const std::vector<CurveSample>& samples, const FitOp
         if (std::isnan(lo) || f.extrapolates(t)) f.extrapolated.push_back(t);
       std::set<double> distinct(xs.begin(), xs.end());
       if (distinct.size() < 2) {
-        std::ostringstream o;
-        o << "calibration: component '" << f.component << "'"
-          << (f.layer.empty() ? "" : ", layer '" + f.layer + "'") << ", phase "
-          << to_string(f.phase) << ": fewer than 2 targets are reached at every length (max "
-          << "sparsity with lambda < 1 per length:";
+        // std::string, not an ostringstream (describe() in curve.cpp says why).
+        std::string msg = "calibration: component '" + f.component + "'" +
+                          (f.layer.empty() ? "" : ", layer '" + f.layer + "'") + ", phase " +
+                          to_string(f.phase) +
+                          ": fewer than 2 targets are reached at every length (max sparsity with "
+                          "lambda < 1 per length:";
         for (std::size_t i = 0; i < f.lengths.size(); ++i)
-          o << " L=" << f.lengths[i] << ": " << f.max_sparsity[i];
-        o << "); lower the targets or use longer sequences";
-        throw Error(o.str());
+          msg += " L=" + std::to_string(f.lengths[i]) + ": " + num(f.max_sparsity[i]);
+        msg += "); lower the targets or use longer sequences";
+        throw Error(msg);
       }
       f.fit = fit_log_linear(xs, ys);
       f.curve = fit_piecewise(knot_s, knot_y);
