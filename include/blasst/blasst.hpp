@@ -262,6 +262,9 @@ struct SkipStats {
   // Pairs decided by the exact test = visited - screened; skipped counts screened pairs too.
   std::vector<std::int64_t> screened;      // pairs skipped by the FP8 screen, wrong ones included
   std::vector<std::int64_t> screen_wrong;  // screened pairs the exact test would have kept
+  // With record_deltas and the screen on: each visited pair's screen delta delta8 (SPEC §2b),
+  // parallel to deltas (NaN where the sequence has no screen). Screened iff < ln(lambda).
+  std::vector<float> screen_deltas;
 
   std::int64_t total_visited() const;
   std::int64_t total_skipped() const;

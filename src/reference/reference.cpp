@@ -353,7 +353,10 @@ class Engine {
   Engine(const View& v, const Settings& s) : v_(v), s_(s) {}
 
   // skips: when recording the skip set (SPEC §9), the tiles this group skipped are appended.
-  void run(const Task& t, ThreadStats& ts, std::vector<float>* deltas, std::vector<i64>* skips) {
+  // screen_deltas: with deltas and the screen on, each visited pair's delta8 (NaN where the
+  // sequence has no screen: skipping off or lambda >= 1).
+  void run(const Task& t, ThreadStats& ts, std::vector<float>* deltas, std::vector<float>* screen_deltas,
+           std::vector<i64>* skips) {
     const i64 T = s_.vote.tile_keys;
     const i64 Lq = v_.q_len[t.b], Lk = v_.k_len[t.b];
     const i64 nh = t.nr > 0 ? s_.vote.heads : 0;
@@ -462,7 +465,9 @@ class Engine {
       }
       bool skip = skip_on && static_cast<double>(delta_f) < ln_lambda;
       // SPEC §2b: the screen's decision stands; a screened pair the exact test keeps is counted.
-      if (screen && static_cast<double>(screen_delta(t, tile, T, Lk, R, Rp, Tp)) < ln_lambda) {
+      const float delta8 = screen ? screen_delta(t, tile, T, Lk, R, Rp, Tp) : std::numeric_limits<float>::quiet_NaN();
+      if (s_.stats && screen_deltas) screen_deltas->push_back(delta8);
+      if (screen && static_cast<double>(delta8) < ln_lambda) {
         if (s_.stats) {
           ++ts.screened[sidx];
           if (!skip) ++ts.screen_wrong[sidx];
@@ -722,6 +727,7 @@ void run_all(const View& v, const SkipConfig& skip, const RunOptions& opt, SkipS
           tasks.push_back({b, kh, kh * v.g + hs * vote.heads, r0, std::min<i64>(vote.rows, v.q_len[b] - r0)});
 
   std::vector<std::vector<float>> task_deltas(st.deltas ? tasks.size() : 0);
+  std::vector<std::vector<float>> task_sdeltas(st.deltas && st.screen_on ? tasks.size() : 0);
   // Skipped tiles per task (threads never share a byte of the packed set: packed after the join).
   std::vector<std::vector<i64>> task_skips(skip_set ? tasks.size() : 0);
   const unsigned nthreads = detail::worker_count(opt.num_threads, tasks.size());
@@ -738,7 +744,8 @@ void run_all(const View& v, const SkipConfig& skip, const RunOptions& opt, SkipS
   detail::run_workers(nthreads, tasks.size(), [&](unsigned w, detail::WorkQueue& queue) {
     auto run = [&](auto& e) {
       for (std::size_t i; queue.take(i);)
-        e.run(tasks[i], tstats[w], st.deltas ? &task_deltas[i] : nullptr, skip_set ? &task_skips[i] : nullptr);
+        e.run(tasks[i], tstats[w], st.deltas ? &task_deltas[i] : nullptr,
+              task_sdeltas.empty() ? nullptr : &task_sdeltas[i], skip_set ? &task_skips[i] : nullptr);
     };
     if (opt.fp64) {
       Engine<double> e(v, st);
@@ -790,6 +797,8 @@ void run_all(const View& v, const SkipConfig& skip, const RunOptions& opt, SkipS
         for (auto& d : task_deltas) n += d.size();
         stats->deltas.reserve(n);
         for (auto& d : task_deltas) stats->deltas.insert(stats->deltas.end(), d.begin(), d.end());
+        stats->screen_deltas.reserve(st.screen_on ? n : 0);
+        for (auto& d : task_sdeltas) stats->screen_deltas.insert(stats->screen_deltas.end(), d.begin(), d.end());
       }
     }
   }
