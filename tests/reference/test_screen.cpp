@@ -274,6 +274,57 @@ TEST(Screen, ScreenNeedsSkipping) {
   EXPECT_GT(b.st.total_visited(), 0);
 }
 
+TEST(Screen, StrictDecodeEqualsThePlainDecodeWithSplitsAndHeadGroups) {
+  // llm-like KV cache (sink, recency), GQA 8/2 voting by KV group, q_len 2; unsplit natural and
+  // seeded split-KV (max_first, 4 tiles per split).
+  const std::int64_t B = 2, L = 2048, Hq = 8, Hk = 2, d = 64, qlen = 2;
+  WorkloadSpec ws;
+  ws.kind = WorkloadKind::llm;
+  ws.seq_len = L;
+  ws.heads_q = Hq;
+  ws.heads_k = Hk;
+  ws.head_dim = d;
+  ws.batch = B;
+  ws.seed = 101;
+  Workload w = make_workload(ws);
+  // The last qlen query positions of each sequence are the decode queries.
+  std::vector<float> q(B * qlen * Hq * d);
+  for (std::int64_t b = 0; b < B; ++b)
+    std::copy_n(&w.q[((b * L) + L - qlen) * Hq * d], qlen * Hq * d, &q[b * qlen * Hq * d]);
+  std::vector<std::int32_t> seqlens = {static_cast<std::int32_t>(L), static_cast<std::int32_t>(L - 300)};
+  for (const auto& [order, split] : {std::pair{VisitOrder::natural, std::int64_t(0)}, std::pair{VisitOrder::max_first, std::int64_t(4)}}) {
+    SCOPED_TRACE(to_string(order));
+    Result res[2];
+    for (int i = 0; i < 2; ++i) {
+      SkipConfig c = cfg_of(0.05, order, i == 0 ? ScreenMargin::off : ScreenMargin::strict, 6.0, qlen, Hq / Hk);
+      c.vote.split_tiles = split;
+      DecodeProblem p;
+      res[i].out.assign(B * qlen * Hq * d, 0.0f);
+      res[i].lse.assign(B * Hq * qlen, 0.0f);
+      p.q = Tensor::contiguous(q.data(), DType::f32, {B, qlen, Hq, d});
+      p.k_cache = Tensor::contiguous(w.k.data(), DType::f32, {B, L, Hk, d});
+      p.v_cache = Tensor::contiguous(w.v.data(), DType::f32, {B, L, Hk, d});
+      p.seqlens_k = seqlens.data();
+      p.out = Tensor::contiguous(res[i].out.data(), DType::f32, {B, qlen, Hq, d});
+      p.lse = Tensor::contiguous(res[i].lse.data(), DType::f32, {B, Hq, qlen});
+      RunOptions opt;
+      opt.num_threads = 2;
+      opt.record_deltas = true;
+      reference::decode(p, c, opt, &res[i].st);
+    }
+    EXPECT_EQ(res[1].st.total_screen_wrong(), 0);
+    EXPECT_GT(res[1].st.total_screened(), 0);
+    EXPECT_GT(res[0].st.total_skipped(), 0);
+    EXPECT_EQ(res[1].st.skipped, res[0].st.skipped);
+    EXPECT_TRUE(same_bits(res[1].st.deltas, res[0].st.deltas));
+    EXPECT_TRUE(same_bits(res[1].out, res[0].out));
+    EXPECT_TRUE(same_bits(res[1].lse, res[0].lse));
+    std::printf("  [decode %s] visited %lld, skipped %lld, screened %lld\n", to_string(order),
+                static_cast<long long>(res[1].st.total_visited()), static_cast<long long>(res[1].st.total_skipped()),
+                static_cast<long long>(res[1].st.total_screened()));
+  }
+}
+
 // ---- an independent float64 recount of the tight screen (SPEC §2b, written from the text) -----
 
 struct Recount {
