@@ -539,6 +539,51 @@ TEST(Screen, ZeroMarginUnderestimateIsACountedWrongScreen) {
   }
 }
 
+// The tight model's named failure: error energy on the channel where q~ is large. d = 128, q = e0,
+// k1 = (0.87, 1, 0, ...): k1's whole quantisation error sits on channel 0, so q~.ek = |q~||ek|,
+// sqrt(d) / z = 1.9 times the model's z sigma at z = 6. Tight screens the tile wrongly (counted);
+// strict keeps it. Expected values from float64 arithmetic here.
+TEST(Screen, ErrorOnTheQueryChannelBreaksTheTightModelAndIsCounted) {
+  const std::int64_t d = 128;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d)), z = 6.0;
+  const double e = 0.87 - 384.0 / 448.0;  // k1's error on channel 0 (0.87 * 448 = 389.76 -> 384)
+  ASSERT_EQ(e4m3_to_float(float_to_e4m3(0.87f / (1.0f / 448.0f))), 384.0f);
+  const double gap = scale * e, tight = scale * z * e / std::sqrt(static_cast<double>(d));
+  ASSERT_LT(tight, 0.6 * gap);  // the model's margin misses this error
+  const float a = static_cast<float>(0.87 + 0.5 / scale);  // key 0: score s1 + 0.5
+  std::vector<float> q(d, 0.0f), k(2 * d, 0.0f), v(2 * d, 0.0f), out(d), lse(1);
+  q[0] = 1.0f;
+  k[0] = a;
+  k[d] = 0.87f;
+  k[d + 1] = 1.0f;
+  v[0] = 1.0f;
+  v[d + 1] = 1.0f;
+  const double s0 = scale * a, s1 = scale * 0.87f;
+  const double lnl = (s1 - s0) - 0.25 * gap;  // above s8 + tight margin, below the exact delta
+  AttentionProblem p;
+  p.q = Tensor::contiguous(q.data(), DType::f32, {1, 1, 1, d});
+  p.k = Tensor::contiguous(k.data(), DType::f32, {1, 2, 1, d});
+  p.v = Tensor::contiguous(v.data(), DType::f32, {1, 2, 1, d});
+  p.out = Tensor::contiguous(out.data(), DType::f32, {1, 1, 1, d});
+  p.lse = Tensor::contiguous(lse.data(), DType::f32, {1, 1, 1});
+  RunOptions opt;
+  opt.collect_stats = true;
+  for (const ScreenMargin mg : {ScreenMargin::tight, ScreenMargin::strict}) {
+    SCOPED_TRACE(to_string(mg));
+    SkipConfig c = cfg_of(std::exp(lnl), VisitOrder::natural, mg, z, 1);
+    c.vote.tile_keys = 1;
+    SkipStats st;
+    reference::attention(p, c, opt, &st);
+    const bool wrong = mg == ScreenMargin::tight;
+    EXPECT_EQ(st.total_screened(), wrong ? 1 : 0);
+    EXPECT_EQ(st.total_screen_wrong(), wrong ? 1 : 0);
+    EXPECT_EQ(st.total_skipped(), wrong ? 1 : 0);
+    const double p1 = wrong ? 0.0 : 1.0 / (1.0 + std::exp(s0 - s1));
+    EXPECT_NEAR(out[0], 1.0 - p1, 1e-6);
+    EXPECT_NEAR(out[1], p1, 1e-6);
+  }
+}
+
 // ---- configuration --------------------------------------------------------------------------------
 
 void expect_error(const SkipConfig& c, const std::string& text) {
