@@ -295,7 +295,9 @@ Quantised quantise(const Acc* x, i64 n, float* values) {
 }
 
 // gamma_n(u) = n u / (1 - n u) (the summation bound), +inf where it does not apply.
-double gamma_n(double n, double u) { return n * u < 0.5 ? n * u / (1.0 - n * u) : std::numeric_limits<double>::infinity(); }
+double gamma_n(double n, double u) {
+  return n * u < 0.5 ? n * u / (1.0 - n * u) : std::numeric_limits<double>::infinity();
+}
 
 // The smallest Acc >= x.
 template <class Acc>

@@ -292,7 +292,8 @@ TEST(Screen, StrictDecodeEqualsThePlainDecodeWithSplitsAndHeadGroups) {
   for (std::int64_t b = 0; b < B; ++b)
     std::copy_n(&w.q[((b * L) + L - qlen) * Hq * d], qlen * Hq * d, &q[b * qlen * Hq * d]);
   std::vector<std::int32_t> seqlens = {static_cast<std::int32_t>(L), static_cast<std::int32_t>(L - 300)};
-  for (const auto& [order, split] : {std::pair{VisitOrder::natural, std::int64_t(0)}, std::pair{VisitOrder::max_first, std::int64_t(4)}}) {
+  for (const auto& [order, split] :
+       {std::pair{VisitOrder::natural, std::int64_t(0)}, std::pair{VisitOrder::max_first, std::int64_t(4)}}) {
     SCOPED_TRACE(to_string(order));
     Result res[2];
     for (int i = 0; i < 2; ++i) {
@@ -402,7 +403,8 @@ Recount recount_tight(const Dense& D, double lambda, double z, int rows, int T) 
           const double A = qq[r].qnorm * EK, B = qq[r].err * KT, C = qq[r].err * EK;
           const double core = z * std::sqrt((A * A + B * B) / d) + C;
           const double rnd = g1 * qq[r].norm * KN + g3 * qq[r].qnorm * KT;
-          const double margin = scale * (core + rnd) * (1 + std::ldexp(1.0, -30)) + (scale * d + 1) * std::ldexp(1.0, -149);
+          const double margin =
+              scale * (core + rnd) * (1 + std::ldexp(1.0, -30)) + (scale * d + 1) * std::ldexp(1.0, -149);
           double up = t8 + margin;
           up += std::fabs(up) * std::ldexp(1.0, -52);
           delta = std::max(delta, tmax[r] - m[r]);
