@@ -59,6 +59,8 @@ ROWS=(
   "h1-recorded-delta-inf-as-zero|test_reference_oracle|$ORACLE=Oracle.PrefillSkipSetAndOutputMatchTheEngine"
   "h2-decode-skipped-tile-still-used|_core|$PYT tests/python/test_skip_cpu.py -k test_decode_stats"
   "h2-decode-skipped-tile-still-used|test_reference_oracle|$ORACLE=Oracle.DecodeGroupedHeadsMatchTheEngine"
+  "s1-strict-margin-one-twentieth|test_reference_screen|$T/reference/test_reference_screen --gtest_filter=Screen.StrictHasNoWrongScreenAndEqualsThePlainSkipPathOnRandomData"
+  "s2-wrong-screen-not-counted|test_reference_screen|$T/reference/test_reference_screen --gtest_filter=Screen.TightWrongScreensEqualAnIndependentRecount:Screen.ZeroMarginUnderestimateIsACountedWrongScreen"
   "i1-skip-set-words-byte-order|test_reference_backward|$T/reference/test_reference_backward --gtest_filter=Backward.SkipSetWordsEqualTheSkipSet"
   "i2-skip-set-words-one-short-accepted|test_reference_backward|$T/reference/test_reference_backward --gtest_filter=Backward.SkipSetShapeAndErrors"
   "h3-v-dtype-error-names-k|_core|$PYT tests/python/test_errors_cpu.py -k test_mixed_dtypes"

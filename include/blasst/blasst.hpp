@@ -30,16 +30,20 @@ enum class MaskKind : std::uint8_t { full, causal };
 enum class Phase : std::uint8_t { prefill, decode };
 // SPEC §2a: the order in which a vote group visits its key tiles.
 enum class VisitOrder : std::uint8_t { natural, max_first };
+// SPEC §2b: the margin of the FP8 screen (off: no screen, the plain skip path).
+enum class ScreenMargin : std::uint8_t { off, strict, tight };
 
 std::size_t dtype_size(DType t);
 const char* to_string(DType t);
 const char* to_string(MaskKind m);
 const char* to_string(Phase p);
 const char* to_string(VisitOrder o);
+const char* to_string(ScreenMargin m);
 // Parse the names above ("f32", "bf16", "causal", "prefill", "max_first", ...); throws Error.
 DType parse_dtype(const std::string& s);
 Phase parse_phase(const std::string& s);
 VisitOrder parse_visit_order(const std::string& s);
+ScreenMargin parse_screen_margin(const std::string& s);  // "off", "strict", "tight"
 
 // A strided view (rank 1..4) of memory owned by the caller. Strides are in elements.
 struct Tensor {
@@ -157,6 +161,16 @@ struct VoteGranularity {
   VisitOrder order = VisitOrder::natural;
 };
 
+// SPEC §2b FP8 screen: a (vote group, tile) pair whose FP8 (e4m3) tile maxima, raised by the
+// margin, fail the skip test is skipped without the exact test; every other pair gets the exact
+// test. strict: the rigorous Cauchy-Schwarz margin (no wrong screen, a theorem); tight: z sigma
+// under the stated failure model (wrong screens possible, counted in SkipStats::screen_wrong).
+// Modelled by the reference only: the CUDA kernels refuse margin != off (Error).
+struct Fp8Screen {
+  ScreenMargin margin = ScreenMargin::off;
+  double z = 6.0;  // tight only: finite, >= 0 (0 = the raw FP8 estimate, a diagnostic)
+};
+
 // Skip-Softmax settings. Default-constructed: skipping off, the exact dense path.
 struct SkipConfig {
   bool enabled = false;
@@ -185,6 +199,8 @@ struct SkipConfig {
   // SkipStats::granularity.order reports the order actually used.
   // Setting vote.order directly keeps order_explicit as it was: use with_order to ask for one.
   bool order_explicit = true;
+  // SPEC §2b: off by default; off leaves every result of the plain skip path unchanged.
+  Fp8Screen screen;
 
   // Sets vote.order and marks it explicit.
   SkipConfig& with_order(VisitOrder o) {
@@ -204,7 +220,7 @@ struct SkipConfig {
 };
 
 // Throws Error unless the configuration is usable (NaN/inf/<=0 threshold or factor, target
-// outside [0, 1], tile_keys < 1, ...).
+// outside [0, 1], tile_keys < 1, screen.z NaN, inf or < 0, ...).
 void validate(const SkipConfig& cfg);
 // lambda for a sequence with Lk keys (SPEC §3). A value >= 1 means "dense for this sequence".
 // Throws Error on invalid configuration or Lk < 1.
@@ -242,9 +258,18 @@ struct SkipStats {
   std::vector<double> lambda;       // per sequence (>= 1: that sequence ran dense)
   std::vector<DeltaHistogram> hist; // per head, when RunOptions::collect_histogram
   std::vector<float> deltas;        // every visited pair's delta (reference only, record_deltas)
+  // SPEC §2b, per head like visited; filled by the reference when skip.screen is on (else empty).
+  // Pairs decided by the exact test = visited - screened; skipped counts screened pairs too.
+  std::vector<std::int64_t> screened;      // pairs skipped by the FP8 screen, wrong ones included
+  std::vector<std::int64_t> screen_wrong;  // screened pairs the exact test would have kept
+  // With record_deltas and the screen on: each visited pair's screen delta delta8 (SPEC §2b),
+  // parallel to deltas (NaN where the sequence has no screen). Screened iff < ln(lambda).
+  std::vector<float> screen_deltas;
 
   std::int64_t total_visited() const;
   std::int64_t total_skipped() const;
+  std::int64_t total_screened() const;
+  std::int64_t total_screen_wrong() const;
   double sparsity() const;  // total_skipped / total_visited (0 when nothing was visited)
 };
 

@@ -8,6 +8,7 @@ from typing import Any, Mapping, Optional, Tuple, Union
 from . import _core
 
 _ORDERS = ("natural", "max_first")
+_SCREENS = ("off", "strict", "tight")
 
 
 class SkipSoftmax:
@@ -33,6 +34,10 @@ class SkipSoftmax:
     ``disabled_until_timestep``
     gates skipping on the diffusion timestep published through ``blasst.diffusion`` (SPEC §4).
     ``SkipSoftmax.dense()`` is the exact dense path.
+
+    ``screen`` ("off", "strict" or "tight", with ``screen_z`` for tight) turns on the FP8 screen
+    of SPEC §2b: the CPU reference models it and counts its wrong screens in the statistics
+    (``SkipStats.screened``, ``screen_wrong``); the CUDA kernels refuse it (not implemented yet).
     """
 
     __slots__ = ("_cfg", "_disabled_until", "_key", "_op_str")
@@ -41,7 +46,8 @@ class SkipSoftmax:
                  calibration: Optional[Tuple[float, float]] = None,
                  target_sparsity: Optional[float] = None, tile_keys: int = 128,
                  vote_rows: int = 64, vote_heads: int = 1, split_tiles: int = 0,
-                 order: Optional[str] = None, disabled_until_timestep: Optional[float] = None):
+                 order: Optional[str] = None, disabled_until_timestep: Optional[float] = None,
+                 screen: str = "off", screen_z: float = 6.0):
         given = [n for n, v in (("threshold", threshold), ("factor", factor),
                                 ("calibration", calibration)) if v is not None]
         if len(given) != 1:
@@ -66,9 +72,10 @@ class SkipSoftmax:
             else:
                 cfg = _core.SkipConfig.from_factor(float(factor))
         self._init(cfg, tile_keys, vote_rows, vote_heads, split_tiles, order,
-                   disabled_until_timestep)
+                   disabled_until_timestep, screen, screen_z)
 
-    def _init(self, cfg, tile_keys, vote_rows, vote_heads, split_tiles, order, disabled_until):
+    def _init(self, cfg, tile_keys, vote_rows, vote_heads, split_tiles, order, disabled_until,
+              screen="off", screen_z=6.0):
         # order None: keep cfg's own (the factories' SPEC §2a default, or a config's order).
         if order is not None and order not in _ORDERS:
             raise ValueError(f"SkipSoftmax: order must be one of {_ORDERS} or None, got {order!r}")
@@ -82,7 +89,13 @@ class SkipSoftmax:
         cfg.split_tiles = split_tiles
         if order is not None:
             cfg.order = order  # an order asked for: explicit (SPEC §2a)
-        if cfg.enabled:
+        if screen not in _SCREENS:
+            raise ValueError(f"SkipSoftmax: screen must be one of {_SCREENS}, got {screen!r}")
+        if isinstance(screen_z, bool) or not isinstance(screen_z, (int, float)):
+            raise ValueError(f"SkipSoftmax: screen_z must be a number, got {screen_z!r}")
+        cfg.screen = screen
+        cfg.screen_z = float(screen_z)
+        if cfg.enabled or screen != "off":
             cfg.validate()  # C++ checks: NaN/inf/<= 0 thresholds, target range, tile sizes
         self._cfg = cfg
         # SPEC §4: D lies in [0, 1]; the C++ gate's constructor is the check.
@@ -104,7 +117,7 @@ class SkipSoftmax:
     def _wrap(cls, cfg, disabled_until=None) -> "SkipSoftmax":
         self = cls.__new__(cls)
         self._init(cfg, cfg.tile_keys, cfg.vote_rows, cfg.vote_heads, cfg.split_tiles,
-                   cfg.order if cfg.order_explicit else None, disabled_until)
+                   cfg.order if cfg.order_explicit else None, disabled_until, cfg.screen, cfg.screen_z)
         return self
 
     @classmethod
@@ -166,6 +179,17 @@ class SkipSoftmax:
         return bool(self._cfg.order_explicit)
 
     @property
+    def screen(self) -> str:
+        """The FP8 screen (SPEC §2b): "off", "strict" or "tight"; CPU reference only (the CUDA
+        kernels refuse a screen)."""
+        return self._cfg.screen
+
+    @property
+    def screen_z(self) -> float:
+        """z of the tight margin (SPEC §2b)."""
+        return self._cfg.screen_z
+
+    @property
     def disabled_until_timestep(self) -> Optional[float]:
         return self._disabled_until
 
@@ -185,7 +209,7 @@ class SkipSoftmax:
             self._key = (bool(c.enabled), c.threshold, c.factor, None if cal is None else tuple(cal),
                          float(c.target_sparsity), int(c.tile_keys), int(c.vote_rows),
                          int(c.vote_heads), int(c.split_tiles), str(c.order), self._disabled_until,
-                         pw, bool(c.order_explicit))
+                         pw, bool(c.order_explicit), str(c.screen), float(c.screen_z))
         return self._key
 
     @classmethod
@@ -193,6 +217,7 @@ class SkipSoftmax:
         (enabled, threshold, factor, cal, target, tile_keys, vote_rows, vote_heads, split_tiles,
          order, disabled_until, piecewise) = fields[:12]
         explicit = bool(fields[12]) if len(fields) > 12 else True
+        screen, screen_z = (str(fields[13]), float(fields[14])) if len(fields) > 14 else ("off", 6.0)
         if not explicit:
             order = None  # the source's SPEC §2a default, as it was built
         if enabled and piecewise is not None and threshold is None and factor is None:
@@ -201,10 +226,12 @@ class SkipSoftmax:
                 (list(targets), list(log_factors),
                  None if finite_size is None else tuple(finite_size)), float(target))
             self = cls.__new__(cls)
-            self._init(cfg, tile_keys, vote_rows, vote_heads, split_tiles, order, disabled_until)
+            self._init(cfg, tile_keys, vote_rows, vote_heads, split_tiles, order, disabled_until,
+                       screen, screen_z)
             return self
         if not enabled:
-            self = cls.dense()
+            self = cls.__new__(cls)
+            self._init(_core.SkipConfig(), 128, 64, 1, 0, "natural", None, screen, screen_z)
             self._disabled_until = disabled_until
             self._key = None
             self._op_str = repr(self.fields())
@@ -212,11 +239,13 @@ class SkipSoftmax:
         if cal is not None:
             return cls(calibration=tuple(cal), target_sparsity=target, tile_keys=tile_keys,
                        vote_rows=vote_rows, vote_heads=vote_heads, split_tiles=split_tiles,
-                       order=order, disabled_until_timestep=disabled_until)
+                       order=order, disabled_until_timestep=disabled_until, screen=screen,
+                       screen_z=screen_z)
         src = {"threshold": threshold} if threshold is not None else {"factor": factor}
         return cls(**src, tile_keys=tile_keys,
                    vote_rows=vote_rows, vote_heads=vote_heads, split_tiles=split_tiles,
-                   order=order, disabled_until_timestep=disabled_until)
+                   order=order, disabled_until_timestep=disabled_until, screen=screen,
+                   screen_z=screen_z)
 
     def __reduce__(self):  # picklable (multiprocessing, torch.save of modules that hold one)
         return (SkipSoftmax.from_fields, (self.fields(),))
@@ -241,6 +270,8 @@ class SkipSoftmax:
             src = f"calibration={c.calibration!r}, target_sparsity={c.target_sparsity!r}"
         extra = f", disabled_until_timestep={self._disabled_until!r}" if self._disabled_until is not None else ""
         order = f"order={c.order!r}" if c.order_explicit else f"order=None (default: {c.order!r})"
+        if c.screen != "off":
+            extra += f", screen={c.screen!r}" + (f", screen_z={c.screen_z!r}" if c.screen == "tight" else "")
         return (f"SkipSoftmax({src}, tile_keys={c.tile_keys}, vote_rows={c.vote_rows}, "
                 f"vote_heads={c.vote_heads}, {order}{extra})")
 
@@ -289,6 +320,27 @@ class SkipStats:
     @property
     def lambdas(self):
         return list(self._raw.lambdas)
+
+    # SPEC §2b FP8 screen (filled when the call's SkipSoftmax has screen != "off"; else empty / 0)
+    @property
+    def screened(self):
+        return list(self._raw.screened)
+
+    @property
+    def screen_wrong(self):
+        return list(self._raw.screen_wrong)
+
+    @property
+    def total_screened(self) -> int:
+        return self._raw.total_screened()
+
+    @property
+    def total_screen_wrong(self) -> int:
+        return self._raw.total_screen_wrong()
+
+    @property
+    def screen_deltas(self):
+        return self._raw.screen_deltas
 
     @property
     def counted_at(self) -> str:

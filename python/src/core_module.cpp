@@ -519,6 +519,14 @@ NB_MODULE(_core, m) {
       .def_prop_rw(
           "order_explicit", [](const blasst::SkipConfig& c) { return c.order_explicit; },
           [](blasst::SkipConfig& c, bool v) { c.order_explicit = v; })
+      // SPEC §2b FP8 screen: "off" | "strict" | "tight", and the tight margin's z.
+      .def_prop_rw(
+          "screen",
+          [](const blasst::SkipConfig& c) { return std::string(blasst::to_string(c.screen.margin)); },
+          [](blasst::SkipConfig& c, const std::string& s) { c.screen.margin = blasst::parse_screen_margin(s); })
+      .def_prop_rw(
+          "screen_z", [](const blasst::SkipConfig& c) { return c.screen.z; },
+          [](blasst::SkipConfig& c, double z) { c.screen.z = z; })
       .def_static("from_threshold", &blasst::SkipConfig::from_threshold, "lam"_a)
       .def_static("from_factor", &blasst::SkipConfig::from_factor, "factor"_a)
       .def_static(
@@ -557,8 +565,15 @@ NB_MODULE(_core, m) {
       .def_prop_ro(
           "deltas", [](const blasst::SkipStats& s) { return numpy_copy(s.deltas); },
           nb::rv_policy::move)
+      .def_ro("screened", &blasst::SkipStats::screened)
+      .def_ro("screen_wrong", &blasst::SkipStats::screen_wrong)
+      .def_prop_ro(
+          "screen_deltas", [](const blasst::SkipStats& s) { return numpy_copy(s.screen_deltas); },
+          nb::rv_policy::move)
       .def("total_visited", &blasst::SkipStats::total_visited)
       .def("total_skipped", &blasst::SkipStats::total_skipped)
+      .def("total_screened", &blasst::SkipStats::total_screened)
+      .def("total_screen_wrong", &blasst::SkipStats::total_screen_wrong)
       .def("sparsity", &blasst::SkipStats::sparsity)
       .def(
           "sparsity_at",

@@ -58,6 +58,15 @@ const char* to_string(VisitOrder o) {
   return "invalid";
 }
 
+const char* to_string(ScreenMargin m) {
+  switch (m) {
+    case ScreenMargin::off: return "off";
+    case ScreenMargin::strict: return "strict";
+    case ScreenMargin::tight: return "tight";
+  }
+  return "invalid";
+}
+
 DType parse_dtype(const std::string& s) {
   if (s == "f32" || s == "float32" || s == "fp32") return DType::f32;
   if (s == "f16" || s == "float16" || s == "fp16" || s == "half") return DType::f16;
@@ -76,6 +85,13 @@ VisitOrder parse_visit_order(const std::string& s) {
   if (s == "natural") return VisitOrder::natural;
   if (s == "max_first" || s == "max-first") return VisitOrder::max_first;
   throw Error("visit order: unknown name '" + s + "' (expected natural or max_first)");
+}
+
+ScreenMargin parse_screen_margin(const std::string& s) {
+  if (s == "off") return ScreenMargin::off;
+  if (s == "strict") return ScreenMargin::strict;
+  if (s == "tight") return ScreenMargin::tight;
+  throw Error("screen margin: unknown name '" + s + "' (expected off, strict or tight)");
 }
 
 // ---- Tensor ------------------------------------------------------------------------------------
@@ -303,6 +319,11 @@ void validate(const SkipConfig& cfg) {
       throw Error(std::string("skip.piecewise: ") + e.what());
     }
   }
+  const ScreenMargin sm = cfg.screen.margin;
+  if (sm != ScreenMargin::off && sm != ScreenMargin::strict && sm != ScreenMargin::tight)
+    throw Error("skip.screen.margin: invalid value " + std::to_string(static_cast<int>(sm)));
+  if (!std::isfinite(cfg.screen.z) || cfg.screen.z < 0.0)
+    throw Error("skip.screen.z must be finite and >= 0, got " + num(cfg.screen.z));
   if (!std::isfinite(cfg.target_sparsity) || cfg.target_sparsity < 0.0 || cfg.target_sparsity > 1.0)
     throw Error("skip.target_sparsity must lie in [0, 1], got " + num(cfg.target_sparsity));
   if (cfg.enabled && !cfg.threshold && !cfg.factor && !cfg.calibration && !cfg.piecewise)
@@ -401,6 +422,18 @@ std::int64_t SkipStats::total_visited() const {
 std::int64_t SkipStats::total_skipped() const {
   std::int64_t t = 0;
   for (auto v : skipped) t += v;
+  return t;
+}
+
+std::int64_t SkipStats::total_screened() const {
+  std::int64_t t = 0;
+  for (auto v : screened) t += v;
+  return t;
+}
+
+std::int64_t SkipStats::total_screen_wrong() const {
+  std::int64_t t = 0;
+  for (auto v : screen_wrong) t += v;
   return t;
 }
 

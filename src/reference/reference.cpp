@@ -6,6 +6,8 @@
 // Per group and visited tile (in the visit order): scores S = scale * Q K^T (fp32 or fp64), the
 // tile maxima, delta = max_r (tile_max_r - m_r) with m_r before the tile, the skip test
 // float(delta) < ln(lambda), then the usual online-softmax update when not skipped.
+// With the FP8 screen (SPEC §2b) the screen's decision comes first and stands; the exact delta
+// is computed anyway, to count wrong screens.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -19,6 +21,7 @@
 #include <vector>
 
 #include "blasst/blasst.hpp"
+#include "blasst/fp8.hpp"
 #include "blasst/half.hpp"
 #include "core/problem.hpp"
 #include "core/skip_set.hpp"
@@ -250,6 +253,65 @@ BLASST_KERNEL void pv_kernel(const Acc* __restrict P, const Acc* __restrict V, A
   }
 }
 
+// ---- SPEC §2b FP8 screen -------------------------------------------------------------------------
+// One quantised vector (a query row or a key): the e4m3 values (unscaled) and, in double, its
+// scale and the norms |x|, |x~|, |x - x~| (x~ = scale * value). A non-finite element makes the
+// values and norms NaN: such a row or key is never screened.
+struct Quantised {
+  double scale = 0, norm = 0, qnorm = 0, err = 0;
+};
+
+template <class Acc>
+Quantised quantise(const Acc* x, i64 n, float* values) {
+  float a = 0;
+  bool finite = true;
+  for (i64 c = 0; c < n; ++c) {
+    const float xf = static_cast<float>(x[c]);
+    finite = finite && std::isfinite(xf) && std::isfinite(x[c]);
+    a = std::max(a, std::fabs(xf));
+  }
+  Quantised r;
+  if (!finite) {
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    for (i64 c = 0; c < n; ++c) values[c] = nan;
+    r.scale = r.norm = r.qnorm = r.err = std::numeric_limits<double>::quiet_NaN();
+    return r;
+  }
+  const float s = a / 448.0f;
+  r.scale = s;
+  double nn = 0, nq = 0, ne = 0;
+  for (i64 c = 0; c < n; ++c) {
+    const float v = s > 0.0f ? e4m3_to_float(float_to_e4m3(static_cast<float>(x[c]) / s)) : 0.0f;
+    values[c] = v;
+    const double xd = static_cast<double>(x[c]), xq = static_cast<double>(s) * v, e = xd - xq;
+    nn += xd * xd;
+    nq += xq * xq;
+    ne += e * e;
+  }
+  r.norm = std::sqrt(nn);
+  r.qnorm = std::sqrt(nq);
+  r.err = std::sqrt(ne);
+  return r;
+}
+
+// gamma_n(u) = n u / (1 - n u) (the summation bound), +inf where it does not apply.
+double gamma_n(double n, double u) {
+  return n * u < 0.5 ? n * u / (1.0 - n * u) : std::numeric_limits<double>::infinity();
+}
+
+// The smallest Acc >= x.
+template <class Acc>
+Acc round_upwards(double x) {
+  Acc f = static_cast<Acc>(x);
+  if (static_cast<double>(f) < x) f = std::nextafter(f, std::numeric_limits<Acc>::infinity());
+  return f;
+}
+
+// Per-tile maxima of the key quantities (SPEC §2b: KN_t, KT_t, EK_t), NaN propagating.
+struct KeyTileNorms {
+  double norm = 0, qnorm = 0, err = 0;
+};
+
 struct Task {
   i64 b, kh, h0, r0, nr;  // sequence, KV head, first query head, first row, rows
 };
@@ -260,10 +322,12 @@ struct Settings {
   std::vector<bool> skip_on;      // per sequence: lambda < 1 and skipping enabled
   std::vector<double> ln_lambda;  // per sequence
   i64 nstat = 0;                  // per-head counters: query heads or KV heads
+  Fp8Screen screen;               // SPEC §2b
+  bool screen_on = false;         // screen.margin != off
 };
 
 struct ThreadStats {
-  std::vector<std::int64_t> visited, skipped;
+  std::vector<std::int64_t> visited, skipped, screened, screen_wrong;
   std::vector<DeltaHistogram> hist;
 };
 
@@ -291,7 +355,10 @@ class Engine {
   Engine(const View& v, const Settings& s) : v_(v), s_(s) {}
 
   // skips: when recording the skip set (SPEC §9), the tiles this group skipped are appended.
-  void run(const Task& t, ThreadStats& ts, std::vector<float>* deltas, std::vector<i64>* skips) {
+  // screen_deltas: with deltas and the screen on, each visited pair's delta8 (NaN where the
+  // sequence has no screen: skipping off or lambda >= 1).
+  void run(const Task& t, ThreadStats& ts, std::vector<float>* deltas, std::vector<float>* screen_deltas,
+           std::vector<i64>* skips) {
     const i64 T = s_.vote.tile_keys;
     const i64 Lq = v_.q_len[t.b], Lk = v_.k_len[t.b];
     const i64 nh = t.nr > 0 ? s_.vote.heads : 0;
@@ -316,6 +383,12 @@ class Engine {
         group_lim = std::max(group_lim, lim_[ri]);
       }
     const i64 n_vis = group_lim < 0 ? 0 : std::min(ntiles, group_lim / T + 1);
+    const bool screen = s_.screen_on && s_.skip_on[t.b];
+    if (screen) {
+      Q8_.assign(static_cast<size_t>(Rp * d), 0.0f);
+      qq_.resize(R);
+      for (i64 ri = 0; ri < R; ++ri) qq_[ri] = quantise(&Q_[ri * d], d, &Q8_[ri * d]);
+    }
     // Own tile for max_first: decode and causal: the last visible (diagonal) tile; full
     // attention: the tile holding key r0 * Lk / Lq.
     i64 own = n_vis - 1;
@@ -348,10 +421,17 @@ class Engine {
       cache_kh_ = t.kh;
       k_ok_.assign(static_cast<size_t>(ntiles), 0);
       v_ok_.assign(static_cast<size_t>(ntiles), 0);
+      if (s_.screen_on) {
+        k8_ok_.assign(static_cast<size_t>(ntiles), 0);
+        K8all_.resize(static_cast<size_t>(ntiles * d * Tp));
+        SK_.resize(static_cast<size_t>(ntiles * Tp));
+        KT_.resize(static_cast<size_t>(ntiles));
+      }
       Kall_.resize(static_cast<size_t>(ntiles * d * Tp));
       Vall_.resize(static_cast<size_t>(ntiles * Tp * dvp));
     }
     S_.assign(static_cast<size_t>(Rp * Tp), Acc(0));
+    if (screen) S8_.assign(static_cast<size_t>(Rp * Tp), 0.0f);
     tmax_.resize(R);
     row_nan_.assign(R, 0);
     krow_.resize(std::max(d, dv));
@@ -385,7 +465,18 @@ class Engine {
         if (s_.hist) ts.hist[sidx].add(static_cast<double>(delta_f));
         if (deltas) deltas->push_back(delta_f);
       }
-      if (skip_on && static_cast<double>(delta_f) < ln_lambda) {
+      bool skip = skip_on && static_cast<double>(delta_f) < ln_lambda;
+      // SPEC §2b: the screen's decision stands; a screened pair the exact test keeps is counted.
+      const float delta8 = screen ? screen_delta(t, tile, T, Lk, R, Rp, Tp) : std::numeric_limits<float>::quiet_NaN();
+      if (s_.stats && screen_deltas) screen_deltas->push_back(delta8);
+      if (screen && static_cast<double>(delta8) < ln_lambda) {
+        if (s_.stats) {
+          ++ts.screened[sidx];
+          if (!skip) ++ts.screen_wrong[sidx];
+        }
+        skip = true;
+      }
+      if (skip) {
         if (s_.stats) ++ts.skipped[sidx];
         if (skips) skips->push_back(tile);
         continue;  // a skipped tile changes nothing
@@ -442,6 +533,70 @@ class Engine {
   }
 
  private:
+  // SPEC §2b: delta8 of the current tile, rounded to float like delta: max over the rows with a
+  // visible key (tmax_ != -inf, as for delta) of up_r - m_r, up_r = the FP8 tile max plus the
+  // margin, rounded upwards to Acc. Call after scores() for the same tile.
+  float screen_delta(const Task& t, i64 tile, i64 T, i64 Lk, i64 R, i64 Rp, i64 Tp) {
+    const Acc ninf = -std::numeric_limits<Acc>::infinity();
+    const double dninf = -std::numeric_limits<double>::infinity();
+    const i64 d = v_.d, j0 = tile * T, nk = std::min(T, Lk - j0);
+    const float* k8 = k8_tile(t, tile, j0, nk, Tp);
+    qk_kernel<float>(Q8_.data(), k8, S8_.data(), Rp, d, Tp);  // fp32 sums of exact products
+    const double* sk = &SK_[static_cast<size_t>(tile * Tp)];
+    const KeyTileNorms& kt = KT_[static_cast<size_t>(tile)];
+    const double sigma = static_cast<double>(static_cast<Acc>(v_.scale));  // the exact path's scale
+    const double dd = static_cast<double>(d);
+    const double g_exact = gamma_n(dd + 1, std::numeric_limits<Acc>::epsilon() / 2);
+    const double g_fp8 = gamma_n(dd + 3, std::numeric_limits<float>::epsilon() / 2);
+    const bool tight = s_.screen.margin == ScreenMargin::tight;
+    Acc delta8 = ninf;
+    for (i64 ri = 0; ri < R; ++ri) {
+      if (tmax_[ri] == ninf) continue;  // no visible key in this tile (as for delta)
+      const Quantised& q = qq_[ri];
+      const float* s8 = &S8_[ri * Tp];
+      const i64 nvis = std::clamp<i64>(lim_[ri] - j0 + 1, 0, nk);
+      const double row = sigma * q.scale;
+      double t8 = dninf;
+      for (i64 jj = 0; jj < nvis; ++jj) t8 = running_max(t8, static_cast<double>(s8[jj]) * (row * sk[jj]));
+      const double A = q.qnorm * kt.err, B = q.err * kt.qnorm, C = q.err * kt.err;
+      const double core = tight ? s_.screen.z * std::sqrt((A * A + B * B) / dd) + C : A + B + C;
+      const double rnd = g_exact * q.norm * kt.norm + g_fp8 * q.qnorm * kt.qnorm;
+      const double margin = sigma * (core + rnd) * (1.0 + 0x1p-30) + (sigma * dd + 1.0) * 0x1p-149;
+      double up = t8 + margin;
+      up += std::fabs(up) * 0x1p-52;  // the rounding of this sum
+      delta8 = running_max(delta8, round_upwards<Acc>(up) - m_[ri]);  // m = -inf: +inf
+    }
+    return static_cast<float>(delta8);
+  }
+
+  // The FP8 copy of a K tile (transposed [d][Tp], padding 0), its keys' scales and the tile's
+  // norm maxima; cached per (sequence, KV head) like k_tile.
+  const float* k8_tile(const Task& t, i64 tile, i64 j0, i64 nk, i64 Tp) {
+    const i64 d = v_.d;
+    float* kt = &K8all_[static_cast<size_t>(tile * d * Tp)];
+    if (!k8_ok_[tile]) {
+      k8row_.resize(d);
+      double* sk = &SK_[static_cast<size_t>(tile * Tp)];
+      KeyTileNorms mx;
+      for (i64 jj = 0; jj < nk; ++jj) {
+        load_row(krow_.data(), v_.kd, v_.k_off(t.b, j0 + jj, t.kh), v_.in_t, d);
+        const Quantised kq = quantise(krow_.data(), d, k8row_.data());
+        for (i64 c = 0; c < d; ++c) kt[c * Tp + jj] = k8row_[c];
+        sk[jj] = kq.scale;
+        mx.norm = running_max(mx.norm, kq.norm);
+        mx.qnorm = running_max(mx.qnorm, kq.qnorm);
+        mx.err = running_max(mx.err, kq.err);
+      }
+      for (i64 jj = nk; jj < Tp; ++jj) {
+        sk[jj] = 0;
+        for (i64 c = 0; c < d; ++c) kt[c * Tp + jj] = 0.0f;
+      }
+      KT_[static_cast<size_t>(tile)] = mx;
+      k8_ok_[tile] = 1;
+    }
+    return kt;
+  }
+
   // S = scale * Q K^T for one tile, invisible keys -inf; tmax_ = each row's largest visible
   // score, NaN when one of them is NaN (q or k holding NaN, inf * 0, inf - inf: running_max).
   void scores(const Task& t, i64 tile, i64 T, i64 Lk, i64 R, i64 Rp, i64 Tp) {
@@ -515,6 +670,13 @@ class Engine {
   std::vector<Acc> Q_, S_, O_, OO_, m_, l_, M_, L_, tmax_, krow_, orow_, Kall_, Vall_, seed_;
   std::vector<i64> lim_, order_;
   std::vector<char> k_ok_, v_ok_, row_nan_;
+  // SPEC §2b screen state: Q8_ [Rp][d] and K8all_ e4m3 values, S8_ FP8 dot products, SK_ key
+  // scales, KT_ per-tile key norm maxima, qq_ per-row scales and norms.
+  std::vector<float> Q8_, S8_, K8all_, k8row_;
+  std::vector<double> SK_;
+  std::vector<KeyTileNorms> KT_;
+  std::vector<Quantised> qq_;
+  std::vector<char> k8_ok_;
   i64 cache_b_ = -1, cache_kh_ = -1;
 };
 
@@ -544,6 +706,8 @@ void run_all(const View& v, const SkipConfig& skip, const RunOptions& opt, SkipS
   st.stats = (opt.collect_stats || opt.collect_histogram || opt.record_deltas) && stats;
   st.hist = st.hist && st.stats;
   st.nstat = vote.heads == 1 ? v.hq : v.hk;
+  st.screen = skip.screen;
+  st.screen_on = skip.screen.margin != ScreenMargin::off;
   st.skip_on.assign(v.batch, false);
   st.ln_lambda.assign(v.batch, -std::numeric_limits<double>::infinity());
   std::vector<double> lambdas(v.batch, 1.0);
@@ -565,6 +729,7 @@ void run_all(const View& v, const SkipConfig& skip, const RunOptions& opt, SkipS
           tasks.push_back({b, kh, kh * v.g + hs * vote.heads, r0, std::min<i64>(vote.rows, v.q_len[b] - r0)});
 
   std::vector<std::vector<float>> task_deltas(st.deltas ? tasks.size() : 0);
+  std::vector<std::vector<float>> task_sdeltas(st.deltas && st.screen_on ? tasks.size() : 0);
   // Skipped tiles per task (threads never share a byte of the packed set: packed after the join).
   std::vector<std::vector<i64>> task_skips(skip_set ? tasks.size() : 0);
   const unsigned nthreads = detail::worker_count(opt.num_threads, tasks.size());
@@ -573,13 +738,16 @@ void run_all(const View& v, const SkipConfig& skip, const RunOptions& opt, SkipS
     if (st.stats) {
       ts.visited.assign(st.nstat, 0);
       ts.skipped.assign(st.nstat, 0);
+      ts.screened.assign(st.nstat, 0);
+      ts.screen_wrong.assign(st.nstat, 0);
     }
     if (st.hist) ts.hist.assign(st.nstat, DeltaHistogram{});
   }
   detail::run_workers(nthreads, tasks.size(), [&](unsigned w, detail::WorkQueue& queue) {
     auto run = [&](auto& e) {
       for (std::size_t i; queue.take(i);)
-        e.run(tasks[i], tstats[w], st.deltas ? &task_deltas[i] : nullptr, skip_set ? &task_skips[i] : nullptr);
+        e.run(tasks[i], tstats[w], st.deltas ? &task_deltas[i] : nullptr,
+              task_sdeltas.empty() ? nullptr : &task_sdeltas[i], skip_set ? &task_skips[i] : nullptr);
     };
     if (opt.fp64) {
       Engine<double> e(v, st);
@@ -611,11 +779,19 @@ void run_all(const View& v, const SkipConfig& skip, const RunOptions& opt, SkipS
     if (st.stats) {
       stats->visited.assign(st.nstat, 0);
       stats->skipped.assign(st.nstat, 0);
+      if (st.screen_on) {
+        stats->screened.assign(st.nstat, 0);
+        stats->screen_wrong.assign(st.nstat, 0);
+      }
       if (st.hist) stats->hist.assign(st.nstat, DeltaHistogram{});
       for (auto& ts : tstats)
         for (i64 h = 0; h < st.nstat; ++h) {
           stats->visited[h] += ts.visited[h];
           stats->skipped[h] += ts.skipped[h];
+          if (st.screen_on) {
+            stats->screened[h] += ts.screened[h];
+            stats->screen_wrong[h] += ts.screen_wrong[h];
+          }
           if (st.hist) stats->hist[h].merge(ts.hist[h]);
         }
       if (st.deltas) {
@@ -623,6 +799,8 @@ void run_all(const View& v, const SkipConfig& skip, const RunOptions& opt, SkipS
         for (auto& d : task_deltas) n += d.size();
         stats->deltas.reserve(n);
         for (auto& d : task_deltas) stats->deltas.insert(stats->deltas.end(), d.begin(), d.end());
+        stats->screen_deltas.reserve(st.screen_on ? n : 0);
+        for (auto& d : task_sdeltas) stats->screen_deltas.insert(stats->screen_deltas.end(), d.begin(), d.end());
       }
     }
   }

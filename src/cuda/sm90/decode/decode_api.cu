@@ -83,6 +83,9 @@ void can_implement(const DecodeProblem& p, const ResolvedDecode& r, const SkipCo
       throw Error(std::string("skip.vote.tile_keys: ") + kKernel + " uses " + std::to_string(kTileKeys) +
                   "-key tiles, got " + std::to_string(skip.vote.tile_keys));
   }
+  if (skip.screen.margin != ScreenMargin::off)  // SPEC §2b: modelled by the CPU reference only
+    throw Error(std::string("skip.screen.margin: ") + kKernel + " does not implement the FP8 screen, got " +
+                to_string(skip.screen.margin));
   if (skip.vote.split_tiles < 0)
     throw Error("skip.vote.split_tiles must be >= 0, got " + std::to_string(skip.vote.split_tiles));
   if (r.batch > 65535 || r.hk > 65535)

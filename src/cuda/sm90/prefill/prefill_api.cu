@@ -57,6 +57,9 @@ void can_implement(const AttentionProblem& p, const detail::ResolvedAttention& r
   detail::check_aligned16(p.out, "out", kKernel);
   detail::check_strides_multiple(p.out, "out", 2, kKernel, "it writes column pairs");
   if (skip.enabled) validate(skip);
+  if (skip.screen.margin != ScreenMargin::off)  // SPEC §2b: modelled by the CPU reference only
+    throw Error(std::string("skip.screen.margin: ") + kKernel + " does not implement the FP8 screen, got " +
+                to_string(skip.screen.margin));
   check_i32(r.hq * r.batch * ((r.max_q_len + kBlockM - 1) / kBlockM), "CTA count (heads x batch x query blocks)");
   check_i32(r.batch, "batch");
   check_i32(r.max_q_len, "max query length");
