@@ -16,6 +16,7 @@ backward in float64 accumulation; CUDA tensors: the sm_90a backward kernels).
 from __future__ import annotations
 
 import ast
+import atexit
 import functools
 from typing import Optional, Tuple
 
@@ -37,6 +38,11 @@ def skip_from_str(s: str) -> Optional[SkipSoftmax]:
     if not s:
         return None
     return SkipSoftmax.from_fields(ast.literal_eval(s))
+
+
+# The cached settings hold C++ objects: released before the interpreter's shutdown (nanobind
+# reports objects still alive at its own shutdown as leaks).
+atexit.register(skip_from_str.cache_clear)
 
 
 def _op_result(res, q, return_lse: bool):
