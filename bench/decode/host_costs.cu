@@ -16,17 +16,9 @@
 #include <vector>
 
 #include "blasst/blasst.hpp"
+#include "cuda/cuda_check.hpp"  // BLASST_CUDA_CHECK (throws blasst::Error)
 
 namespace {
-
-#define CK(x)                                                               \
-  do {                                                                      \
-    const cudaError_t e_ = (x);                                             \
-    if (e_ != cudaSuccess) {                                                \
-      std::fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(e_));         \
-      std::exit(1);                                                         \
-    }                                                                       \
-  } while (0)
 
 __global__ void empty_kernel() {}
 
@@ -39,7 +31,7 @@ __global__ void empty_kernel_big(BigParams p) {
 
 double time_us(int calls, cudaStream_t s, const std::function<void()>& f) {
   for (int i = 0; i < 64; ++i) f();
-  CK(cudaStreamSynchronize(s));
+  BLASST_CUDA_CHECK(cudaStreamSynchronize(s));
   double total = 0;
   for (int done = 0; done < calls;) {
     const int n = std::min(256, calls - done);
@@ -47,7 +39,7 @@ double time_us(int calls, cudaStream_t s, const std::function<void()>& f) {
     for (int i = 0; i < n; ++i) f();
     const auto t1 = std::chrono::steady_clock::now();
     total += std::chrono::duration<double, std::micro>(t1 - t0).count();
-    CK(cudaStreamSynchronize(s));
+    BLASST_CUDA_CHECK(cudaStreamSynchronize(s));
     done += n;
   }
   return total / calls;
@@ -55,8 +47,8 @@ double time_us(int calls, cudaStream_t s, const std::function<void()>& f) {
 
 void* device_zeros(std::size_t bytes) {
   void* p = nullptr;
-  CK(cudaMalloc(&p, bytes));
-  CK(cudaMemset(p, 0, bytes));
+  BLASST_CUDA_CHECK(cudaMalloc(&p, bytes));
+  BLASST_CUDA_CHECK(cudaMemset(p, 0, bytes));
   return p;
 }
 
@@ -73,7 +65,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   cudaStream_t s = nullptr;
-  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  BLASST_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   auto row = [&](const char* name, const std::function<void()>& f) {
     std::printf("%-44s %8.2f us\n", name, time_us(calls, s, f));
     std::fflush(stdout);
@@ -81,31 +73,31 @@ int main(int argc, char** argv) {
 
   // ---- the runtime calls a host path is made of --------------------------------------------------
   int dev = 0;
-  row("cudaGetDevice", [&] { CK(cudaGetDevice(&dev)); });
+  row("cudaGetDevice", [&] { BLASST_CUDA_CHECK(cudaGetDevice(&dev)); });
   row("cudaStreamIsCapturing", [&] {
     cudaStreamCaptureStatus c;
-    CK(cudaStreamIsCapturing(s, &c));
+    BLASST_CUDA_CHECK(cudaStreamIsCapturing(s, &c));
   });
   row("cudaFuncSetAttribute (max dyn smem)",
-      [&] { CK(cudaFuncSetAttribute(empty_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 100000)); });
+      [&] { BLASST_CUDA_CHECK(cudaFuncSetAttribute(empty_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 100000)); });
   row("launch empty kernel", [&] { empty_kernel<<<1, 32, 0, s>>>(); });
   BigParams bp{};
   row("launch empty kernel, 640-byte params", [&] { empty_kernel_big<<<1, 32, 0, s>>>(bp); });
   cudaMemPool_t pool;
-  CK(cudaDeviceGetDefaultMemPool(&pool, dev));
+  BLASST_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, dev));
   row("cudaMallocAsync + cudaFreeAsync (64 KiB)", [&] {
     void* p = nullptr;
-    CK(cudaMallocAsync(&p, 65536, s));
-    CK(cudaFreeAsync(p, s));
+    BLASST_CUDA_CHECK(cudaMallocAsync(&p, 65536, s));
+    BLASST_CUDA_CHECK(cudaFreeAsync(p, s));
   });
   row("cudaMemsetAsync (64 B)", [&] {
     static void* p = device_zeros(256);
-    CK(cudaMemsetAsync(p, 0, 64, s));
+    BLASST_CUDA_CHECK(cudaMemsetAsync(p, 0, 64, s));
   });
   {
     void* f = nullptr;
     cudaDriverEntryPointQueryResult q{};
-    CK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q));
+    BLASST_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q));
     auto enc = reinterpret_cast<EncodeTiled>(f);
     void* base = device_zeros(1 << 20);
     row("cuTensorMapEncodeTiled (4-D, 128B swizzle)", [&] {
@@ -160,6 +152,6 @@ int main(int argc, char** argv) {
   ap.mask = blasst::MaskKind::causal;
   row("blasst::attention dense (L 256, causal)", [&] { blasst::attention(ap, dense, opt); });
   row("blasst::attention skip (L 256, causal)", [&] { blasst::attention(ap, skip, opt); });
-  CK(cudaStreamSynchronize(s));
+  BLASST_CUDA_CHECK(cudaStreamSynchronize(s));
   return 0;
 }

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "blasst/blasst.hpp"
+#include "blasst/workloads.hpp"
 
 namespace blasst::test {
 
@@ -93,6 +94,23 @@ double rel_err(const A& a, const Bv& b) {
     den += static_cast<double>(b[i]) * static_cast<double>(b[i]);
   }
   return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
+}
+
+// llm-like data (src/workloads) in a Dense holder: structured, so skipping actually happens.
+inline Dense llm_dense(std::int64_t L, std::int64_t Hq, std::int64_t Hk, std::int64_t d, std::uint64_t seed) {
+  Dense D(1, L, L, Hq, Hk, d, d, seed);
+  blasst::WorkloadSpec s;
+  s.kind = blasst::WorkloadKind::llm;
+  s.seq_len = L;
+  s.heads_q = Hq;
+  s.heads_k = Hk;
+  s.head_dim = d;
+  s.seed = seed;
+  blasst::Workload w = blasst::make_workload(s);
+  D.q = w.q;
+  D.k = w.k;
+  D.v = w.v;
+  return D;
 }
 
 }  // namespace blasst::test

@@ -21,6 +21,7 @@ namespace blasst {
 namespace {
 
 using test::Dense;
+using test::llm_dense;
 constexpr double kInfD = std::numeric_limits<double>::infinity();
 
 // ---- e4m3 from its definition -------------------------------------------------------------------
@@ -123,21 +124,6 @@ TEST(Fp8, EncodeIsNearestWithTiesToEvenAndSaturates) {
 
 // ---- the screen on the engine -------------------------------------------------------------------
 
-Dense llm_dense(std::int64_t L, std::int64_t Hq, std::int64_t Hk, std::int64_t d, std::uint64_t seed) {
-  Dense D(1, L, L, Hq, Hk, d, d, seed);
-  WorkloadSpec s;
-  s.kind = WorkloadKind::llm;
-  s.seq_len = L;
-  s.heads_q = Hq;
-  s.heads_k = Hk;
-  s.head_dim = d;
-  s.seed = seed;
-  Workload w = make_workload(s);
-  D.q = w.q;
-  D.k = w.k;
-  D.v = w.v;
-  return D;
-}
 
 // Random data with a sink: every query row gets alpha * u, key 0 of every KV head is beta * u
 // (u a fixed random unit vector), so key 0 dominates every row and later tiles fall far below.

@@ -14,22 +14,6 @@ namespace {
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
-// llm-like data in a Dense holder (structured: skipping actually happens).
-Dense llm_dense(std::int64_t L, std::int64_t Hq, std::int64_t Hk, std::int64_t d, std::uint64_t seed) {
-  Dense D(1, L, L, Hq, Hk, d, d, seed);
-  WorkloadSpec s;
-  s.kind = WorkloadKind::llm;
-  s.seq_len = L;
-  s.heads_q = Hq;
-  s.heads_k = Hk;
-  s.head_dim = d;
-  s.seed = seed;
-  Workload w = make_workload(s);
-  D.q = w.q;
-  D.k = w.k;
-  D.v = w.v;
-  return D;
-}
 
 SkipStats run(Dense& D, MaskKind mask, const SkipConfig& cfg, RunOptions opt = {}) {
   SkipStats st;
