@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <numeric>
 #include <string>
 
 #include "blasst/blasst.hpp"
@@ -413,29 +414,14 @@ double DeltaHistogram::lambda_for(double s) const {
 
 // ---- SkipStats ---------------------------------------------------------------------------------
 
-std::int64_t SkipStats::total_visited() const {
-  std::int64_t t = 0;
-  for (auto v : visited) t += v;
-  return t;
-}
+namespace {
+std::int64_t sum(const std::vector<std::int64_t>& v) { return std::accumulate(v.begin(), v.end(), std::int64_t{0}); }
+}  // namespace
 
-std::int64_t SkipStats::total_skipped() const {
-  std::int64_t t = 0;
-  for (auto v : skipped) t += v;
-  return t;
-}
-
-std::int64_t SkipStats::total_screened() const {
-  std::int64_t t = 0;
-  for (auto v : screened) t += v;
-  return t;
-}
-
-std::int64_t SkipStats::total_screen_wrong() const {
-  std::int64_t t = 0;
-  for (auto v : screen_wrong) t += v;
-  return t;
-}
+std::int64_t SkipStats::total_visited() const { return sum(visited); }
+std::int64_t SkipStats::total_skipped() const { return sum(skipped); }
+std::int64_t SkipStats::total_screened() const { return sum(screened); }
+std::int64_t SkipStats::total_screen_wrong() const { return sum(screen_wrong); }
 
 double SkipStats::sparsity() const {
   const std::int64_t v = total_visited();
