@@ -296,6 +296,7 @@ def main():
 
 
 MAX_FIRST = 1 << 30  # prefill_bench_lib.cpp: SkipConfig.vote.order = max_first
+RECORD = 1 << 29  # prefill_bench_lib.cpp: the call records its skip set (SPEC 9, skip_record instance)
 
 
 def interleaved_ms(fns, iters, warmup):
@@ -413,6 +414,9 @@ def quick_main(args, lib):
                         e["err"] = ((ours.o.float() - o_dense).norm() / o_dense.norm()).item()
                         names.append(f"lib{lam}")
                         fns.append(lambda lam=lam: ours(lam))
+                        # The same call recording its skip set for a backward (issue 14: <= 1 %).
+                        names.append(f"rec{lam}")
+                        fns.append(lambda lam=lam: ours(lam, 0, None, RECORD))
                     r["skip"].append(e)
             res = dict(zip(names, interleaved_ms(fns, args.iters, args.warmup)))
             r["dense_ms"], r["dense_spread"] = res["dense"]
@@ -430,6 +434,7 @@ def quick_main(args, lib):
                     if lam is None:
                         continue
                     e["speedup"] = r["dense_ms"] / res[f"lib{lam}"][0]
+                    e["record_cost"] = res[f"rec{lam}"][0] / res[f"lib{lam}"][0] - 1
                     if e.get("lambda_maxfirst") is not None:
                         e["speedup_maxfirst"] = r["dense_ms"] / res[f"mf{e['lambda_maxfirst']}"][0]
             rows.append(r)
@@ -452,15 +457,15 @@ def quick_main(args, lib):
             lines.append(f"| {r['L']} | {r['d']} | {r['mask']} | {r['dense_tflops']:.0f} | "
                          f"{r.get('ratio_vs_cudnn', float('nan')):.3f} | " + " | ".join(cells) + " |")
     lines += ["", "llm inputs, d128: speedup over dense at the achieved sparsity s (library, natural order)", "",
-              "| L | mask | dense TF/s | s | lib |",
-              "|" + "---|" * 5]
+              "| L | mask | dense TF/s | s | lib | recording the skip set (time over lib) |",
+              "|" + "---|" * 6]
     for r in rows:
         if r["workload"] == "llm":
             for e in r["skip"]:
                 if "speedup" not in e:
                     continue
                 lines.append(f"| {r['L']} | {r['mask']} | {r['dense_tflops']:.0f} | {e['achieved']:.2f} | "
-                             f"{e['speedup']:.3f}x |")
+                             f"{e['speedup']:.3f}x | {pc(e.get('record_cost'))} |")
     lines += ["", "Visit order (SPEC §2a): natural vs max-first, each at the lambda of its own one-pass curve "
               "(equal sparsity); speedup over dense, rel. L2 error vs dense; skip kernel at 0 % with max-first "
               "vs natural (random inputs)", "",

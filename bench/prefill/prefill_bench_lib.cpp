@@ -1,16 +1,29 @@
 // C ABI for the prefill benchmark: runs the kernel on torch-owned device tensors in the
 // [B, L, H, d] layout, on the caller's stream, without synchronising.
+#include <cuda_runtime.h>
+
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <exception>
 #include <string>
 
 #include "blasst/blasst.hpp"
+#include "cuda/cuda_check.hpp"
 #include "cuda/sm90/prefill/prefill_api.hpp"
 
 namespace {
 thread_local char g_err[1024];
+
+// Device words for the kRecordSkipSet knob (SPEC 9: the forward records its skip set), kept and
+// grown between calls so that the timed call allocates nothing.
+std::uint32_t* skip_set_buffer(std::int64_t words) {
+  static blasst::detail::DeviceBuffer buf;
+  const std::size_t bytes = static_cast<std::size_t>(words) * sizeof(std::uint32_t);
+  if (buf.bytes() < bytes) buf = blasst::detail::DeviceBuffer(bytes);
+  return buf.as<std::uint32_t>();
 }
+}  // namespace
 
 extern "C" {
 
@@ -19,7 +32,8 @@ const char* blasst_prefill_last_error() { return g_err; }
 // dtype: 0 bf16, 1 f16. lambda <= 0: skipping off. force_skip: run the skip variant anyway
 // (with lambda <= 0 it skips nothing: the cost of the variant at 0 % sparsity). Counters:
 // device pointers or null (visited/skipped [Hq], hist [Hq, 1026]); zeroed by the caller.
-// knobs: kOrderMaxFirst = visit order max_first; any other bit is an error (the measurement
+// knobs: kOrderMaxFirst = visit order max_first; kRecordSkipSet = the call records its skip set
+// (the skip_record instance, issue 14's "cost with saving on"); any other bit is an error (the measurement
 // switches and bench-only variants were retired with the kernel table; the ABI is kept so that
 // bench/ab_compare.py loads builds from before and after).
 // Returns 0 on success, 1 on error (message in blasst_prefill_last_error()).
@@ -39,11 +53,18 @@ int blasst_prefill(const void* q, const void* k, const void* v, void* o, float* 
     p.out = dev(Tensor::contiguous(o, dt, {B, Lq, hq, d}));
     if (lse) p.lse = dev(Tensor::contiguous(lse, DType::f32, {B, hq, Lq}));
     p.mask = causal ? MaskKind::causal : MaskKind::full;
-    constexpr int kOrderMaxFirst = 1 << 30;
-    if ((knobs & ~kOrderMaxFirst) != 0) throw Error("blasst_prefill: retired knob bits " + std::to_string(knobs));
+    constexpr int kOrderMaxFirst = 1 << 30, kRecordSkipSet = 1 << 29;
+    if ((knobs & ~(kOrderMaxFirst | kRecordSkipSet)) != 0)
+      throw Error("blasst_prefill: retired knob bits " + std::to_string(knobs));
     SkipConfig sk;
     if (lambda > 0) sk = SkipConfig::from_threshold(lambda);
     sk.with_order((knobs & kOrderMaxFirst) ? VisitOrder::max_first : VisitOrder::natural);
+    if (knobs & kRecordSkipSet) {
+      RunOptions ro;
+      ro.device = DeviceKind::cuda;
+      p.skip_set_words = skip_set_shape(p, sk, ro).words();
+      p.skip_set = skip_set_buffer(p.skip_set_words);
+    }
     sm90::prefill::launch_attention(p, sk, stream, force_skip != 0, visited, skipped, hist);
     g_err[0] = 0;
     return 0;
