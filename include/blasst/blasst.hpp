@@ -67,6 +67,12 @@ struct AttentionProblem {
   Tensor q, k, v;  // see the layout conventions above
   Tensor out;      // written; dtype f32, f64, or the dtype of q
   Tensor lse;      // optional (data == nullptr: not written); f32 or f64; natural log
+  // Optional input (SPEC §2a, seeded maxima for a key chunk): per query row a value, in the units
+  // of lse (natural log of the scaled scores), that the row's running max starts from (l = 0,
+  // O = 0) before its first visited tile; -inf = no seed. Layout and dtypes of lse. For ring
+  // attention: the maxima of the seed tiles' scores, so each chunk skips as the unsplit call
+  // would. O and LSE stay those of the kept keys. CPU reference only: CUDA calls refuse it.
+  Tensor seed_max;
   // Ragged batch: batch + 1 offsets each, in the memory space of the tensors. Both or neither.
   const std::int32_t* cu_seqlens_q = nullptr;
   const std::int32_t* cu_seqlens_k = nullptr;

@@ -63,7 +63,8 @@ def attention(q, k, v, *, causal: bool = False, scale: Optional[float] = None,
               skip: Optional[SkipSoftmax] = None, cu_seqlens_q=None, cu_seqlens_k=None,
               max_seqlen_q: Optional[int] = None, max_seqlen_k: Optional[int] = None,
               return_lse: bool = False,
-              stats: Union[None, SkipStats, MutableMapping[str, Any]] = None):
+              stats: Union[None, SkipStats, MutableMapping[str, Any]] = None,
+              seed_max=None):
     """Skip-Softmax attention (SPEC §1-§3).
 
     q [B, Lq, Hq, d], k [B, Lk, Hk, d], v [B, Lk, Hk, dv] -> out [B, Lq, Hq, dv] (dtype of q),
@@ -74,8 +75,14 @@ def attention(q, k, v, *, causal: bool = False, scale: Optional[float] = None,
 
     causal: bottom-right aligned when Lq != Lk. skip: a blasst.SkipSoftmax (None: dense).
     stats: a dict (filled in place) or a blasst.SkipStats.
+    seed_max: seeded maxima for a key chunk (SPEC §2a; ring context parallelism), lse's layout,
+    float32 or float64, lse's units: each row's running max starts there (-inf: no seed); out and
+    lse stay those of the kept keys. CPU tensors only (the reference engine), eager, no autograd.
     """
     route = _torch_route(q, k, v)
+    if seed_max is not None and (route == "op" or route == "grad"):
+        raise ValueError("seed_max: not available inside torch.compile or while autograd records "
+                         "the call (no backward for seeded maxima); call under torch.no_grad()")
     if route == "grad" and stats is not None:
         raise ValueError("stats: not available while autograd records the call; collect "
                          "statistics under torch.no_grad() or with detached tensors")
@@ -83,13 +90,13 @@ def attention(q, k, v, *, causal: bool = False, scale: Optional[float] = None,
         _no_stats_when_compiling(stats, "blasst.attention")
         return _torch_ops.attention_op(q, k, v, causal, scale, skip, cu_seqlens_q, cu_seqlens_k,
                                        max_seqlen_q, max_seqlen_k, return_lse)
-    if route == "eager" and stats is None:
+    if route == "eager" and stats is None and seed_max is None:
         res = _torch_eager.attention(q, k, v, causal, scale, skip, cu_seqlens_q, cu_seqlens_k,
                                      max_seqlen_q, max_seqlen_k, return_lse)
         if res is not None:
             return res
     return _calls.attention(q, k, v, causal, scale, skip, cu_seqlens_q, cu_seqlens_k,
-                            max_seqlen_q, max_seqlen_k, return_lse, stats)
+                            max_seqlen_q, max_seqlen_k, return_lse, stats, seed_max=seed_max)
 
 
 def decode(q, k_cache, v_cache, *, page_table=None, seqlens=None,

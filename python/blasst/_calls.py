@@ -148,10 +148,11 @@ def torch_export(x):
 
 
 def attention(q, k, v, causal, scale, skip, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-              max_seqlen_k, return_lse, stats, record_skip_set: bool = False):
+              max_seqlen_k, return_lse, stats, record_skip_set: bool = False, seed_max=None):
     """record_skip_set: also return the skip set the call recorded (SPEC §9: int32 words on q's
     device, blasst::skip_set_shape's layout), or None when its skip test did not run (dense,
-    or held off by timestep gating): (result, words)."""
+    or held off by timestep gating): (result, words). seed_max: the rows' seeded maxima (SPEC
+    §2a, lse's layout) or None."""
     frame = Frame(q)
     qs, vs = _shape(q, "q"), _shape(v, "v")
     ragged = cu_seqlens_q is not None or cu_seqlens_k is not None
@@ -177,7 +178,8 @@ def attention(q, k, v, causal, scale, skip, cu_seqlens_q, cu_seqlens_k, max_seql
             words = frame.empty_int32(_core.skip_set_words(
                 *inputs(), call.outputs()[0], *lengths(), bool(causal), call.cfg))
         _core.attention(*inputs(), *call.outputs(), *lengths(), *call.options(causal, scale),
-                        skip_set=None if words is None else frame.export(words, "skip_set"))
+                        skip_set=None if words is None else frame.export(words, "skip_set"),
+                        seed_max=None if seed_max is None else frame.export(seed_max, "seed_max"))
     return (call.result(), words) if record_skip_set else call.result()
 
 

@@ -8,7 +8,8 @@ torch's C exporter, the current stream from torch's raw-stream query, and nothin
 in Python that C++ checks anyway. The semantics are those of blasst._calls: the same arguments
 reach _core.attention / _core.decode in the same form, and a call this path does not take
 (statistics, other frameworks, index arrays given as Python sequences, wrong ranks: their
-messages live in blasst._calls) returns None so the caller runs the generic path.
+messages live in blasst._calls) returns None so the caller runs the generic path; so do calls with
+seed_max (blasst._api sends them to blasst._calls directly).
 """
 from __future__ import annotations
 

@@ -175,10 +175,11 @@ void py_attention(const InArray& q, const InArray& k, const InArray& v, const Ou
                   std::int64_t max_seqlen_k, bool causal, std::optional<double> scale,
                   const blasst::SkipConfig* skip, std::uintptr_t stream, blasst::SkipStats* stats,
                   bool histogram, bool record_deltas, int num_threads,
-                  const std::optional<InArray>& skip_set) {
+                  const std::optional<InArray>& skip_set, const std::optional<InArray>& seed_max) {
   blasst::AttentionProblem p =
       attention_problem(q, k, v, out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
   if (lse) p.lse = to_tensor(*lse, "lse");
+  if (seed_max) p.seed_max = to_tensor(*seed_max, "seed_max");
   if (skip_set) p.skip_set = skip_set_words(*skip_set, p.q.device, &p.skip_set_words);
   run_released(&blasst::attention, p, causal, scale, skip, stream, stats, histogram, record_deltas,
                num_threads);
@@ -592,7 +593,7 @@ NB_MODULE(_core, m) {
         "cu_seqlens_q"_a.none(), "cu_seqlens_k"_a.none(), "max_seqlen_q"_a, "max_seqlen_k"_a,
         "causal"_a, "scale"_a.none(), "skip"_a.none(), "stream"_a, "stats"_a.none(),
         "histogram"_a = false, "record_deltas"_a = false, "num_threads"_a = 0,
-        "skip_set"_a.none() = nb::none());
+        "skip_set"_a.none() = nb::none(), "seed_max"_a.none() = nb::none());
   m.def("skip_set_words", &py_skip_set_words, "q"_a, "k"_a, "v"_a, "out"_a,
         "cu_seqlens_q"_a.none(), "cu_seqlens_k"_a.none(), "max_seqlen_q"_a, "max_seqlen_k"_a,
         "causal"_a, "skip"_a.none());

@@ -195,6 +195,13 @@ ResolvedAttention validate_attention(const AttentionProblem& p, DeviceKind devic
   const bool has_lse = p.lse.defined() || p.lse.rank != 0;
   if (has_lse) check_tensor(p.lse, "lse", rk - 1, device);
   check_dtypes(p.q, p.k, p.v, "k", "v", p.out, has_lse ? &p.lse : nullptr);
+  // seed_max (optional input) has the layout of lse.
+  const bool has_seed = p.seed_max.defined() || p.seed_max.rank != 0;
+  if (has_seed) {
+    check_tensor(p.seed_max, "seed_max", rk - 1, device);
+    if (p.seed_max.dtype != DType::f32 && p.seed_max.dtype != DType::f64)
+      throw Error(std::string("seed_max: dtype ") + to_string(p.seed_max.dtype) + " not allowed (f32 or f64)");
+  }
   r.dtype = p.q.dtype;
 
   const int o = r.ragged ? 0 : 1;  // index of the sequence dimension
@@ -220,6 +227,10 @@ ResolvedAttention validate_attention(const AttentionProblem& p, DeviceKind devic
     expect_dim(p.lse, "lse", o + 0, r.hq, "query heads, as in q");
     expect_dim(p.lse, "lse", o + 1, p.q.shape[o], "queries, as in q");
   }
+  if (has_seed) {
+    expect_dim(p.seed_max, "seed_max", o + 0, r.hq, "query heads, as in q");
+    expect_dim(p.seed_max, "seed_max", o + 1, p.q.shape[o], "queries, as in q");
+  }
   r.scale = resolve_scale(p.scale, r.d);
 
   if (!r.ragged) {
@@ -229,6 +240,7 @@ ResolvedAttention validate_attention(const AttentionProblem& p, DeviceKind devic
     expect_dim(p.v, "v", 0, r.batch, "batch, as in q");
     expect_dim(p.out, "out", 0, r.batch, "batch, as in q");
     if (has_lse) expect_dim(p.lse, "lse", 0, r.batch, "batch, as in q");
+    if (has_seed) expect_dim(p.seed_max, "seed_max", 0, r.batch, "batch, as in q");
     const std::int64_t lq = p.q.shape[1], lk = p.k.shape[1];
     r.q_start.assign(r.batch, 0);
     r.k_start.assign(r.batch, 0);

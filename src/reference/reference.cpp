@@ -65,6 +65,12 @@ struct View {
   const void *qd = nullptr, *kd = nullptr, *vd = nullptr;
   void *od = nullptr, *lsed = nullptr;
   DType in_t = DType::f32, out_t = DType::f32, lse_t = DType::f32;
+  // Seeded maxima (prefill seed_max, SPEC §2a): row (b, h, i) at seed_base[b] + h * seed_sh +
+  // i * seed_si; nullptr: no seed.
+  const void* seedd = nullptr;
+  DType seed_t = DType::f32;
+  std::vector<i64> seed_base;
+  i64 seed_si = 0, seed_sh = 0;
 
   i64 k_off(i64 b, i64 j, i64 kh) const {
     if (page_table) {
@@ -441,8 +447,20 @@ class Engine {
         scores(t, st, T, Lk, R, Rp, Tp);
         for (i64 ri = 0; ri < R; ++ri) seed_[ri] = running_max(seed_[ri], tmax_[ri]);
       }
-      m_ = seed_;
     }
+    // The caller's seeded maxima (seed_max, e.g. ring attention's seed tiles) join the same seed:
+    // a NaN seed is a NaN running max (NaN rule).
+    if (v_.seedd) {
+      for (i64 hh = 0; hh < nh; ++hh)
+        for (i64 i = 0; i < t.nr; ++i) {
+          const i64 ri = hh * t.nr + i;
+          Acc x;
+          load_row(&x, v_.seedd, v_.seed_base[t.b] + (t.h0 + hh) * v_.seed_sh + (t.r0 + i) * v_.seed_si,
+                   v_.seed_t, 1);
+          seed_[ri] = running_max(seed_[ri], x);
+        }
+    }
+    m_ = seed_;
 
     i64 cur_split = -1;
     for (const i64 tile : order_) {
@@ -836,6 +854,24 @@ void attention(const AttentionProblem& p, const SkipConfig& skip_in, const RunOp
       v.lse_base.push_back(p.lse.defined() ? b * p.lse.stride[0] : 0);
       v.k_base.push_back(b * p.k.stride[0]);
       v.v_base.push_back(b * p.v.stride[0]);
+    }
+  }
+  if (p.seed_max.defined()) {
+    v.seedd = p.seed_max.data;
+    v.seed_t = p.seed_max.dtype;
+    v.seed_sh = p.seed_max.stride[r.ragged ? 0 : 1];
+    v.seed_si = p.seed_max.stride[r.ragged ? 1 : 2];
+    for (i64 b = 0; b < r.batch; ++b) {
+      v.seed_base.push_back(r.ragged ? r.q_start[b] * v.seed_si : b * p.seed_max.stride[0]);
+      // +inf would make every kept tile's rescale inf - inf: refused.
+      for (i64 h = 0; h < r.hq; ++h)
+        for (i64 i = 0; i < r.q_len[b]; ++i) {
+          double x;
+          load_row(&x, v.seedd, v.seed_base[b] + h * v.seed_sh + i * v.seed_si, v.seed_t, 1);
+          if (x == std::numeric_limits<double>::infinity())
+            throw Error("seed_max: +inf at sequence " + std::to_string(b) + ", head " + std::to_string(h) +
+                        ", query " + std::to_string(i) + " (seeds are finite, -inf (no seed) or NaN)");
+        }
     }
   }
   SkipSet local;

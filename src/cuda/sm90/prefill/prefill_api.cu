@@ -49,6 +49,7 @@ void can_implement(const AttentionProblem& p, const detail::ResolvedAttention& r
                 " (q's dtype or f32)");
   if (p.lse.defined() && p.lse.dtype != DType::f32)
     throw Error(std::string("lse: dtype ") + to_string(p.lse.dtype) + " is not supported by " + kKernel + " (f32)");
+  if (p.seed_max.defined()) throw Error(std::string("seed_max: ") + kKernel + " does not implement seeded maxima (CPU reference only)");
   const std::int64_t tma_elems = 16 / static_cast<std::int64_t>(dtype_size(r.dtype));
   for (auto [t, name] : {std::pair{&p.q, "q"}, {&p.k, "k"}, {&p.v, "v"}}) {
     detail::check_aligned16(*t, name, kKernel);
