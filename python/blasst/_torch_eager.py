@@ -59,6 +59,21 @@ def _out_like(q, shape):
     return q.new_empty(shape)
 
 
+def _outputs(q, out_shape, lse_shape, return_lse: bool):
+    """(out, lse or None) of a call, shaped as blasst._calls says (attention_shapes)."""
+    return _out_like(q, out_shape), (q.new_empty(lse_shape, dtype=_f32) if return_lse else None)
+
+
+def _run(entry, switch, out, lse, *args):
+    """entry(*args) (a _core call) on device `switch` when it is not the current one; the result."""
+    if switch is None:
+        entry(*args)
+    else:
+        with torch.cuda.device(switch):
+            entry(*args)
+    return out if lse is None else (out, lse)
+
+
 def _stream_and_device(q):
     """(stream, device to switch to or None) for q's device: the caller's current stream there."""
     if not q.is_cuda:
@@ -75,31 +90,19 @@ def attention(q, k, v, causal, scale, skip, cu_seqlens_q, cu_seqlens_k, max_seql
         return None
     ragged = cu_seqlens_q is not None or cu_seqlens_k is not None
     qs, vs = q.shape, v.shape
-    if ragged:
-        if len(qs) != 3 or len(vs) != 3:
-            return None
-        out_shape, lse_shape = (qs[0], qs[1], vs[2]), (qs[1], qs[0])
-    else:
-        if len(qs) != 4 or len(vs) != 4:
-            return None
-        out_shape, lse_shape = (qs[0], qs[1], qs[2], vs[3]), (qs[0], qs[2], qs[1])
+    if len(qs) != (3 if ragged else 4) or len(vs) != len(qs):
+        return None
     if not (_plain_length(max_seqlen_q) and _plain_length(max_seqlen_k)):
         return None  # the generic path's checks and messages
     cfg, _ = _effective_skip(skip)
-    out = _out_like(q, out_shape)
-    lse = q.new_empty(lse_shape, dtype=_f32) if return_lse else None
+    out, lse = _outputs(q, *_calls.attention_shapes(qs, vs, ragged), return_lse)
     stream, switch = _stream_and_device(q)
-    args = (_export(q), _export(k), _export(v), _to_dlpack(out),
-            None if lse is None else _to_dlpack(lse), _opt_export(cu_seqlens_q),
-            _opt_export(cu_seqlens_k), max_seqlen_q or 0, max_seqlen_k or 0, bool(causal),
-            None if scale is None else float(scale), cfg, stream, None, False, False,
-            _settings["num_threads"])
-    if switch is None:
-        _core.attention(*args)
-    else:
-        with torch.cuda.device(switch):
-            _core.attention(*args)
-    return out if lse is None else (out, lse)
+    return _run(_core.attention, switch, out, lse,
+                _export(q), _export(k), _export(v), _to_dlpack(out),
+                None if lse is None else _to_dlpack(lse), _opt_export(cu_seqlens_q),
+                _opt_export(cu_seqlens_k), max_seqlen_q or 0, max_seqlen_k or 0, bool(causal),
+                None if scale is None else float(scale), cfg, stream, None, False, False,
+                _settings["num_threads"])
 
 
 def decode(q, k_cache, v_cache, page_table, seqlens, max_seqlen_k, skip, scale, causal,
@@ -114,16 +117,11 @@ def decode(q, k_cache, v_cache, page_table, seqlens, max_seqlen_k, skip, scale, 
     if not _plain_length(max_seqlen_k):
         return None
     cfg, _ = _effective_skip(skip)
-    out = _out_like(q, (qs[0], qs[1], qs[2], vs[3]))
-    lse = q.new_empty((qs[0], qs[2], qs[1]), dtype=_f32) if return_lse else None
+    out, lse = _outputs(q, *_calls.decode_shapes(qs, vs), return_lse)
     stream, switch = _stream_and_device(q)
-    args = (_export(q), _export(k_cache), _export(v_cache), _to_dlpack(out),
-            None if lse is None else _to_dlpack(lse), _opt_export(page_table), _opt_export(seqlens),
-            max_seqlen_k or 0, bool(causal), None if scale is None else float(scale), cfg, stream,
-            None, False, False, _settings["num_threads"])
-    if switch is None:
-        _core.decode(*args)
-    else:
-        with torch.cuda.device(switch):
-            _core.decode(*args)
-    return out if lse is None else (out, lse)
+    return _run(_core.decode, switch, out, lse,
+                _export(q), _export(k_cache), _export(v_cache), _to_dlpack(out),
+                None if lse is None else _to_dlpack(lse), _opt_export(page_table),
+                _opt_export(seqlens), max_seqlen_k or 0, bool(causal),
+                None if scale is None else float(scale), cfg, stream, None, False, False,
+                _settings["num_threads"])
