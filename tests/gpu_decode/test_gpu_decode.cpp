@@ -784,6 +784,97 @@ TEST(GpuDecode, CallerWorkspace) {
   cudaFree(ws);
 }
 
+// The merge runs in the split kernel: the last CTA of each (sequence, KV head) to arrive merges
+// (decode_merge.cuh), counted in per-group words of the workspace that nothing zeroes. So: a
+// caller's workspace of 0xff garbage, the same workspace again in a second call, and CUDA-graph
+// replays (same epoch, same words; with the caller's workspace and with the pool's graph memory)
+// must each give the first call's outputs bit for bit (the merge's order is the splits' order,
+// whichever CTA runs it), with out and lse poisoned before every run. Ragged lengths leave empty
+// splits (past a sequence's end), which count too.
+TEST(GpuDecode, InKernelMergeAcrossCallsAndGraphReplays) {
+  SKIP_WITHOUT_GPU();
+  Case c;
+  c.lens = {9000, 700, 1};
+  c.q_len = 2;
+  const std::uint64_t seed = case_seed("in-kernel merge " + describe(c));
+  SCOPED_TRACE("seed=" + std::to_string(seed));
+  HostProblem hp(c, seed);
+  blasst::SkipConfig skip;
+  skip.vote.split_tiles = 4;  // 18 splits for the long sequence, empty ones for the others
+  const Result ref = run_ref(hp, skip, false);
+
+  auto dev_copy = [](const void* src, std::size_t n) {
+    void* d = nullptr;
+    EXPECT_EQ(cudaMalloc(&d, std::max<std::size_t>(n, 16)), cudaSuccess);
+    if (src && n) EXPECT_EQ(cudaMemcpy(d, src, n, cudaMemcpyHostToDevice), cudaSuccess);
+    return d;
+  };
+  void* dq = dev_copy(hp.q.data(), hp.q.size() * 2);
+  void* dk = dev_copy(hp.k.data(), hp.k.size() * 2);
+  void* dv = dev_copy(hp.v.data(), hp.v.size() * 2);
+  void* dsl = dev_copy(hp.seqlens.data(), hp.seqlens.size() * 4);
+  const std::size_t out_bytes = hp.out_elems() * 4, lse_bytes = hp.lse_elems() * 4;
+  void* dout = dev_copy(nullptr, out_bytes);
+  void* dlse = dev_copy(nullptr, lse_bytes);
+  auto p = hp.problem(dq, dk, dv, nullptr, static_cast<std::int32_t*>(dsl), dout, dlse, blasst::DeviceKind::cuda);
+  cudaStream_t stream = nullptr;
+  CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  blasst::RunOptions pool_opt;
+  pool_opt.stream = stream;
+  const std::size_t ws_bytes = blasst::decode_workspace_bytes(p, skip, pool_opt);
+  void* ws = dev_copy(nullptr, ws_bytes);
+  CK(cudaMemset(ws, 0xff, ws_bytes));  // garbage: every arrival word all ones
+  blasst::RunOptions given = pool_opt;
+  given.workspace = ws;
+  given.workspace_bytes = ws_bytes;
+
+  auto poison = [&] {
+    EXPECT_EQ(cudaMemsetAsync(dout, 0xff, out_bytes, stream), cudaSuccess);
+    EXPECT_EQ(cudaMemsetAsync(dlse, 0xff, lse_bytes, stream), cudaSuccess);
+  };
+  auto fetch = [&] {
+    Result r;
+    r.out.resize(hp.out_elems());
+    r.lse.resize(hp.lse_elems());
+    EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(r.out.data(), dout, out_bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(r.lse.data(), dlse, lse_bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+    return r;
+  };
+  auto same = [](const Result& a, const Result& b, const std::string& what) {
+    EXPECT_EQ(std::memcmp(a.out.data(), b.out.data(), a.out.size() * 4), 0) << what << ": outputs differ";
+    EXPECT_EQ(std::memcmp(a.lse.data(), b.lse.data(), a.lse.size() * 4), 0) << what << ": LSE differs";
+  };
+
+  poison();
+  gpu_decode(p, skip, given);
+  const Result first = fetch();
+  expect_close(first, ref, 2e-2, "first call, garbage workspace");
+  poison();
+  gpu_decode(p, skip, given);
+  same(fetch(), first, "second call, same workspace");
+
+  for (const blasst::RunOptions* opt : {&given, &pool_opt}) {
+    const std::string what = opt == &given ? "graph replay, caller's workspace" : "graph replay, pool";
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    gpu_decode(p, skip, *opt);
+    CK(cudaStreamEndCapture(stream, &graph));
+    CK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int rep = 0; rep < 3; ++rep) {
+      poison();
+      CK(cudaGraphLaunch(exec, stream));
+      same(fetch(), first, what + " " + std::to_string(rep));
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+  }
+  CK(cudaStreamSynchronize(stream));
+  cudaStreamDestroy(stream);
+  for (void* x : {dq, dk, dv, dsl, dout, dlse, ws}) cudaFree(x);
+}
+
 // Unsupported combinations are clear errors raised before any CUDA work (runs without a GPU).
 TEST(GpuDecode, UnsupportedCombosAreErrors) {
   Case c;

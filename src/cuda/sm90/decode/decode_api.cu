@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -21,6 +22,7 @@
 #include "cuda/cuda_dispatch.hpp"
 #include "cuda/host_launch.hpp"
 #include "cuda/sm90/decode/decode_api.hpp"
+#include "cuda/sm90/decode/decode_merge.cuh"
 #include "cuda/sm90/decode/decode_params.hpp"
 #include "cuda/sm90/decode/decode_trace.cuh"
 #include "cuda/sm90/kernel_table.hpp"
@@ -137,12 +139,21 @@ std::size_t partial_rows(const ResolvedDecode& r, const Plan& pl) {
   return static_cast<std::size_t>(r.batch * r.hk * pl.num_splits * pl.rows);
 }
 
-// The call's scratch memory, as run() takes it: partial O, partial LSE, then the statistics
-// counters (stats: counted; hist: with the delta histograms).
+// The merge's arrival words, one per (sequence, KV head) (decode_merge.cuh).
+std::size_t arrival_words(const ResolvedDecode& r) { return static_cast<std::size_t>(r.batch * r.hk); }
+
+// A fresh epoch per call for the arrival words (48 bits, never 0 or all ones: decode_merge.cuh).
+unsigned long long next_epoch() {
+  static std::atomic<unsigned long long> counter{0};
+  return counter.fetch_add(1, std::memory_order_relaxed) % (kEpochMask - 1) + 1;
+}
+
+// The call's scratch memory, as run() takes it: partial O, partial LSE, the merge's arrival
+// words, then the statistics counters (stats: counted; hist: with the delta histograms).
 std::size_t workspace_need(const ResolvedDecode& r, const Plan& pl, bool stats, bool hist) {
   const std::size_t part_rows = partial_rows(r, pl);
   return detail::Workspace::bytes_for({part_rows * static_cast<std::size_t>(r.d) * sizeof(float),
-                                       part_rows * sizeof(float),
+                                       part_rows * sizeof(float), arrival_words(r) * sizeof(unsigned long long),
                                        stats ? detail::StatCounters::bytes(r.hk, hist) : 0});
 }
 
@@ -274,6 +285,7 @@ void run(const DecodeProblem& p, const SkipConfig& skip, const RunOptions& opt, 
   const std::size_t part_rows = partial_rows(r, pl);
   float* o_part = ws.take<float>(part_rows * static_cast<std::size_t>(r.d));
   float* lse_part = ws.take<float>(part_rows);
+  auto* split_arrivals = ws.take<unsigned long long>(arrival_words(r));
   detail::StatCounters cnt;
   if (want_stats) cnt = detail::StatCounters::take(ws, r.hk, want_hist, stream);
 
@@ -297,6 +309,16 @@ void run(const DecodeProblem& p, const SkipConfig& skip, const RunOptions& opt, 
   kp.split_tiles = static_cast<int>(pl.split_tiles); kp.num_splits = static_cast<int>(pl.num_splits);
   kp.seeded = pl.seeded ? 1 : 0;
   kp.o_part = o_part; kp.lse_part = lse_part;
+  kp.split_arrivals = split_arrivals;
+  kp.split_epoch = next_epoch();
+  kp.out = p.out.data;
+  kp.out_dtype = p.out.dtype;
+  kp.o_sb = p.out.stride[0]; kp.o_st = p.out.stride[1]; kp.o_sh = p.out.stride[2];
+  if (p.lse.defined()) {
+    kp.lse = p.lse.data;
+    kp.lse_dtype = p.lse.dtype;
+    kp.l_sb = p.lse.stride[0]; kp.l_sh = p.lse.stride[1]; kp.l_st = p.lse.stride[2];
+  }
   kp.visited = cnt.visited;
   kp.skipped = cnt.skipped;
   kp.hist = cnt.hist;
@@ -316,19 +338,6 @@ void run(const DecodeProblem& p, const SkipConfig& skip, const RunOptions& opt, 
 #endif
   pl.kernel.launch(kp, grid, stream);
 
-  MergeParams mp{};
-  mp.o_part = kp.o_part; mp.lse_part = kp.lse_part;
-  mp.batch = kp.batch; mp.hk = kp.hk; mp.group = kp.group; mp.rows = kp.rows;
-  mp.num_splits = kp.num_splits; mp.dv = static_cast<int>(r.dv);
-  mp.out = p.out.data;
-  mp.out_dtype = p.out.dtype;
-  mp.o_sb = p.out.stride[0]; mp.o_st = p.out.stride[1]; mp.o_sh = p.out.stride[2];
-  if (p.lse.defined()) {
-    mp.lse = p.lse.data;
-    mp.lse_dtype = p.lse.dtype;
-    mp.l_sb = p.lse.stride[0]; mp.l_sh = p.lse.stride[1]; mp.l_st = p.lse.stride[2];
-  }
-  launch_merge(mp, stream);
 #ifdef BLASST_DECODE_TRACE
   if (trace_file) append_trace(trace_file, kp.trace, n_ctas, grid, stream);
 #endif

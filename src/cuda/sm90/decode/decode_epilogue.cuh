@@ -1,5 +1,5 @@
 // Internal: the epilogue of one decode CTA: the normalised fp32 partial (O, LSE in natural-log
-// units) of its split, which decode_merge.cu combines with the other splits' partials; a split
+// units) of its split, which decode_merge.cuh combines with the other splits' partials; a split
 // past its sequence's end writes an empty partial.
 #pragma once
 

@@ -5,16 +5,19 @@
 // tiles), so every K/V byte is read once per group. Keys are visited in 128-key tiles (the SPEC §2
 // tile); the vote group for the skip is every row of the CTA.
 //
-// Each CTA writes a normalised fp32 partial (O, LSE); decode_merge.cu combines the splits.
+// Each CTA writes a normalised fp32 partial (O, LSE); the last CTA of each (sequence, KV head) to
+// finish merges the group's splits into the outputs (decode_merge.cuh).
 //
 // Files by concern (the prefill kernel's layout): decode_traits.hpp (shapes, ring depths, the
 // shared-memory struct), decode_scheduler.cuh (the CTA's work), decode_mainloop.cuh (the shared
 // memory's pointers, loads, Q staging, scores, vote, online softmax, P.V; the pipeline is
-// described there), decode_epilogue.cuh (the partials). This file wires them: the order of the
-// phases, the register arrays, the seed prologue and the tile loop.
+// described there), decode_epilogue.cuh (the partials), decode_merge.cuh (the last CTA's merge).
+// This file wires them: the order of the phases, the register arrays, the seed prologue and the
+// tile loop.
 //
-// The SASS of every instance is main's before the split (cuobjdump listings equal, addresses
-// included), and each change here must keep it so or say why not: the compiler's output depends
+// The SASS of every instance was main's before the split (cuobjdump listings equal) until the
+// merge moved in from its own kernel (session 10: ptxas -5 to +4 registers, no spills), and each
+// change here must say what it does to the code: the compiler's output depends
 // on more than the statements (an earlier split, commit 9a59ea1, computed wrong outputs with two
 // or more tiles per split; bench/results/decode_log.md session 5). Known sensitivities:
 //   - the register arrays are separate variables of this function, passed by reference (kept in
@@ -40,6 +43,7 @@
 #include "cuda/sm90/common/skip_policy.hpp"
 #include "cuda/sm90/decode/decode_epilogue.cuh"
 #include "cuda/sm90/decode/decode_mainloop.cuh"
+#include "cuda/sm90/decode/decode_merge.cuh"
 #include "cuda/sm90/decode/decode_params.hpp"
 #include "cuda/sm90/decode/decode_scheduler.cuh"
 #include "cuda/sm90/decode/decode_trace.cuh"
@@ -62,10 +66,6 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas) decode_ker
   using T = typename Traits::T;
   using Mainloop = DecodeMainloop<Traits>;
 
-  // Let the merge kernel (launched with programmatic serialisation) get scheduled early; it waits
-  // for this grid's completion with griddepcontrol.wait before reading anything.
-  asm volatile("griddepcontrol.launch_dependents;");
-
   // Grid (Hk, splits, B): neighbouring CTAs read neighbouring head rows of the same keys (the
   // H200 runs of f05b4c2 / 6ff5dca measured splits-fastest within run-to-run noise of this).
   trace_point(p, 0);  // start
@@ -80,6 +80,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas) decode_ker
   const DecodeWork w = decode_work<Traits::kTileKeys>(p, h, split, b);
   if (w.n == 0) {  // a split past this sequence's end
     write_empty_partial<Traits>(p, w);
+    if (arrive_last(p, b, h)) merge_group<D, W>(p, b, h);
     return;
   }
 
@@ -254,6 +255,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas) decode_ker
     atomicAdd(p.visited + w.h, static_cast<unsigned long long>(w.n));
     atomicAdd(p.skipped + w.h, static_cast<unsigned long long>(skipped_count));
   }
+  if (arrive_last(p, b, h)) merge_group<D, W>(p, b, h);
 }
 
 // One instance of kernel_table.inc (declared in kernel_table.hpp); its dynamic shared memory is

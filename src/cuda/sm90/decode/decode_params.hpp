@@ -1,5 +1,5 @@
-// Internal: the plain-old-data description of one decode launch (split kernel and merge kernel),
-// filled by decode_api.cu. Host and device code; no kernel code here.
+// Internal: the plain-old-data description of one decode launch (the split kernel, which also
+// merges its splits: decode_merge.cuh), filled by decode_api.cu. Host and device code; no kernel code here.
 #pragma once
 
 #include <cuda.h>  // CUtensorMap
@@ -38,6 +38,15 @@ struct Params {
   int seeded;
   float* o_part;    // [B, Hk, splits, rows, D] normalised partial outputs
   float* lse_part;  // [B, Hk, splits, rows] natural-log LSE (-inf: nothing visible)
+  // The merge (decode_merge.cuh): one arrival word per (sequence, KV head) and this call's epoch.
+  unsigned long long* split_arrivals;  // [B, Hk]
+  unsigned long long split_epoch;      // 48 bits, fresh per call
+  void* out;  // [B, q_len, Hq, D]
+  DType out_dtype;  // f32, f64, bf16 or f16
+  std::int64_t o_sb, o_st, o_sh;
+  void* lse;  // [B, Hq, q_len] or nullptr
+  DType lse_dtype;  // f32 or f64
+  std::int64_t l_sb, l_sh, l_st;
   unsigned long long* visited;  // [Hk] or nullptr
   unsigned long long* skipped;  // [Hk]
   unsigned long long* hist;     // [Hk, kHistSlots] or nullptr
@@ -45,20 +54,5 @@ struct Params {
   unsigned long long* trace;    // diagnostic timeline [CTAs][kTracePoints] (decode_trace.cuh)
 #endif
 };
-
-struct MergeParams {
-  const float* o_part;
-  const float* lse_part;
-  int batch, hk, group, rows, num_splits, dv;
-  void* out;  // [B, q_len, Hq, dv]
-  DType out_dtype;  // f32, f64, bf16 or f16
-  std::int64_t o_sb, o_st, o_sh;
-  void* lse;  // [B, Hq, q_len] or nullptr
-  DType lse_dtype;  // f32 or f64
-  std::int64_t l_sb, l_sh, l_st;
-};
-
-// Combines the split partials into out / lse (launched with programmatic serialisation).
-void launch_merge(const MergeParams& p, cudaStream_t stream);
 
 }  // namespace blasst::sm90::decode
