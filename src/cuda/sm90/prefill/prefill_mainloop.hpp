@@ -166,21 +166,11 @@ __device__ __forceinline__ void consumer_mainloop(KernelParams<Traits> const& kp
   unsigned long long* const hist = Traits::kHist ? p.hist : nullptr;
   int n_visited = 0, n_skipped = 0;
   // Non-null: the skip set is recorded (SPEC §9; skip_record and skip_hist instances only, null
-  // elsewhere so its code folds away): the bits of each visited tile the vote skipped gather in a
-  // register word (set_bits, bit i & 31 of word set_word; the same in every thread of the
-  // warpgroup, since the vote is) and the first thread ORs a word into memory when the walk
-  // leaves it and at the end: one atomic per 32 tiles in natural order instead of one per skipped
-  // tile (that cost the skip kernel 2.4-7.4 %, growing with the sparsity: H200, ff0832a).
-  // set_row: bit index of this vote group's tile 0 (its words may be shared with the next group's).
+  // elsewhere so its code folds away): the first thread of the warpgroup sets the bit of each
+  // visited tile its vote skipped. set_row: bit index of this vote group's tile 0.
   std::uint32_t* const skip_set = Traits::kRecordSet ? p.skip_set : nullptr;
   const long long set_row =
       (static_cast<long long>(w.b * p.hq + w.h) * p.set_groups + (row0 / 64 + cwg)) * p.set_tiles;
-  std::uint32_t set_bits = 0;
-  long long set_word = 0;
-  auto flush_set_word = [&]() {
-    if (set_bits != 0 && skip_set != nullptr && mma_tid % 128 == 0) atomicOr(skip_set + set_word, set_bits);
-    set_bits = 0;
-  };
 
   // Histogram (statistics), kept off the softmax's critical path and free of divergent branches:
   // in step n+1, while its S wgmma runs, each warp reduces its delta maximum of tile n and stores
@@ -278,13 +268,9 @@ __device__ __forceinline__ void consumer_mainloop(KernelParams<Traits> const& kp
         n_visited += 1;
         n_skipped += skip ? 1 : 0;
         if constexpr (Traits::kRecordSet) {
-          if (skip) {
+          if (skip && skip_set != nullptr && mma_tid % 128 == 0) {
             const long long i = set_row + tile;
-            if ((i >> 5) != set_word) {
-              flush_set_word();
-              set_word = i >> 5;
-            }
-            set_bits |= 1u << (i & 31);
+            atomicOr(skip_set + (i >> 5), 1u << (i & 31));
           }
         }
       }
@@ -367,7 +353,6 @@ __device__ __forceinline__ void consumer_mainloop(KernelParams<Traits> const& kp
       hist_flush(w.n_max - 1, vis1);
     }
   }
-  if constexpr (Traits::kRecordSet) flush_set_word();
   cnt.visited = static_cast<unsigned long long>(n_visited);
   cnt.skipped = static_cast<unsigned long long>(n_skipped);
 }
