@@ -80,7 +80,10 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas) decode_ker
   const DecodeWork w = decode_work<Traits::kTileKeys>(p, h, split, b);
   if (w.n == 0) {  // a split past this sequence's end
     write_empty_partial<Traits>(p, w);
-    if (arrive_last(p, b, h)) merge_group<D, W>(p, b, h);
+    if (arrive_last(p, b, h)) {
+      merge_group<D, W>(p, b, h);
+      reset_arrivals(p, b, h);
+    }
     return;
   }
 
@@ -255,7 +258,10 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas) decode_ker
     atomicAdd(p.visited + w.h, static_cast<unsigned long long>(w.n));
     atomicAdd(p.skipped + w.h, static_cast<unsigned long long>(skipped_count));
   }
-  if (arrive_last(p, b, h)) merge_group<D, W>(p, b, h);
+  if (arrive_last(p, b, h)) {
+    merge_group<D, W>(p, b, h);
+    reset_arrivals(p, b, h);
+  }
 }
 
 // One instance of kernel_table.inc (declared in kernel_table.hpp); its dynamic shared memory is

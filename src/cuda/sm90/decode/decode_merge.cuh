@@ -8,6 +8,10 @@
 // every call a fresh 48-bit epoch, so a word from an earlier call (or garbage) reads as "no
 // arrival yet". The last CTA resets its word to 0, so the replays of a CUDA graph (same epoch,
 // same word) count from zero again.
+//
+// At B = 1 the merge is on the critical path, so its L2 round trips count (the first version, with
+// a load before the CAS, the reset before the reads and 8-split load batches, made B = 1, 32k dense
+// 6 % slower than the merge kernel it replaced: H200 A/B, 364a5d3's run).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -35,13 +39,18 @@ __device__ __forceinline__ bool count_arrival(unsigned long long* word, unsigned
     if (seen == cur) break;
     cur = seen;
   }
-  const bool last = static_cast<int>(mine & 0xffffull) == n;
-  if (last) atomicExch(word, 0ull);  // every split of this call has counted: the next replay starts at 0
-  return last;
+  return static_cast<int>(mine & 0xffffull) == n;
+}
+
+// Every split of this call has counted (the last CTA, after its merge: no store in flight before
+// the merge's reads): the next replay of a graph starts at 0.
+__device__ __forceinline__ void reset_arrivals(const Params& p, int b, int h) {
+  if (p.num_splits > 1 && threadIdx.x == 0) p.split_arrivals[static_cast<std::int64_t>(b) * p.hk + h] = 0ull;
 }
 
 // Called by every thread of a CTA once its partial (or empty partial) is written: true in every
-// thread of the group's last CTA, which then reads the other splits' partials (through L2).
+// thread of the group's last CTA, which then reads the other splits' partials (through L2) and
+// resets the group's word (reset_arrivals).
 __device__ __forceinline__ bool arrive_last(const Params& p, int b, int h) {
   if (p.num_splits == 1) {  // the only split: nothing to wait for but this CTA's own stores
     __syncthreads();
@@ -72,16 +81,19 @@ __device__ __forceinline__ void merge_group(const Params& p, int b, int h) {
     // The lanes read the LSEs of 32 splits at once; each split's weight then reaches every lane by
     // a shuffle, and the O loads of kUnroll splits are issued before any is used (a serial split
     // loop waited one L2 latency per split: ~6 us of a 45 us B = 1, 32k call, 9337138).
-    float mx = -INFINITY;
-    for (int s = lane; s < p.num_splits; s += 32) mx = running_max(mx, __ldcg(p.lse_part + (base + s) * p.rows + r));
+    // The first 32 LSEs stay in registers for the weights (one L2 round trip less: the merge is on
+    // the critical path at B = 1), and up to 16 splits' O loads are in flight together.
+    const float l0 = lane < p.num_splits ? __ldcg(p.lse_part + (base + lane) * p.rows + r) : -INFINITY;
+    float mx = l0;
+    for (int s = lane + 32; s < p.num_splits; s += 32) mx = running_max(mx, __ldcg(p.lse_part + (base + s) * p.rows + r));
     for (int o = 16; o > 0; o >>= 1) mx = running_max(mx, __shfl_xor_sync(0xffffffffu, mx, o));
     float acc[kPerLane] = {};
     float wsum = 0.f;
     if (mx != -INFINITY) {
-      constexpr int kUnroll = 8;
+      constexpr int kUnroll = 16;
       for (int s0 = 0; s0 < p.num_splits; s0 += 32) {
         const int s = s0 + lane;
-        const float l = s < p.num_splits ? __ldcg(p.lse_part + (base + s) * p.rows + r) : -INFINITY;
+        const float l = s0 == 0 ? l0 : s < p.num_splits ? __ldcg(p.lse_part + (base + s) * p.rows + r) : -INFINITY;
         const float w_lane = l == -INFINITY ? 0.f : __expf(l - mx);  // empty partials: weight 0
         float ws = w_lane;
         for (int o = 16; o > 0; o >>= 1) ws += __shfl_xor_sync(0xffffffffu, ws, o);
