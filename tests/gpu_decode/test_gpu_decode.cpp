@@ -784,13 +784,14 @@ TEST(GpuDecode, CallerWorkspace) {
   cudaFree(ws);
 }
 
-// The merge runs in the split kernel: the last CTA of each (sequence, KV head) to arrive merges
-// (decode_merge.cuh), counted in per-group words of the workspace that nothing zeroes. So: a
+// The merge runs in the split kernel: a CTA that finds every split flag of its (sequence, KV head)
+// raised merges (decode_merge.cuh); the flags live in the workspace, which nothing zeroes. So: a
 // caller's workspace of 0xff garbage, the same workspace again in a second call, and CUDA-graph
-// replays (same epoch, same words; with the caller's workspace and with the pool's graph memory)
-// must each give the first call's outputs bit for bit (the merge's order is the splits' order,
-// whichever CTA runs it), with out and lse poisoned before every run. Ragged lengths leave empty
-// splits (past a sequence's end), which count too.
+// replays (same epoch, same flags; with the caller's workspace and with the pool's graph memory)
+// must each give the eager call's outputs bit for bit (the merge's order is the splits' order,
+// whichever CTA runs it), with out and lse poisoned before every run. The replays alternate two
+// queries, so a merge of stale partials (flags left raised by the replay before) shows. Ragged
+// lengths leave empty splits (past a sequence's end), which raise flags too.
 TEST(GpuDecode, InKernelMergeAcrossCallsAndGraphReplays) {
   SKIP_WITHOUT_GPU();
   Case c;
@@ -802,6 +803,9 @@ TEST(GpuDecode, InKernelMergeAcrossCallsAndGraphReplays) {
   blasst::SkipConfig skip;
   skip.vote.split_tiles = 4;  // 18 splits for the long sequence, empty ones for the others
   const Result ref = run_ref(hp, skip, false);
+  HostProblem hp_b = hp;  // the second query: the first one's elements in reverse order
+  std::reverse(hp_b.q.begin(), hp_b.q.end());
+  const Result ref_b = run_ref(hp_b, skip, false);
 
   auto dev_copy = [](const void* src, std::size_t n) {
     void* d = nullptr;
@@ -823,7 +827,7 @@ TEST(GpuDecode, InKernelMergeAcrossCallsAndGraphReplays) {
   pool_opt.stream = stream;
   const std::size_t ws_bytes = blasst::decode_workspace_bytes(p, skip, pool_opt);
   void* ws = dev_copy(nullptr, ws_bytes);
-  CK(cudaMemset(ws, 0xff, ws_bytes));  // garbage: every arrival word all ones
+  CK(cudaMemset(ws, 0xff, ws_bytes));  // garbage: every flag all ones
   blasst::RunOptions given = pool_opt;
   given.workspace = ws;
   given.workspace_bytes = ws_bytes;
@@ -846,13 +850,23 @@ TEST(GpuDecode, InKernelMergeAcrossCallsAndGraphReplays) {
     EXPECT_EQ(std::memcmp(a.lse.data(), b.lse.data(), a.lse.size() * 4), 0) << what << ": LSE differs";
   };
 
+  auto set_q = [&](const HostProblem& h) {
+    EXPECT_EQ(cudaMemcpyAsync(dq, h.q.data(), h.q.size() * 2, cudaMemcpyHostToDevice, stream), cudaSuccess);
+  };
+
   poison();
   gpu_decode(p, skip, given);
   const Result first = fetch();
   expect_close(first, ref, 2e-2, "first call, garbage workspace");
+  set_q(hp_b);
   poison();
   gpu_decode(p, skip, given);
-  same(fetch(), first, "second call, same workspace");
+  const Result first_b = fetch();
+  expect_close(first_b, ref_b, 2e-2, "second call (second query), same workspace");
+  set_q(hp);
+  poison();
+  gpu_decode(p, skip, given);
+  same(fetch(), first, "third call, same workspace");
 
   for (const blasst::RunOptions* opt : {&given, &pool_opt}) {
     const std::string what = opt == &given ? "graph replay, caller's workspace" : "graph replay, pool";
@@ -862,10 +876,11 @@ TEST(GpuDecode, InKernelMergeAcrossCallsAndGraphReplays) {
     gpu_decode(p, skip, *opt);
     CK(cudaStreamEndCapture(stream, &graph));
     CK(cudaGraphInstantiate(&exec, graph, 0));
-    for (int rep = 0; rep < 3; ++rep) {
+    for (int rep = 0; rep < 4; ++rep) {
+      set_q(rep % 2 == 0 ? hp_b : hp);
       poison();
       CK(cudaGraphLaunch(exec, stream));
-      same(fetch(), first, what + " " + std::to_string(rep));
+      same(fetch(), rep % 2 == 0 ? first_b : first, what + " " + std::to_string(rep));
     }
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(graph);

@@ -139,21 +139,23 @@ std::size_t partial_rows(const ResolvedDecode& r, const Plan& pl) {
   return static_cast<std::size_t>(r.batch * r.hk * pl.num_splits * pl.rows);
 }
 
-// The merge's arrival words, one per (sequence, KV head) (decode_merge.cuh).
-std::size_t arrival_words(const ResolvedDecode& r) { return static_cast<std::size_t>(r.batch * r.hk); }
+// The merge's flags, one per split of every (sequence, KV head) (decode_merge.cuh).
+std::size_t split_flags(const ResolvedDecode& r, const Plan& pl) {
+  return static_cast<std::size_t>(r.batch * r.hk * pl.num_splits);
+}
 
-// A fresh epoch per call for the arrival words (48 bits, never 0 or all ones: decode_merge.cuh).
+// A fresh epoch per call, the value of a raised flag (48 bits, never 0 or all ones: decode_merge.cuh).
 unsigned long long next_epoch() {
   static std::atomic<unsigned long long> counter{0};
   return counter.fetch_add(1, std::memory_order_relaxed) % (kEpochMask - 1) + 1;
 }
 
-// The call's scratch memory, as run() takes it: partial O, partial LSE, the merge's arrival
-// words, then the statistics counters (stats: counted; hist: with the delta histograms).
+// The call's scratch memory, as run() takes it: partial O, partial LSE, the merge's flags, then
+// the statistics counters (stats: counted; hist: with the delta histograms).
 std::size_t workspace_need(const ResolvedDecode& r, const Plan& pl, bool stats, bool hist) {
   const std::size_t part_rows = partial_rows(r, pl);
   return detail::Workspace::bytes_for({part_rows * static_cast<std::size_t>(r.d) * sizeof(float),
-                                       part_rows * sizeof(float), arrival_words(r) * sizeof(unsigned long long),
+                                       part_rows * sizeof(float), split_flags(r, pl) * sizeof(unsigned long long),
                                        stats ? detail::StatCounters::bytes(r.hk, hist) : 0});
 }
 
@@ -285,7 +287,7 @@ void run(const DecodeProblem& p, const SkipConfig& skip, const RunOptions& opt, 
   const std::size_t part_rows = partial_rows(r, pl);
   float* o_part = ws.take<float>(part_rows * static_cast<std::size_t>(r.d));
   float* lse_part = ws.take<float>(part_rows);
-  auto* split_arrivals = ws.take<unsigned long long>(arrival_words(r));
+  auto* flags = ws.take<unsigned long long>(split_flags(r, pl));
   detail::StatCounters cnt;
   if (want_stats) cnt = detail::StatCounters::take(ws, r.hk, want_hist, stream);
 
@@ -309,7 +311,7 @@ void run(const DecodeProblem& p, const SkipConfig& skip, const RunOptions& opt, 
   kp.split_tiles = static_cast<int>(pl.split_tiles); kp.num_splits = static_cast<int>(pl.num_splits);
   kp.seeded = pl.seeded ? 1 : 0;
   kp.o_part = o_part; kp.lse_part = lse_part;
-  kp.split_arrivals = split_arrivals;
+  kp.split_flags = flags;
   kp.split_epoch = next_epoch();
   kp.out = p.out.data;
   kp.out_dtype = p.out.dtype;

@@ -80,9 +80,9 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas) decode_ker
   const DecodeWork w = decode_work<Traits::kTileKeys>(p, h, split, b);
   if (w.n == 0) {  // a split past this sequence's end
     write_empty_partial<Traits>(p, w);
-    if (arrive_last(p, b, h)) {
+    if (arrive_last(p, b, h, split)) {
       merge_group<D, W>(p, b, h);
-      reset_arrivals(p, b, h);
+      lower_flags(p, b, h);
     }
     return;
   }
@@ -258,9 +258,9 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas) decode_ker
     atomicAdd(p.visited + w.h, static_cast<unsigned long long>(w.n));
     atomicAdd(p.skipped + w.h, static_cast<unsigned long long>(skipped_count));
   }
-  if (arrive_last(p, b, h)) {
+  if (arrive_last(p, b, h, split)) {
     merge_group<D, W>(p, b, h);
-    reset_arrivals(p, b, h);
+    lower_flags(p, b, h);
   }
 }
 

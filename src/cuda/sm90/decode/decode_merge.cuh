@@ -1,17 +1,20 @@
 // Internal: the merge of the split-KV partials, inside the split kernel. Every CTA of a (sequence,
-// KV head) group counts its arrival after writing its partial; the last to arrive merges the
-// group's splits into out / lse (one launch per call, no kernel boundary between the splits and
-// the merge: issue 18, docs/decode_kernel.md "Host cost of a call").
+// KV head) group raises its flag after writing its partial and then reads the group's flags; a CTA
+// that finds them all raised merges the group's splits into out / lse (one launch per call, no
+// kernel boundary between the splits and the merge: issue 18, docs/decode_kernel.md "Host cost of a
+// call").
 //
-// The arrival count needs no zeroed memory (the pool's blocks and a caller's workspace hold
-// whatever was there): each group has a 64-bit word (epoch << 16 | arrivals), and the host gives
-// every call a fresh 48-bit epoch, so a word from an earlier call (or garbage) reads as "no
-// arrival yet". The last CTA resets its word to 0, so the replays of a CUDA graph (same epoch,
-// same word) count from zero again.
-//
-// At B = 1 the merge is on the critical path, so its L2 round trips count (the first version, with
-// a load before the CAS, the reset before the reads and 8-split load batches, made B = 1, 32k dense
-// 6 % slower than the merge kernel it replaced: H200 A/B of ff0832a vs 33cb6a6).
+// Flags, not a counter: when every split finishes at once (dense, B = 1) a counter's atomics
+// serialise on one word (a CAS loop made B = 1, 32k dense 5-6 % slower than the separate merge
+// kernel it replaced: H200 A/B of ff0832a and 8890f09 vs 33cb6a6), flags are one store and one
+// parallel read per CTA. The store, a sequentially consistent fence (__threadfence), then the
+// reads: the CTA whose fence comes last in that order sees every flag, so at least one CTA merges;
+// two that both see them all write the same bits (the merge reads the splits in their order).
+// The flags need no zeroed memory (the pool's blocks and a caller's workspace hold whatever was
+// there): a raised flag holds the call's epoch, a fresh 48-bit number per call from the host, so a
+// flag left by an earlier call or garbage reads as lowered. The merging CTA lowers the group's
+// flags after its merge (every CTA has raised its flag by then), so the replays of a CUDA graph
+// (same epoch, same flags) start lowered.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -25,45 +28,41 @@
 
 namespace blasst::sm90::decode {
 
-// 48-bit epochs, never 0 (a reset word) nor 2^48 - 1 (a word of 0xff bytes).
+// 48-bit epochs, never 0 (a lowered flag) nor 2^48 - 1 (a flag of 0xff bytes).
 inline constexpr unsigned long long kEpochMask = (1ull << 48) - 1;
 
-// One more arrival of this call (epoch) at its group's word; true for the arrival that makes n.
-// Thread 0 of a CTA, after the CTA's partial is visible device-wide.
-__device__ __forceinline__ bool count_arrival(unsigned long long* word, unsigned long long epoch, int n) {
-  unsigned long long cur = *reinterpret_cast<volatile unsigned long long*>(word);
-  unsigned long long mine;
-  for (;;) {
-    mine = (cur >> 16) == epoch ? cur + 1 : (epoch << 16) | 1ull;  // an older call's word: first arrival
-    const unsigned long long seen = atomicCAS(word, cur, mine);
-    if (seen == cur) break;
-    cur = seen;
-  }
-  return static_cast<int>(mine & 0xffffull) == n;
-}
-
-// Every split of this call has counted (the last CTA, after its merge: no store in flight before
-// the merge's reads): the next replay of a graph starts at 0.
-__device__ __forceinline__ void reset_arrivals(const Params& p, int b, int h) {
-  if (p.num_splits > 1 && threadIdx.x == 0) p.split_arrivals[static_cast<std::int64_t>(b) * p.hk + h] = 0ull;
+// Lowers the group's flags (the merging CTA, after its merge; a second merger, if any, has read
+// them already): the next replay of a graph starts with every flag lowered.
+__device__ __forceinline__ void lower_flags(const Params& p, int b, int h) {
+  if (p.num_splits == 1) return;
+  unsigned long long* flags = p.split_flags + (static_cast<std::int64_t>(b) * p.hk + h) * p.num_splits;
+  for (int s = threadIdx.x; s < p.num_splits; s += blockDim.x) flags[s] = 0ull;
 }
 
 // Called by every thread of a CTA once its partial (or empty partial) is written: true in every
-// thread of the group's last CTA, which then reads the other splits' partials (through L2) and
-// resets the group's word (reset_arrivals).
-__device__ __forceinline__ bool arrive_last(const Params& p, int b, int h) {
+// thread of a CTA that found every flag of its group raised, which then reads the other splits'
+// partials (through L2) and lowers the flags (lower_flags).
+__device__ __forceinline__ bool arrive_last(const Params& p, int b, int h, int split) {
   if (p.num_splits == 1) {  // the only split: nothing to wait for but this CTA's own stores
     __syncthreads();
     return true;
   }
-  __threadfence();  // this thread's partial stores before the arrival
+  __threadfence();  // this thread's partial stores before the flag
   __syncthreads();
-  int last = 0;
-  if (threadIdx.x == 0) {
-    last = count_arrival(p.split_arrivals + static_cast<std::int64_t>(b) * p.hk + h, p.split_epoch, p.num_splits);
-    if (last) __threadfence();  // the other splits' arrivals (and so their partials) before our reads
+  int all = 0;
+  if (threadIdx.x < 32) {  // warp 0: lane 0 raises the flag, every lane reads a share of the flags
+    volatile unsigned long long* flags =
+        p.split_flags + (static_cast<std::int64_t>(b) * p.hk + h) * p.num_splits;
+    if (threadIdx.x == 0) flags[split] = p.split_epoch;
+    __threadfence();  // lane 0: the flag before the reads (SC order); every lane: its reads after
+    __syncwarp();
+    __threadfence();
+    bool raised = true;
+    for (int s = threadIdx.x; s < p.num_splits; s += 32) raised &= flags[s] == p.split_epoch;
+    all = __all_sync(0xffffffffu, raised) ? 1 : 0;
+    if (all) __threadfence();  // the other splits' flags (and so their partials) before our reads
   }
-  return __syncthreads_or(last) != 0;
+  return __syncthreads_or(all) != 0;
 }
 
 // O = sum_s w_s O_s / sum_s w_s with w_s = exp(LSE_s - max LSE), LSE = max + log(sum w) for every
