@@ -50,6 +50,7 @@ TABLE=(
   "prefill-nan-row-written-empty|test_gpu_nan_rule|tests/gpu_prefill/test_gpu_nan_rule|GpuNanRule.NanInOneQueryElementDense"
   "decode-vote-nan-skips|test_gpu_nan_rule|tests/gpu_prefill/test_gpu_nan_rule|GpuNanRule.DecodeNanKeyThroughTheSplitMerge"
   "decode-merge-nan-row-written-empty|test_gpu_nan_rule|tests/gpu_prefill/test_gpu_nan_rule|GpuNanRule.DecodeNanKeyThroughTheSplitMerge"
+  "decode-merge-flags-not-lowered|test_gpu_decode|tests/gpu_decode/test_gpu_decode|GpuDecode.InKernelMergeAcrossCallsAndGraphReplays"
   "decode-merge-epoch-ignored|test_gpu_decode|tests/gpu_decode/test_gpu_decode|GpuDecode.InKernelMergeAcrossCallsAndGraphReplays"
 )
 

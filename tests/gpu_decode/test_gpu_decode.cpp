@@ -790,8 +790,10 @@ TEST(GpuDecode, CallerWorkspace) {
 // replays (same epoch, same flags; with the caller's workspace and with the pool's graph memory)
 // must each give the eager call's outputs bit for bit (the merge's order is the splits' order,
 // whichever CTA runs it), with out and lse poisoned before every run. The replays alternate two
-// queries, so a merge of stale partials (flags left raised by the replay before) shows. Ragged
-// lengths leave empty splits (past a sequence's end), which raise flags too.
+// queries, so a merge of stale partials (flags left raised by the replay before) shows, and after
+// every run on the caller's workspace its flags are read back: all lowered (a flag left raised
+// is otherwise hidden when the last merge lands last). Ragged lengths leave empty splits (past a
+// sequence's end), which raise flags too.
 TEST(GpuDecode, InKernelMergeAcrossCallsAndGraphReplays) {
   SKIP_WITHOUT_GPU();
   Case c;
@@ -850,6 +852,17 @@ TEST(GpuDecode, InKernelMergeAcrossCallsAndGraphReplays) {
     EXPECT_EQ(std::memcmp(a.lse.data(), b.lse.data(), a.lse.size() * 4), 0) << what << ": LSE differs";
   };
 
+  const auto region = blasst::sm90::decode::split_flags_region(p, skip);
+  ASSERT_GT(region.bytes, 0u) << "one split: no flags under test";
+  ASSERT_LE(region.offset + region.bytes, ws_bytes);
+  auto flags_lowered = [&](const std::string& what) {
+    std::vector<unsigned long long> f(region.bytes / sizeof(unsigned long long));
+    EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(f.data(), static_cast<unsigned char*>(ws) + region.offset, region.bytes,
+                         cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(std::count(f.begin(), f.end(), 0ull), static_cast<std::ptrdiff_t>(f.size()))
+        << what << ": split flags left raised after the call";
+  };
   auto set_q = [&](const HostProblem& h) {
     EXPECT_EQ(cudaMemcpyAsync(dq, h.q.data(), h.q.size() * 2, cudaMemcpyHostToDevice, stream), cudaSuccess);
   };
@@ -858,6 +871,7 @@ TEST(GpuDecode, InKernelMergeAcrossCallsAndGraphReplays) {
   gpu_decode(p, skip, given);
   const Result first = fetch();
   expect_close(first, ref, 2e-2, "first call, garbage workspace");
+  flags_lowered("first call, garbage workspace");
   set_q(hp_b);
   poison();
   gpu_decode(p, skip, given);
@@ -867,6 +881,7 @@ TEST(GpuDecode, InKernelMergeAcrossCallsAndGraphReplays) {
   poison();
   gpu_decode(p, skip, given);
   same(fetch(), first, "third call, same workspace");
+  flags_lowered("third call");
 
   for (const blasst::RunOptions* opt : {&given, &pool_opt}) {
     const std::string what = opt == &given ? "graph replay, caller's workspace" : "graph replay, pool";
@@ -881,6 +896,7 @@ TEST(GpuDecode, InKernelMergeAcrossCallsAndGraphReplays) {
       poison();
       CK(cudaGraphLaunch(exec, stream));
       same(fetch(), rep % 2 == 0 ? first_b : first, what + " " + std::to_string(rep));
+      if (opt == &given) flags_lowered(what + " " + std::to_string(rep));
     }
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(graph);

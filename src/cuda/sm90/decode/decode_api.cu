@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <cstdio>
@@ -150,13 +151,17 @@ unsigned long long next_epoch() {
   return counter.fetch_add(1, std::memory_order_relaxed) % (kEpochMask - 1) + 1;
 }
 
-// The call's scratch memory, as run() takes it: partial O, partial LSE, the merge's flags, then
-// the statistics counters (stats: counted; hist: with the delta histograms).
-std::size_t workspace_need(const ResolvedDecode& r, const Plan& pl, bool stats, bool hist) {
+// The call's scratch memory blocks, in the order run() takes them: partial O, partial LSE, the
+// merge's flags, then the statistics counters (stats: counted; hist: with the delta histograms).
+std::array<std::size_t, 4> workspace_blocks(const ResolvedDecode& r, const Plan& pl, bool stats, bool hist) {
   const std::size_t part_rows = partial_rows(r, pl);
-  return detail::Workspace::bytes_for({part_rows * static_cast<std::size_t>(r.d) * sizeof(float),
-                                       part_rows * sizeof(float), split_flags(r, pl) * sizeof(unsigned long long),
-                                       stats ? detail::StatCounters::bytes(r.hk, hist) : 0});
+  return {part_rows * static_cast<std::size_t>(r.d) * sizeof(float), part_rows * sizeof(float),
+          split_flags(r, pl) * sizeof(unsigned long long), stats ? detail::StatCounters::bytes(r.hk, hist) : 0};
+}
+
+std::size_t workspace_need(const ResolvedDecode& r, const Plan& pl, bool stats, bool hist) {
+  const auto b = workspace_blocks(r, pl, stats, hist);
+  return detail::Workspace::bytes_for({b[0], b[1], b[2], b[3]});
 }
 
 // cuTensorMapEncodeTiled through the runtime's driver entry point (no link against libcuda).
@@ -368,6 +373,15 @@ std::size_t workspace_bytes(const DecodeProblem& p, const SkipConfig& skip, cons
   const ResolvedDecode r = detail::validate_decode(p, host ? DeviceKind::cpu : DeviceKind::cuda);
   can_implement(p, r, skip);
   return workspace_need(r, plan(r, skip), stats, opt.collect_histogram);
+}
+
+FlagsRegion split_flags_region(const DecodeProblem& p, const SkipConfig& skip) {
+  const ResolvedDecode r = detail::validate_decode(p, p.q.device);
+  can_implement(p, r, skip);
+  const Plan pl = plan(r, skip);
+  if (pl.num_splits == 1) return {};
+  const auto b = workspace_blocks(r, pl, false, false);
+  return {detail::Workspace::bytes_for({b[0], b[1]}), b[2]};
 }
 
 }  // namespace blasst::sm90::decode
