@@ -2,7 +2,8 @@
 # The backward kernels (SPEC §9, src/cuda/sm90/backward/) on the GPU machine: build the library,
 # tests/gpu_backward, the reference backward suite and bench/backward; run both suites (GPU
 # required), compute-sanitizer (memcheck, racecheck) on GpuBackwardSanitizer.*, and the benchmark
-# (BENCH_ARGS, default --quick; BENCH_ARGS=" " for the full default table). Logs under $OUT, a
+# (BENCH_ARGS, default --quick; BENCH_ARGS=" " for the full default table); PEERS=1 adds the Python
+# benchmark beside torch SDPA's backward (bench/backward/bench_backward_peers.py). Logs under $OUT, a
 # short summary last. Carry .deps/cutlass, .deps/include and .deps/googletest.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -39,6 +40,17 @@ fi
 t0=$(date +%s)
 timeout ${BENCH_TIMEOUT_S:-300} "$BUILD/bench/backward/bench_backward" ${BENCH_ARGS:---quick} > "$OUT/bench.log" 2>&1
 SUMMARY+=("bench_backward ${BENCH_ARGS:---quick}: rc=$? ($(( $(date +%s) - t0 )) s), table in bench.log")
+
+# PEERS=1: beside torch SDPA's cuDNN and flash backward on the same tensors, with skip rows at the
+# forward's own lambdas (bench/backward/bench_backward_peers.py; needs the Python extension).
+if [ "${PEERS:-0}" = 1 ]; then
+  t0=$(date +%s)
+  { cmake -S . -B "$BUILD" -DBLASST_BUILD_PYTHON=ON -DPython_EXECUTABLE="$(command -v python3)" &&
+    cmake --build "$BUILD" -j "$(nproc)"; } >> "$OUT/build.log" 2>&1 &&
+    PYTHONPATH="$PWD/$BUILD/python${PYTHONPATH:+:$PYTHONPATH}" timeout ${PEERS_TIMEOUT_S:-240} \
+      python3 bench/backward/bench_backward_peers.py ${PEERS_ARGS:---quick} --out "$OUT" > "$OUT/peers.log" 2>&1
+  SUMMARY+=("bench_backward_peers ${PEERS_ARGS:---quick}: rc=$? ($(( $(date +%s) - t0 )) s), table in bench_backward_peers.md")
+fi
 
 echo "==== failures (if any)"
 grep -E "FAILED|Failure|error" "$OUT/tests.log" | head -30
