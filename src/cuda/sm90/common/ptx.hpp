@@ -128,9 +128,4 @@ __device__ __forceinline__ void named_arrive(int id, int nthreads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(nthreads) : "memory");
 }
 
-// ---- programmatic dependent launch -------------------------------------------------------------
-
-// Waits until the preceding kernel's writes are visible (launched with programmatic serialisation).
-__device__ __forceinline__ void grid_dependency_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
-
 }  // namespace blasst::sm90
