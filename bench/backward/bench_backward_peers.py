@@ -84,29 +84,19 @@ def achieved(q, k, v, causal, skip):
 
 
 def timed(fns, iters, warmup, device):
-    """Median ms of each callable over interleaved rounds."""
+    """Median ms of each callable over interleaved rounds (bench_prefill's on a GPU)."""
+    if device == "cuda":
+        return [m for m, _ in bp.interleaved_ms(fns, iters, warmup)]
     for fn in fns:
         for _ in range(warmup):
             fn()
-    if device != "cuda":
-        ts = [[] for _ in fns]
-        for _ in range(iters):
-            for i, fn in enumerate(fns):
-                t0 = time.perf_counter()
-                fn()
-                ts[i].append(1e3 * (time.perf_counter() - t0))
-        return [statistics.median(t) for t in ts]
-    torch.cuda.synchronize()
-    evs = [[] for _ in fns]
+    ts = [[] for _ in fns]
     for _ in range(iters):
         for i, fn in enumerate(fns):
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
+            t0 = time.perf_counter()
             fn()
-            e.record()
-            evs[i].append((s, e))
-    torch.cuda.synchronize()
-    return [statistics.median(s.elapsed_time(e) for s, e in ev) for ev in evs]
+            ts[i].append(1e3 * (time.perf_counter() - t0))
+    return [statistics.median(t) for t in ts]
 
 
 def row(kind, B, L, H, Hk, d, causal, args):
