@@ -3,7 +3,8 @@
 # the Python extension, run every GoogleTest suite (GPU suites included), the decode suite with the
 # cp.async load path, the Python GPU tests and examples, compute-sanitizer (memcheck, racecheck) on
 # the small sanitizer suites, and, when a baseline tree sits in .baseline/, the before/after
-# benchmark. Logs under $OUT; a short table last. Full benchmarks: scripts/device_{prefill,decode}.sh.
+# benchmark; optionally GPU mutants (MUTANTS="name ...") and the eager host overhead (EAGER=1).
+# Logs under $OUT; a short table last. Full benchmarks: scripts/device_{prefill,decode}.sh.
 # Carry .deps/cutlass, .deps/include and .deps/googletest (scripts/bootstrap.sh makes them), and
 # .deps/wheels for the diffusers tests.
 set -uo pipefail
@@ -78,6 +79,21 @@ if [ -d .baseline ] && [ "${AB:-1}" = 1 ]; then
   OUT="$OUT" NEW_BUILD="$BUILD" AB_TIMEOUT_S=${AB_TIMEOUT_S:-240} scripts/device_ab.sh .baseline \
     --rounds ${AB_ROUNDS:-6} > "$OUT/ab.log" 2>&1
   SUMMARY+=("before/after benchmark: rc=$? ($(( $(date +%s) - t0 )) s), table in ab_compare.md")
+fi
+
+# MUTANTS="name ...": those GPU mutants on this build (scripts/device_mutants.sh; the tree and the
+# build are restored after each). EAGER=1: the host overhead of eager calls and the 3-shape decode
+# eager/graph table (scripts/device_eager.sh, QUICK=1) on this build.
+if [ -n "${MUTANTS:-}" ]; then
+  t0=$(date +%s)
+  OUT="$OUT/mutants" BUILD_DIR="$BUILD" timeout ${MUT_TIMEOUT_S:-300} scripts/device_mutants.sh $MUTANTS \
+    > "$OUT/mutants.log" 2>&1
+  SUMMARY+=("mutants ($MUTANTS): rc=$? ($(( $(date +%s) - t0 )) s): $(grep -c 'did not catch' "$OUT/mutants.log") not caught")
+fi
+if [ "${EAGER:-0}" = 1 ]; then
+  t0=$(date +%s)
+  OUT="$OUT" BUILD_DIR="$BUILD" QUICK=1 timeout ${EAGER_TIMEOUT_S:-150} scripts/device_eager.sh > "$OUT/eager.log" 2>&1
+  SUMMARY+=("eager host overhead: rc=$? ($(( $(date +%s) - t0 )) s), tables in eager.log")
 fi
 
 echo "==== failures (if any)"
