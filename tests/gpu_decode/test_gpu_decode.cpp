@@ -203,23 +203,25 @@ float out_at(const std::vector<unsigned char>& raw, std::size_t i, DType t) {
   return from_half(h, t);
 }
 
+// n bytes of device memory (at least 16), holding a copy of src when given.
+void* device_copy(const void* src, std::size_t n) {
+  void* d = nullptr;
+  EXPECT_EQ(cudaMalloc(&d, std::max<std::size_t>(n, 16)), cudaSuccess);
+  if (src && n) EXPECT_EQ(cudaMemcpy(d, src, n, cudaMemcpyHostToDevice), cudaSuccess);
+  return d;
+}
+
 // Runs the GPU kernel on device copies (outputs poisoned with NaN first).
 Result run_gpu(const HostProblem& hp, const blasst::SkipConfig& skip, const blasst::RunOptions& opt0) {
   Result r;
-  auto alloc_copy = [](const void* src, std::size_t n) {
-    void* d = nullptr;
-    EXPECT_EQ(cudaMalloc(&d, std::max<std::size_t>(n, 16)), cudaSuccess);
-    if (src && n) EXPECT_EQ(cudaMemcpy(d, src, n, cudaMemcpyHostToDevice), cudaSuccess);
-    return d;
-  };
   const std::size_t osz = blasst::dtype_size(hp.c.out_dt);
-  void* dq = alloc_copy(hp.q.data(), hp.q.size() * 2);
-  void* dk = alloc_copy(hp.k.data(), hp.k.size() * 2);
-  void* dv = alloc_copy(hp.v.data(), hp.v.size() * 2);
-  void* dpt = hp.page_table.empty() ? nullptr : alloc_copy(hp.page_table.data(), hp.page_table.size() * 4);
-  void* dsl = alloc_copy(hp.seqlens.data(), hp.seqlens.size() * 4);
-  void* dout = alloc_copy(nullptr, hp.out_elems() * osz);
-  void* dlse = hp.c.lse ? alloc_copy(nullptr, hp.lse_elems() * 4) : nullptr;
+  void* dq = device_copy(hp.q.data(), hp.q.size() * 2);
+  void* dk = device_copy(hp.k.data(), hp.k.size() * 2);
+  void* dv = device_copy(hp.v.data(), hp.v.size() * 2);
+  void* dpt = hp.page_table.empty() ? nullptr : device_copy(hp.page_table.data(), hp.page_table.size() * 4);
+  void* dsl = device_copy(hp.seqlens.data(), hp.seqlens.size() * 4);
+  void* dout = device_copy(nullptr, hp.out_elems() * osz);
+  void* dlse = hp.c.lse ? device_copy(nullptr, hp.lse_elems() * 4) : nullptr;
   EXPECT_EQ(cudaMemset(dout, 0xff, hp.out_elems() * osz), cudaSuccess);  // NaN poison
   if (dlse) EXPECT_EQ(cudaMemset(dlse, 0xff, hp.lse_elems() * 4), cudaSuccess);
   auto p = hp.problem(dq, dk, dv, static_cast<std::int32_t*>(dpt), static_cast<std::int32_t*>(dsl), dout, dlse,
@@ -809,26 +811,20 @@ TEST(GpuDecode, InKernelMergeAcrossCallsAndGraphReplays) {
   std::reverse(hp_b.q.begin(), hp_b.q.end());
   const Result ref_b = run_ref(hp_b, skip, false);
 
-  auto dev_copy = [](const void* src, std::size_t n) {
-    void* d = nullptr;
-    EXPECT_EQ(cudaMalloc(&d, std::max<std::size_t>(n, 16)), cudaSuccess);
-    if (src && n) EXPECT_EQ(cudaMemcpy(d, src, n, cudaMemcpyHostToDevice), cudaSuccess);
-    return d;
-  };
-  void* dq = dev_copy(hp.q.data(), hp.q.size() * 2);
-  void* dk = dev_copy(hp.k.data(), hp.k.size() * 2);
-  void* dv = dev_copy(hp.v.data(), hp.v.size() * 2);
-  void* dsl = dev_copy(hp.seqlens.data(), hp.seqlens.size() * 4);
+  void* dq = device_copy(hp.q.data(), hp.q.size() * 2);
+  void* dk = device_copy(hp.k.data(), hp.k.size() * 2);
+  void* dv = device_copy(hp.v.data(), hp.v.size() * 2);
+  void* dsl = device_copy(hp.seqlens.data(), hp.seqlens.size() * 4);
   const std::size_t out_bytes = hp.out_elems() * 4, lse_bytes = hp.lse_elems() * 4;
-  void* dout = dev_copy(nullptr, out_bytes);
-  void* dlse = dev_copy(nullptr, lse_bytes);
+  void* dout = device_copy(nullptr, out_bytes);
+  void* dlse = device_copy(nullptr, lse_bytes);
   auto p = hp.problem(dq, dk, dv, nullptr, static_cast<std::int32_t*>(dsl), dout, dlse, blasst::DeviceKind::cuda);
   cudaStream_t stream = nullptr;
   CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   blasst::RunOptions pool_opt;
   pool_opt.stream = stream;
   const std::size_t ws_bytes = blasst::decode_workspace_bytes(p, skip, pool_opt);
-  void* ws = dev_copy(nullptr, ws_bytes);
+  void* ws = device_copy(nullptr, ws_bytes);
   CK(cudaMemset(ws, 0xff, ws_bytes));  // garbage: every flag all ones
   blasst::RunOptions given = pool_opt;
   given.workspace = ws;

@@ -23,7 +23,6 @@
 #include "cuda/cuda_dispatch.hpp"
 #include "cuda/host_launch.hpp"
 #include "cuda/sm90/decode/decode_api.hpp"
-#include "cuda/sm90/decode/decode_merge.cuh"
 #include "cuda/sm90/decode/decode_params.hpp"
 #include "cuda/sm90/decode/decode_trace.cuh"
 #include "cuda/sm90/kernel_table.hpp"
@@ -145,10 +144,11 @@ std::size_t split_flags(const ResolvedDecode& r, const Plan& pl) {
   return static_cast<std::size_t>(r.batch * r.hk * pl.num_splits);
 }
 
-// A fresh epoch per call, the value of a raised flag (48 bits, never 0 or all ones: decode_merge.cuh).
+// A fresh epoch per call, the value of a raised flag (decode_merge.cuh): never 0, a lowered flag
+// (in 2^64 - 1 calls).
 unsigned long long next_epoch() {
   static std::atomic<unsigned long long> counter{0};
-  return counter.fetch_add(1, std::memory_order_relaxed) % (kEpochMask - 1) + 1;
+  return counter.fetch_add(1, std::memory_order_relaxed) + 1;
 }
 
 // The call's scratch memory blocks, in the order run() takes them: partial O, partial LSE, the

@@ -5,13 +5,14 @@
 // tiles), so every K/V byte is read once per group. Keys are visited in 128-key tiles (the SPEC §2
 // tile); the vote group for the skip is every row of the CTA.
 //
-// Each CTA writes a normalised fp32 partial (O, LSE); the last CTA of each (sequence, KV head) to
-// finish merges the group's splits into the outputs (decode_merge.cuh).
+// Each CTA writes a normalised fp32 partial (O, LSE) and raises its split's flag; a CTA that finds
+// every flag of its (sequence, KV head) raised merges the group's splits into the outputs
+// (decode_merge.cuh).
 //
 // Files by concern (the prefill kernel's layout): decode_traits.hpp (shapes, ring depths, the
 // shared-memory struct), decode_scheduler.cuh (the CTA's work), decode_mainloop.cuh (the shared
 // memory's pointers, loads, Q staging, scores, vote, online softmax, P.V; the pipeline is
-// described there), decode_epilogue.cuh (the partials), decode_merge.cuh (the last CTA's merge).
+// described there), decode_epilogue.cuh (the partials), decode_merge.cuh (the split flags and the merge).
 // This file wires them: the order of the phases, the register arrays, the seed prologue and the
 // tile loop.
 //
@@ -80,10 +81,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas) decode_ker
   const DecodeWork w = decode_work<Traits::kTileKeys>(p, h, split, b);
   if (w.n == 0) {  // a split past this sequence's end
     write_empty_partial<Traits>(p, w);
-    if (arrive_last(p, b, h, split)) {
-      merge_group<D, W>(p, b, h);
-      lower_flags(p, b, h);
-    }
+    finish_split<D, W>(p, b, h, split);
     return;
   }
 
@@ -258,10 +256,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas) decode_ker
     atomicAdd(p.visited + w.h, static_cast<unsigned long long>(w.n));
     atomicAdd(p.skipped + w.h, static_cast<unsigned long long>(skipped_count));
   }
-  if (arrive_last(p, b, h, split)) {
-    merge_group<D, W>(p, b, h);
-    lower_flags(p, b, h);
-  }
+  finish_split<D, W>(p, b, h, split);
 }
 
 // One instance of kernel_table.inc (declared in kernel_table.hpp); its dynamic shared memory is

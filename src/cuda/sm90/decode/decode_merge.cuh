@@ -11,7 +11,7 @@
 // reads: the CTA whose fence comes last in that order sees every flag, so at least one CTA merges;
 // two that both see them all write the same bits (the merge reads the splits in their order).
 // The flags need no zeroed memory (the pool's blocks and a caller's workspace hold whatever was
-// there): a raised flag holds the call's epoch, a fresh 48-bit number per call from the host, so a
+// there): a raised flag holds the call's epoch, a fresh non-zero number per call from the host, so a
 // flag left by an earlier call or garbage reads as lowered. The merging CTA lowers the group's
 // flags after its merge (every CTA has raised its flag by then), so the replays of a CUDA graph
 // (same epoch, same flags) start lowered.
@@ -28,21 +28,23 @@
 
 namespace blasst::sm90::decode {
 
-// 48-bit epochs, never 0 (a lowered flag) nor 2^48 - 1 (a flag of 0xff bytes).
-inline constexpr unsigned long long kEpochMask = (1ull << 48) - 1;
+// The flags of group (b, h): one per split.
+__device__ __forceinline__ unsigned long long* group_flags(const Params& p, int b, int h) {
+  return p.split_flags + (static_cast<std::int64_t>(b) * p.hk + h) * p.num_splits;
+}
 
 // Lowers the group's flags (the merging CTA, after its merge; a second merger, if any, has read
 // them already): the next replay of a graph starts with every flag lowered.
 __device__ __forceinline__ void lower_flags(const Params& p, int b, int h) {
   if (p.num_splits == 1) return;
-  unsigned long long* flags = p.split_flags + (static_cast<std::int64_t>(b) * p.hk + h) * p.num_splits;
+  unsigned long long* flags = group_flags(p, b, h);
   for (int s = threadIdx.x; s < p.num_splits; s += blockDim.x) flags[s] = 0ull;
 }
 
 // Called by every thread of a CTA once its partial (or empty partial) is written: true in every
 // thread of a CTA that found every flag of its group raised, which then reads the other splits'
 // partials (through L2) and lowers the flags (lower_flags).
-__device__ __forceinline__ bool arrive_last(const Params& p, int b, int h, int split) {
+__device__ __forceinline__ bool all_flags_raised(const Params& p, int b, int h, int split) {
   if (p.num_splits == 1) {  // the only split: nothing to wait for but this CTA's own stores
     __syncthreads();
     return true;
@@ -51,8 +53,7 @@ __device__ __forceinline__ bool arrive_last(const Params& p, int b, int h, int s
   __syncthreads();
   int all = 0;
   if (threadIdx.x < 32) {  // warp 0: lane 0 raises the flag, every lane reads a share of the flags
-    volatile unsigned long long* flags =
-        p.split_flags + (static_cast<std::int64_t>(b) * p.hk + h) * p.num_splits;
+    volatile unsigned long long* flags = group_flags(p, b, h);
     if (threadIdx.x == 0) flags[split] = p.split_epoch;
     __threadfence();  // lane 0: the flag before the reads (SC order); every lane: its reads after
     __syncwarp();
@@ -143,6 +144,15 @@ __device__ __forceinline__ void merge_group(const Params& p, int b, int h) {
       else static_cast<float*>(p.lse)[l_off] = lse;
     }
   }
+}
+
+// The end of every CTA, its partial (or empty partial) written: a CTA that finds every flag of
+// its group raised merges the splits into out / lse, then lowers the flags.
+template <int D, int kWarps>
+__device__ __forceinline__ void finish_split(const Params& p, int b, int h, int split) {
+  if (!all_flags_raised(p, b, h, split)) return;
+  merge_group<D, kWarps>(p, b, h);
+  lower_flags(p, b, h);
 }
 
 }  // namespace blasst::sm90::decode

@@ -40,7 +40,7 @@ struct Params {
   float* lse_part;  // [B, Hk, splits, rows] natural-log LSE (-inf: nothing visible)
   // The merge (decode_merge.cuh): one flag per split and this call's epoch (a raised flag's value).
   unsigned long long* split_flags;  // [B, Hk, splits]
-  unsigned long long split_epoch;   // 48 bits, fresh per call
+  unsigned long long split_epoch;   // fresh per call, never 0
   void* out;  // [B, q_len, Hq, D]
   DType out_dtype;  // f32, f64, bf16 or f16
   std::int64_t o_sb, o_st, o_sh;
