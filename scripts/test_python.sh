@@ -16,8 +16,17 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PYTHON" -m venv "$VENV"
 fi
 PY="$VENV/bin/python"
+# Disk: the Linux torch wheel and its CUDA runtime wheels are several GB. A CI run failed once with
+# "No space left on device" in this step, so pip keeps no cache (a clean machine never reuses it)
+# and unpacks under build/ rather than in /tmp, which can be a small tmpfs; the free space of both
+# is printed first, so that a failure here says where the space ran out.
+PIP_TMP="$(pwd)/build/pip-tmp"
+mkdir -p "$PIP_TMP"
+echo "test_python: free disk before the install:"
+df -h . /tmp "$PIP_TMP" 2>/dev/null | sed 's/^/  /' || true
 echo "test_python: pip install -r tests/python/requirements.txt (pytest, numpy, torch, transformers, diffusers)"
-"$PY" -m pip install -q --disable-pip-version-check -r tests/python/requirements.txt
+TMPDIR="$PIP_TMP" "$PY" -m pip install -q --no-cache-dir --disable-pip-version-check \
+  -r tests/python/requirements.txt
 t_req=$(date +%s)
 
 cuda=${BLASST_PY_CUDA:-}
@@ -35,7 +44,8 @@ else
 fi
 export CMAKE_BUILD_PARALLEL_LEVEL=${BUILD_JOBS:-$(nproc)}
 echo "test_python: pip install . (build from PyPI: scikit-build-core, nanobind)"
-"$PY" -m pip install -q --disable-pip-version-check "${pip_args[@]}" .
+TMPDIR="$PIP_TMP" "$PY" -m pip install -q --no-cache-dir --disable-pip-version-check "${pip_args[@]}" .
+rm -rf "$PIP_TMP"
 t1=$(date +%s)
 
 set +e
