@@ -19,16 +19,29 @@ A sample is a tuple ``(source, Lk)`` or ``(source, Lk, granularity)``: ``source`
 ``granularity`` (required for raw arrays, taken from the stats otherwise) is the dict
 ``SkipStats.granularity`` reports (tile_keys, rows, heads, split_tiles, order). ``Lk`` is the key
 length of the call (decode: the cache length). All samples of one fit share one granularity.
+
+From a model run, with no hand-placed statistics: ``record()`` makes the transformers backend
+(``attn_implementation="blasst"``) and the diffusers backend (``blasst.diffusers.enable``) run
+every attention call they serve as the dense probe and keep its histogram per component, layer,
+phase and key length::
+
+    with blasst.calibration.record() as rec:
+        for n in (2048, 4096, 8192):
+            model(input_ids[:, :n])          # or pipe(...): every denoise step is recorded
+    cal = rec.fit()                          # one fit per layer plus the pooled one
+    cal.save("model_dir/config.json", 0.5, layer_pattern="{}")   # names are module paths
 """
 from __future__ import annotations
 
+import contextlib
 import os
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
+import threading
+from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
-from . import _core
-from ._skip import SkipStats, SparseAttentionConfig
+from . import _core, _recording
+from ._skip import SkipSoftmax, SkipStats, SparseAttentionConfig
 
-__all__ = ["fit", "Calibration", "DEFAULT_TARGETS"]
+__all__ = ["fit", "record", "Calibration", "Recording", "DEFAULT_TARGETS", "PROBE_THRESHOLD"]
 
 DEFAULT_TARGETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 _GRAN_KEYS = ("tile_keys", "rows", "heads", "split_tiles", "order")
@@ -195,6 +208,128 @@ class Calibration:
                 raw.write_into(p)
                 written.append(p)
         return written
+
+
+# -- calibration from a model run -------------------------------------------------------------------
+# The probe's lambda: below every recordable delta (the histogram's lowest edge is e^-64, SPEC §5),
+# so the probe skips nothing the histogram can tell apart from dense; the running maxima, and so the
+# histogram, do not depend on lambda (SPEC §5).
+PROBE_THRESHOLD = 1e-30
+
+
+class Recording:
+    """What a ``record()`` block collected: per (component, layer, phase, key length) the
+    histogram statistics of every call, pooled at ``fit`` time.
+
+    ``samples``: {(component, layer, phase, Lk): [SkipStats, ...]}; ``calls``: the number of
+    calls recorded; ``masks``: per prefill (component, layer) the set of (mask, Lq == Lk) seen.
+    The probe (``probe``) is a SkipSoftmax at PROBE_THRESHOLD with the order and vote geometry
+    given to ``record()``: the deltas are counted at the granularity the deployed path uses
+    (SPEC §5; the statistics report it and ``fit`` refuses to mix granularities).
+    """
+
+    def __init__(self, probe: SkipSoftmax):
+        self.probe = probe
+        self.samples: Dict[Tuple[str, str, str, int], List[SkipStats]] = {}
+        self.masks: Dict[Tuple[str, str], set] = {}
+        self.calls = 0
+        self._lock = threading.Lock()
+
+    # Called by the framework backends (blasst.transformers, blasst.diffusers) once per call.
+    def new_stats(self) -> SkipStats:
+        return SkipStats(histogram=True)
+
+    def add(self, component: str, layer: str, phase: str, lq: int, lk: int, causal: bool,
+            stats: SkipStats) -> None:
+        if phase not in ("prefill", "decode"):
+            raise ValueError(f"Recording.add: phase must be 'prefill' or 'decode', got {phase!r}")
+        with self._lock:
+            self.samples.setdefault((component, layer, phase, int(lk)), []).append(stats)
+            if phase == "prefill":
+                self.masks.setdefault((component, layer), set()).add(
+                    ("causal" if causal else "full", int(lq) == int(lk)))
+            self.calls += 1
+
+    def lengths(self, phase: Optional[str] = None) -> List[int]:
+        """The key lengths recorded (in one phase, or in any)."""
+        return sorted({k[3] for k in self.samples if phase is None or k[2] == phase})
+
+    def layers(self, phase: Optional[str] = None) -> List[Tuple[str, str]]:
+        """(component, layer) of every layer recorded (in one phase, or in any)."""
+        return sorted({(k[0], k[1]) for k in self.samples if phase is None or k[2] == phase})
+
+    def mask(self) -> Optional[str]:
+        """The prefill mask for the finite-size term (SPEC §6): "causal" or "full" when every
+        prefill call had that mask and Lq == Lk (the term's geometry), else None."""
+        seen = set().union(*self.masks.values()) if self.masks else set()
+        if len(seen) == 1:
+            m, square = next(iter(seen))
+            if square:
+                return m
+        return None
+
+    def fit(self, targets: Optional[Sequence[float]] = None, *, phases: Optional[Sequence[str]] = None,
+            per_layer: bool = True, finite_size: bool = True, allow_any_target: bool = False,
+            tolerance: float = 0.03) -> "Calibration":
+        """The SPEC §6 fit of what was recorded (C++ calibrate(), as ``fit``): per component and
+        phase a pooled fit over the layers, and with ``per_layer`` one fit per layer. ``phases``
+        picks "prefill" / "decode" (default: those recorded). A fit needs two or more key
+        lengths; a layer recorded at one length gets the C++ fit's warning, not an error."""
+        with self._lock:
+            items = sorted(self.samples.items())
+        if not items:
+            raise ValueError("Recording.fit: nothing was recorded (no attention call went "
+                             "through blasst inside the record() block: attn_implementation="
+                             "'blasst' for transformers, blasst.diffusers.enable for diffusers)")
+        have = sorted({k[2] for k, _ in items})
+        want = have if phases is None else [str(p) for p in phases]
+        bad = [p for p in want if p not in ("prefill", "decode")]
+        if bad:
+            raise ValueError(f"Recording.fit: phases must be 'prefill' / 'decode', got {bad}")
+        missing = [p for p in want if p not in have]
+        if missing:
+            raise ValueError(f"Recording.fit: no {', '.join(missing)} call was recorded "
+                             f"(recorded: {', '.join(have)})")
+        tuples = [(c, l if per_layer else "", ph, lk, [st._raw for st in sts], [], None)
+                  for (c, l, ph, lk), sts in items if ph in want]
+        tg = list(DEFAULT_TARGETS if targets is None else targets)
+        try:
+            tg = [float(t) for t in tg]
+        except (TypeError, ValueError):
+            raise ValueError(f"calibration: targets must be numbers, got {targets!r}") from None
+        mask = self.mask() if "prefill" in want else None
+        raw = _core.Calibration.fit(tuples, tg, bool(allow_any_target), bool(per_layer), mask,
+                                    bool(finite_size))
+        return Calibration(raw, tolerance)
+
+    def __repr__(self) -> str:
+        return (f"blasst.calibration.Recording(calls={self.calls}, layers={len(self.layers())}, "
+                f"lengths={self.lengths()})")
+
+
+@contextlib.contextmanager
+def record(*, order: str = "max_first", tile_keys: int = 128, vote_rows: int = 64,
+           vote_heads: int = 1, split_tiles: int = 0) -> Iterator[Recording]:
+    """Record the one-pass curves of a model run for ``Recording.fit`` (eager calls only).
+
+    While the block runs, every attention call served by blasst's transformers backend
+    (``attn_implementation="blasst"``; layers named as ``blasst.transformers`` names them,
+    component "default") or by its diffusers backend (the layers ``blasst.diffusers.enable``
+    routed; component = the pipeline component, layer = the module path) runs as the probe,
+    ``SkipSoftmax(threshold=PROBE_THRESHOLD, order=order, ...)``, with a histogram, in place
+    of the layer's own settings. ``order`` and the vote geometry are those the deployed config
+    will use (the CPU reference takes them; the CUDA kernels use their own vote groups, which
+    the statistics report). Calls the backends delegate elsewhere (attention masks, dropout,
+    ignored layers, unsupported inputs) are not recorded. One recording at a time.
+
+    The saved config holds a group per recorded layer and a catch-all group with the pooled fit,
+    which also matches layers that were not recorded: give ``save(..., ignore=patterns)`` for
+    those that must stay dense (e.g. ``blasst.diffusers.DEFAULT_IGNORE``, cross-attention)."""
+    probe = SkipSoftmax(threshold=PROBE_THRESHOLD, order=order, tile_keys=tile_keys,
+                        vote_rows=vote_rows, vote_heads=vote_heads, split_tiles=split_tiles)
+    rec = Recording(probe)
+    with _recording.calibrating(rec):
+        yield rec
 
 
 def fit(samples, targets: Optional[Sequence[float]] = None, phase: str = "prefill", *,

@@ -30,6 +30,11 @@ Calls blasst cannot serve run diffusers' own backend for that processor (the one
 or the dispatcher's active one), counted per reason in ``Enabled.fallbacks``: attention masks,
 dropout, context parallelism, inputs that need gradients (no blasst autograd), unsupported dtypes,
 head dims or devices, mixed head counts without enable_gqa. Nothing is silently wrong.
+
+Inside ``blasst.calibration.record()`` every call a routed layer makes runs as the calibration
+probe (no gating) and is recorded per component and layer; ``Recording.fit`` then gives one
+config per component (``cal.save(pipeline_dir, ...)``: ``pipeline_dir/<component>/config.json``,
+which ``enable(pipe, config=pipeline_dir)`` reads).
 """
 from __future__ import annotations
 
@@ -219,13 +224,23 @@ def _backend_fn(route: _Route):
                 is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
                 attention_kwargs={"return_lse": True} if return_lse else None,
                 backend=_registry.native_backend(route.native), parallel_config=_parallel_config)
-        stats = {} if recording else None
+        # blasst.calibration.record(): the call runs as its probe, with a histogram
+        cal = None if compiling else _recording.calibration()
+        if cal is not None:
+            skip, stats = cal.probe, cal.new_stats()
+        else:
+            skip, stats = route.skip, ({} if recording else None)
         res = _api.attention(query, key, value, causal=bool(is_causal), scale=scale,
-                             skip=route.skip, return_lse=bool(return_lse), stats=stats)
+                             skip=skip, return_lse=bool(return_lse), stats=stats)
         if not compiling:
             route.handle.blasst_calls[route.component] += 1
+        if cal is not None:
+            layer = _current_layer[0]
+            prefix = route.component + "/"
+            cal.add(route.component, layer[len(prefix):] if layer.startswith(prefix) else layer,
+                    "prefill", query.shape[1], key.shape[1], bool(is_causal), stats)
         if recording:
-            _record(stats, None)
+            _record(_recording.stats_counts(stats), None)
         return res  # out [B, S, H, dv]; with return_lse (out, lse [B, H, S]) like the flash backend
 
     return blasst_attention
@@ -393,7 +408,7 @@ def _make_timestep_hook(handle: Enabled, component: str, index: Optional[int], g
 
 def _layer_hook(label: str):
     def pre_hook(module, args):
-        if _recorders:
+        if _recorders or _recording.calibration() is not None:
             _current_layer[0] = label
         return None
     return pre_hook

@@ -11,6 +11,8 @@ not copies. GQA runs natively (no repeat_kv). Skip settings come per layer from 
 against the ignore patterns); without that block every layer is dense unless register(skip=...)
 gives a default. Calls that carry an explicit attention mask (padded batches, chunked prefill,
 static caches) are delegated to transformers' SDPA implementation, which handles every mask.
+Inside ``blasst.calibration.record()`` every call this backend serves runs as the calibration
+probe and is recorded per layer, phase and key length.
 """
 from __future__ import annotations
 
@@ -127,21 +129,29 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
     is_causal = kwargs.get("is_causal")
     if is_causal is None:
         is_causal = getattr(module, "is_causal", True)
+    phase = "decode" if lq <= DECODE_MAX_Q and lq <= lk and is_causal else "prefill"
     recording = bool(_recorders)
-    stats = {} if recording else None
-    if lq <= DECODE_MAX_Q and lq <= lk and is_causal:
-        phase = "decode"
-        out = _api.decode(q, k, v, scale=scaling, skip=skip_for(module, phase), causal=True,
-                          max_seqlen_k=lk, stats=stats)
+    # blasst.calibration.record(): the call runs as its probe, with a histogram
+    cal = _recording.calibration()
+    if cal is not None:
+        skip, stats = cal.probe, cal.new_stats()
     else:
-        phase = "prefill"
-        out = _api.attention(q, k, v, causal=bool(is_causal), scale=scaling,
-                             skip=skip_for(module, phase), stats=stats)
-    if recording:
+        skip, stats = skip_for(module, phase), ({} if recording else None)
+    if phase == "decode":
+        out = _api.decode(q, k, v, scale=scaling, skip=skip, causal=True, max_seqlen_k=lk,
+                          stats=stats)
+    else:
+        out = _api.attention(q, k, v, causal=bool(is_causal), scale=scaling, skip=skip,
+                             stats=stats)
+    if cal is not None or recording:
         name = _layer_name(module)
-        with _lock:
-            for rec in _recorders:
-                rec.add(name, phase, stats)
+        if cal is not None:
+            cal.add("default", name, phase, lq, lk, bool(is_causal), stats)
+        if recording:
+            counts = _recording.stats_counts(stats)
+            with _lock:
+                for rec in _recorders:
+                    rec.add(name, phase, counts)
     return out, None
 
 

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.transformers
 REQUIRE_GPU = os.environ.get("BLASST_REQUIRE_GPU") == "1"
 
 
-def tiny_llama(attn, dtype, device, sparse=None, layers=2, sink=False):
+def tiny_llama(attn, dtype, device, sparse=None, layers=2, sink=False, sink_strength=3.0):
     from transformers import LlamaConfig, LlamaForCausalLM
     cfg = LlamaConfig(vocab_size=512, hidden_size=256, intermediate_size=512,
                       num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
@@ -33,7 +33,7 @@ def tiny_llama(attn, dtype, device, sparse=None, layers=2, sink=False):
     torch.manual_seed(0)
     model = LlamaForCausalLM(cfg)
     if sink:
-        add_attention_sink(model)
+        add_attention_sink(model, sink_strength)
     return model.to(device=device, dtype=dtype).eval()
 
 
