@@ -16,6 +16,20 @@ __device__ __forceinline__ std::uint32_t smem_u32(const void* p) {
   return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
 }
 
+// ---- global bit sets --------------------------------------------------------------------------
+
+// Sets bit i of the 32-bit word array `words` when `pred` holds (`words` may be null when it does
+// not; the address is integer arithmetic): one predicated fire-and-forget
+// red.or (no branch, so no reconvergence point in the caller's schedule); no memory clobber: the
+// kernel never reads the words back, the host does after the kernel.
+__device__ __forceinline__ void red_or_bit(std::uint32_t* words, long long i, bool pred) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %2, 0;\n"
+      " @p red.relaxed.gpu.global.or.b32 [%0], %1;\n}\n" ::"l"(reinterpret_cast<std::uintptr_t>(words) +
+                                                                4u * static_cast<std::uint64_t>(i >> 5)),
+      "r"(1u << (i & 31)), "r"(int(pred)));
+}
+
 // ---- mbarriers -----------------------------------------------------------------------------
 
 __device__ __forceinline__ void mbar_init(std::uint32_t bar, int count) {

@@ -169,6 +169,7 @@ __device__ __forceinline__ void consumer_mainloop(KernelParams<Traits> const& kp
   // elsewhere so its code folds away): the first thread of the warpgroup sets the bit of each
   // visited tile its vote skipped. set_row: bit index of this vote group's tile 0.
   std::uint32_t* const skip_set = Traits::kRecordSet ? p.skip_set : nullptr;
+  const bool record_lane = skip_set != nullptr && mma_tid % 128 == 0;  // the warpgroup's first thread
   const long long set_row =
       (static_cast<long long>(w.b * p.hq + w.h) * p.set_groups + (row0 / 64 + cwg)) * p.set_tiles;
 
@@ -267,12 +268,6 @@ __device__ __forceinline__ void consumer_mainloop(KernelParams<Traits> const& kp
       if (tile < n_vis) {
         n_visited += 1;
         n_skipped += skip ? 1 : 0;
-        if constexpr (Traits::kRecordSet) {
-          if (skip && skip_set != nullptr && mma_tid % 128 == 0) {
-            const long long i = set_row + tile;
-            atomicOr(skip_set + (i >> 5), 1u << (i & 31));
-          }
-        }
       }
     }
 
@@ -303,6 +298,9 @@ __device__ __forceinline__ void consumer_mainloop(KernelParams<Traits> const& kp
       if (skip) {
         pipe_v.consumer_wait(st);
         pipe_v.consumer_release(st);
+        // The skip set's bit, after the V stages are released: off the vote -> release path,
+        // on the skipped-tile path only, and predicated (no branch around it).
+        if constexpr (Traits::kRecordSet) red_or_bit(skip_set, set_row + tile, record_lane && tile < n_vis);
       }
     }
     float alpha[kRows];

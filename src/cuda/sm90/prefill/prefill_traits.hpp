@@ -30,7 +30,11 @@ using cute::Tensor;  // not blasst::Tensor
 //   - skip_hist only: the SPEC §5 delta histogram (its code costs the plain skip kernel 4-9 %);
 //   - skip_record (and skip_hist): the SPEC §9 skip set for the backward (AttentionProblem::
 //     skip_set). Its code in the plain skip kernel, switched off at run time, cost skip50 / skip70
-//     2-6 % (H200, ed3a5b3 against d55992a), so it has its own instance.
+//     2-6 % (H200, ed3a5b3 against d55992a), so it has its own instance. There the bit is set
+//     on the skipped-tile path after the V release, by one predicated red.or: the main loop's
+//     SASS is the plain skip instance's plus 11 instructions on that path (cuobjdump, all four
+//     dtype x head-dim pairs; before: 20 more between the vote and the V release, a
+//     reconvergence region and a rescheduled softmax).
 template <class Element_, int kHeadDim_, KernelVariant kVariant_>
 struct PrefillTraits {
   using Element = Element_;
@@ -42,6 +46,7 @@ struct PrefillTraits {
   static constexpr bool kTreeMax = kSkip;
   static constexpr bool kEarlyV = kSkip;
   static constexpr bool kKAhead = kSkip;
+  static_assert(!kRecordSet || kEarlyV, "the skip set is recorded on the early-V skipped-tile path");
   // 128 query rows per CTA = two consumer warpgroups of 64 rows (the skip vote group);
   // 128 keys per tile = the SPEC tile.
   static constexpr int kBlockM = 128;
