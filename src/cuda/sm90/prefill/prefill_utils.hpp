@@ -1,10 +1,11 @@
-// Internal: small device helpers of the prefill kernel: warpgroup GEMM issue, accumulator layout
-// views, named barriers, type conversion.
+// Internal: small device helpers of the prefill kernel: named barrier ids and quad reductions
+// (warpgroup GEMM issue, accumulator views and conversion: common/wgmma.hpp).
 #pragma once
 
 #include <cutlass/numeric_conversion.h>
 
 #include "cuda/sm90/common/ptx.hpp"
+#include "cuda/sm90/common/wgmma.hpp"
 #include "cuda/sm90/common/skip_policy.hpp"
 #include "cuda/sm90/prefill/prefill_traits.hpp"
 
@@ -16,55 +17,6 @@ using namespace cute;
 // skip-vote barrier per consumer warpgroup, and the ping-pong issue barriers.
 inline constexpr int kBarVote0 = 1;
 inline constexpr int kBarSched0 = 3;
-
-// Issues one warpgroup GEMM (all k-blocks) as one wgmma batch; kWait >= 0 waits until at most
-// kWait batches are in flight. kRS: A lives in registers.
-template <bool kZeroInit, int kWait, bool kRS, class Mma, class TA, class TB, class TC>
-__device__ __forceinline__ void wg_gemm(Mma& mma, TA& a, TB const& b, TC& c) {
-  if constexpr (kRS) warpgroup_fence_operand(a);
-  warpgroup_fence_operand(c);
-  warpgroup_arrive();
-  if constexpr (kZeroInit) mma.accumulate_ = GMMA::ScaleOut::Zero;
-  CUTLASS_PRAGMA_UNROLL
-  for (int kb = 0; kb < size<2>(a); ++kb) {
-    cute::gemm(mma, a(_, _, kb), b(_, _, kb), c);
-    mma.accumulate_ = GMMA::ScaleOut::One;
-  }
-  warpgroup_commit_batch();
-  if constexpr (kWait >= 0) warpgroup_wait<kWait>();
-  warpgroup_fence_operand(c);
-  if constexpr (kRS) warpgroup_fence_operand(a);
-}
-
-// GMMA accumulator ((2 cols, 2 rows, N/8 col groups), MMA_M, MMA_N) viewed as (rows, cols).
-template <class L>
-CUTE_HOST_DEVICE constexpr auto acc_rowcol(L const& l) {
-  return make_layout(make_layout(get<0, 1>(l), get<1>(l)),
-                     make_layout(get<0, 0>(l), get<0, 2>(l), get<2>(l)));
-}
-
-// The same accumulator viewed as the register A operand of a k16 wgmma: two 8-column groups
-// form one 16-wide k-block.
-template <class L>
-CUTE_HOST_DEVICE constexpr auto acc_to_a(L const& l) {
-  auto v = get<0, 2>(l);
-  auto lo = make_layout(Int<2>{}, stride(v));
-  auto hi = make_layout(Int<size(v) / 2>{}, stride(v) * Int<2>{});
-  return make_layout(make_layout(get<0, 0>(l), get<0, 1>(l), lo), get<1>(l),
-                     make_layout(hi, get<2>(l)));
-}
-
-// Converts an f32 register tensor to To (bf16 / f16) pairwise (cvt.rn.*x2), same layout.
-template <class To, class Frag>
-__device__ __forceinline__ auto convert_frag(Frag const& f) {
-  auto out = make_tensor<To>(f.layout());
-  auto in2 = recast<cutlass::Array<float, 2>>(f);
-  auto out2 = recast<cutlass::Array<To, 2>>(out);
-  cutlass::NumericArrayConverter<To, float, 2> conv;
-  CUTLASS_PRAGMA_UNROLL
-  for (int i = 0; i < size(in2); ++i) out2(i) = conv(in2(i));
-  return out;
-}
 
 // The row maximum over the 4 threads of a quad, NaN propagating (running_max: the NaN rule).
 __device__ __forceinline__ float quad_max(float x) {
