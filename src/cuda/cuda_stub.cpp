@@ -18,6 +18,10 @@ void cuda_decode(const DecodeProblem&, const SkipConfig&, const RunOptions&, Ski
 void cuda_attention_backward(const AttentionBackwardProblem&, const SkipConfig&, const RunOptions&, const SkipSet*) {
   no_cuda();
 }
+void cuda_attention_backward_on(const AttentionBackwardProblem&, const SkipConfig&, const RunOptions&, const SkipSet*,
+                                sm90::BackwardKernel) {
+  no_cuda();
+}
 std::size_t cuda_attention_backward_workspace_bytes(const AttentionBackwardProblem&, const SkipConfig&,
                                                     const RunOptions&, const SkipSet*) {
   no_cuda();

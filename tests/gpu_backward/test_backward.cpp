@@ -307,11 +307,18 @@ struct Call {
   Grads grads() const { return {dq.values(), dk.values(), dv.values()}; }
 };
 
-Grads run_gpu(const Case& c, Data& in, const SkipConfig& cfg, const SkipSet* set) {
+// Both main kernels run every comparison below: mma_sync (the library's default) and wgmma (TMA +
+// wgmma, warp-specialised), through the same host layer (detail::cuda_attention_backward_on).
+constexpr sm90::BackwardKernel kKernels[] = {sm90::BackwardKernel::mma_sync, sm90::BackwardKernel::wgmma};
+// (A local name: sm90::to_string is in the CUDA part of the library, and this suite also builds
+// without it.)
+const char* kernel_name(sm90::BackwardKernel k) { return k == sm90::BackwardKernel::wgmma ? "wgmma" : "mma_sync"; }
+
+Grads run_gpu(const Case& c, Data& in, const SkipConfig& cfg, const SkipSet* set, sm90::BackwardKernel kernel) {
   Call call(c, in, c.dtype, c.io_dtype, c.grad_dtype, DType::f32);
   RunOptions opt;
   opt.device = DeviceKind::cuda;  // host tensors, staged through device memory
-  attention_backward(call.p, cfg, opt, set);
+  detail::cuda_attention_backward_on(call.p, cfg, opt, set, kernel);
   return call.grads();
 }
 
@@ -389,9 +396,11 @@ void expect_grads(const Case& c, const Data& in, const Grads& g, const Grads& r)
 void check_dense(const Case& c, std::uint64_t seed) {
   SCOPED_TRACE(c.name() + " dense seed " + std::to_string(seed));
   Data in = make_data(c, seed, SkipConfig{});
-  const Grads g = run_gpu(c, in, SkipConfig{}, nullptr);
   const Grads r = run_ref(c, in, SkipConfig{}, nullptr);
-  expect_grads(c, in, g, r);
+  for (const auto kernel : kKernels) {
+    SCOPED_TRACE(std::string("kernel ") + kernel_name(kernel));
+    expect_grads(c, in, run_gpu(c, in, SkipConfig{}, nullptr, kernel), r);
+  }
 }
 
 // The forward skips with lambda = exp(-2): a tile whose bias lies 2 nats or more below the sink's
@@ -409,9 +418,11 @@ void check_skip(const Case& c, std::uint64_t seed, double lambda = std::exp(-2.0
   ASSERT_LT(skipped, in.stats.total_visited()) << "everything skipped";
   std::printf("[skip] %s: %lld of %lld visited pairs skipped\n", c.name().c_str(), (long long)skipped,
               (long long)in.stats.total_visited());
-  const Grads g = run_gpu(c, in, cfg, &in.set);
   const Grads r = run_ref(c, in, cfg, &in.set);
-  expect_grads(c, in, g, r);
+  for (const auto kernel : kKernels) {
+    SCOPED_TRACE(std::string("kernel ") + kernel_name(kernel));
+    expect_grads(c, in, run_gpu(c, in, cfg, &in.set, kernel), r);
+  }
 }
 
 std::uint64_t seed_for(int i) { return test_seed(std::uint64_t(1400 + i)); }
@@ -583,21 +594,24 @@ TEST(GpuBackward, WrongSkipSetDisagrees) {
   ASSERT_FALSE(in.set.skipped(0, 0, 2, 0));
   SkipSet wrong = in.set;
   wrong.set(0, 0, 2, 0);
-  const Grads g_right = run_gpu(c, in, cfg, &in.set);
-  const Grads g_wrong = run_gpu(c, in, cfg, &wrong);
   const Grads r = run_ref(c, in, cfg, &in.set);
-  expect_grads(c, in, g_right, r);
-  const double tol = tolerance(c);
-  const double e_dq = rel_max_err(g_wrong.dq, r.dq), e_dk = rel_max_err(g_wrong.dk, r.dk),
-               e_dv = rel_max_err(g_wrong.dv, r.dv);
-  // dq: the 64 rows lose their dominant tile (an O(1) change of their gradient); dk, dv of the
-  // sink tile lose 64 of their 256 rows' terms (a smaller, but still several-tol change).
-  EXPECT_GT(e_dq, 10 * tol) << "dq did not change with the flipped bit";
-  EXPECT_GT(e_dk, 2 * tol) << "dk did not change with the flipped bit";
-  EXPECT_GT(e_dv, 2 * tol) << "dv did not change with the flipped bit";
-  // Given the wrong set, the reference agrees with the kernel again (the kernel used that set).
   const Grads r_wrong = run_ref(c, in, cfg, &wrong);
-  expect_grads(c, in, g_wrong, r_wrong);
+  const double tol = tolerance(c);
+  for (const auto kernel : kKernels) {
+    SCOPED_TRACE(std::string("kernel ") + kernel_name(kernel));
+    const Grads g_right = run_gpu(c, in, cfg, &in.set, kernel);
+    const Grads g_wrong = run_gpu(c, in, cfg, &wrong, kernel);
+    expect_grads(c, in, g_right, r);
+    const double e_dq = rel_max_err(g_wrong.dq, r.dq), e_dk = rel_max_err(g_wrong.dk, r.dk),
+                 e_dv = rel_max_err(g_wrong.dv, r.dv);
+    // dq: the 64 rows lose their dominant tile (an O(1) change of their gradient); dk, dv of the
+    // sink tile lose 64 of their 256 rows' terms (a smaller, but still several-tol change).
+    EXPECT_GT(e_dq, 10 * tol) << "dq did not change with the flipped bit";
+    EXPECT_GT(e_dk, 2 * tol) << "dk did not change with the flipped bit";
+    EXPECT_GT(e_dv, 2 * tol) << "dv did not change with the flipped bit";
+    // Given the wrong set, the reference agrees with the kernel again (the kernel used that set).
+    expect_grads(c, in, g_wrong, r_wrong);
+  }
 }
 
 // What the CUDA path refuses, each before any CUDA work (so this runs on a CUDA build without a

@@ -22,7 +22,7 @@ PrefillLaunchFn find_prefill_kernel(DType dtype, int head_dim, KernelVariant v) 
   if (dtype == DType::E && head_dim == D && v == KernelVariant::V)              \
     return &prefill::launch<DType::E, D, KernelVariant::V>;
 #define BLASST_DECODE_KERNEL(E, D, V, MT)
-#define BLASST_BACKWARD_KERNEL(E, D)
+#define BLASST_BACKWARD_KERNEL(E, D, K)
 #include "cuda/sm90/kernel_table.inc"
 #undef BLASST_PREFILL_KERNEL
 #undef BLASST_DECODE_KERNEL
@@ -32,7 +32,7 @@ PrefillLaunchFn find_prefill_kernel(DType dtype, int head_dim, KernelVariant v) 
 
 DecodeKernel find_decode_kernel(DType dtype, int head_dim, KernelVariant v, int m_tiles) {
 #define BLASST_PREFILL_KERNEL(E, D, V)
-#define BLASST_BACKWARD_KERNEL(E, D)
+#define BLASST_BACKWARD_KERNEL(E, D, K)
 #define BLASST_DECODE_KERNEL(E, D, V, MT)                                                       \
   if (dtype == DType::E && head_dim == D && v == KernelVariant::V && m_tiles == MT)             \
     return DecodeKernel{&decode::launch<DType::E, D, KernelVariant::V, MT>,                     \
@@ -44,11 +44,20 @@ DecodeKernel find_decode_kernel(DType dtype, int head_dim, KernelVariant v, int 
   return {};
 }
 
-BackwardLaunchFn find_backward_kernel(DType dtype, int head_dim) {
+const char* to_string(BackwardKernel k) {
+  switch (k) {
+    case BackwardKernel::mma_sync: return "mma_sync";
+    case BackwardKernel::wgmma: return "wgmma";
+  }
+  return "?";
+}
+
+BackwardLaunchFn find_backward_kernel(DType dtype, int head_dim, BackwardKernel kernel) {
 #define BLASST_PREFILL_KERNEL(E, D, V)
 #define BLASST_DECODE_KERNEL(E, D, V, MT)
-#define BLASST_BACKWARD_KERNEL(E, D) \
-  if (dtype == DType::E && head_dim == D) return &backward::launch<DType::E, D>;
+#define BLASST_BACKWARD_KERNEL(E, D, K)                                                 \
+  if (dtype == DType::E && head_dim == D && kernel == BackwardKernel::K)                \
+    return &backward::launch<DType::E, D, BackwardKernel::K>;
 #include "cuda/sm90/kernel_table.inc"
 #undef BLASST_PREFILL_KERNEL
 #undef BLASST_DECODE_KERNEL
@@ -68,7 +77,7 @@ const std::vector<Entry>& entries() {
   static const std::vector<Entry> e = {
 #define BLASST_PREFILL_KERNEL(E, D, V) {Kind::prefill, DType::E, D},
 #define BLASST_DECODE_KERNEL(E, D, V, MT) {Kind::decode, DType::E, D},
-#define BLASST_BACKWARD_KERNEL(E, D) {Kind::backward, DType::E, D},
+#define BLASST_BACKWARD_KERNEL(E, D, K) {Kind::backward, DType::E, D},
 #include "cuda/sm90/kernel_table.inc"
 #undef BLASST_PREFILL_KERNEL
 #undef BLASST_DECODE_KERNEL

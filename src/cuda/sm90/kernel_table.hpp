@@ -9,6 +9,7 @@
 #include <string>
 
 #include "blasst/blasst.hpp"
+#include "cuda/sm90/backward/backward_kernel_kind.hpp"
 
 namespace blasst::sm90 {
 
@@ -36,8 +37,8 @@ int occupancy();
 
 namespace backward {
 struct BackwardParams;
-// The SPEC §9 main kernel; the instance sets its own dynamic shared memory (BackwardTraits).
-template <DType E, int kHeadDim>
+// The SPEC §9 main kernel; the instance sets its own dynamic shared memory (its traits).
+template <DType E, int kHeadDim, BackwardKernel K>
 void launch(const BackwardParams& p, cudaStream_t stream);
 }  // namespace backward
 
@@ -47,8 +48,8 @@ void launch(const BackwardParams& p, cudaStream_t stream);
   extern template void decode::launch<DType::E, D, KernelVariant::V, MT>(const decode::Params&, dim3,        \
                                                                           cudaStream_t);                    \
   extern template int decode::occupancy<DType::E, D, KernelVariant::V, MT>();
-#define BLASST_BACKWARD_KERNEL(E, D) \
-  extern template void backward::launch<DType::E, D>(const backward::BackwardParams&, cudaStream_t);
+#define BLASST_BACKWARD_KERNEL(E, D, K) \
+  extern template void backward::launch<DType::E, D, BackwardKernel::K>(const backward::BackwardParams&, cudaStream_t);
 #include "cuda/sm90/kernel_table.inc"
 #undef BLASST_PREFILL_KERNEL
 #undef BLASST_DECODE_KERNEL
@@ -64,7 +65,7 @@ struct DecodeKernel {
 PrefillLaunchFn find_prefill_kernel(DType dtype, int head_dim, KernelVariant v);
 DecodeKernel find_decode_kernel(DType dtype, int head_dim, KernelVariant v, int m_tiles);
 using BackwardLaunchFn = void (*)(const backward::BackwardParams&, cudaStream_t);
-BackwardLaunchFn find_backward_kernel(DType dtype, int head_dim);
+BackwardLaunchFn find_backward_kernel(DType dtype, int head_dim, BackwardKernel kernel);
 
 // What the table holds, for the messages of unsupported calls: "64 or 128", "bf16 or f16".
 std::string prefill_head_dims();

@@ -206,6 +206,7 @@ BackwardParams make_params(const AttentionBackwardProblem& p, const Plan& pl) {
     prm.len_k = static_cast<int>(check_i32(p.k.shape[1], "k length"));
   }
   prm.tokens_q = static_cast<int>(pl.tokens_q);
+  prm.tokens_k = static_cast<int>(check_i32(r.ragged ? p.k.shape[0] : r.batch * p.k.shape[1], "key tokens"));
   prm.num_n_blocks = static_cast<int>((r.max_k_len + kBlockN - 1) / kBlockN);
   prm.scale = static_cast<float>(r.scale);
   prm.scale_log2 = static_cast<float>(r.scale * 1.4426950408889634);
@@ -233,13 +234,13 @@ std::size_t attention_backward_workspace_bytes(const AttentionBackwardProblem& p
 }
 
 void launch_attention_backward(const AttentionBackwardProblem& p, const SkipConfig& skip, const RunOptions& opt,
-                               const SkipSet* skip_set) {
+                               const SkipSet* skip_set, BackwardKernel kernel) {
   const Plan pl = plan(p, skip, skip_set);
   const detail::ResolvedAttention& r = pl.r;
-  const BackwardLaunchFn run = find_backward_kernel(r.dtype, static_cast<int>(r.d));
+  const BackwardLaunchFn run = find_backward_kernel(r.dtype, static_cast<int>(r.d), kernel);
   if (run == nullptr)
     throw Error(std::string("no CUDA backward kernel instance for ") + to_string(r.dtype) + ", d = " +
-                std::to_string(r.d) + " (src/cuda/sm90/kernel_table.inc)");
+                std::to_string(r.d) + ", " + to_string(kernel) + " (src/cuda/sm90/kernel_table.inc)");
   BackwardParams prm = make_params(p, pl);
   cudaStream_t stream = static_cast<cudaStream_t>(opt.stream);
   // Same order as attention_backward_workspace_bytes.
@@ -281,7 +282,7 @@ namespace {
 
 // Host tensors, opt.device == cuda: staged through device memory, run, copied back, synchronised.
 void run_staged(const AttentionBackwardProblem& hp, const SkipConfig& skip, const RunOptions& opt,
-                const SkipSet* skip_set) {
+                const SkipSet* skip_set, sm90::BackwardKernel kernel) {
   const ResolvedAttention r = validate_attention_backward(hp, DeviceKind::cpu);  // errors name the host arguments
   sm90::backward::check_attention_backward(hp, skip, skip_set, DeviceKind::cpu);  // before any CUDA work
   DeviceStaging staging(static_cast<cudaStream_t>(opt.stream));
@@ -300,7 +301,7 @@ void run_staged(const AttentionBackwardProblem& hp, const SkipConfig& skip, cons
   staging.synchronize();  // offsets are read back by validation
   RunOptions dopt = opt;
   dopt.device = DeviceKind::cuda;
-  sm90::backward::launch_attention_backward(dp, skip, dopt, skip_set);
+  sm90::backward::launch_attention_backward(dp, skip, dopt, skip_set, kernel);
   staging.download(hp.dq, dp.dq);
   staging.download(hp.dk, dp.dk);
   staging.download(hp.dv, dp.dv);
@@ -320,11 +321,16 @@ std::size_t cuda_attention_backward_workspace_bytes(const AttentionBackwardProbl
   return sm90::backward::attention_backward_workspace_bytes(p, skip, opt, skip_set);
 }
 
+void cuda_attention_backward_on(const AttentionBackwardProblem& p, const SkipConfig& skip, const RunOptions& opt,
+                                const SkipSet* skip_set, sm90::BackwardKernel kernel) {
+  check_host_or_device(p, opt);
+  if (p.q.device == DeviceKind::cpu) return run_staged(p, skip, opt, skip_set, kernel);
+  sm90::backward::launch_attention_backward(p, skip, opt, skip_set, kernel);
+}
+
 void cuda_attention_backward(const AttentionBackwardProblem& p, const SkipConfig& skip, const RunOptions& opt,
                              const SkipSet* skip_set) {
-  check_host_or_device(p, opt);
-  if (p.q.device == DeviceKind::cpu) return run_staged(p, skip, opt, skip_set);
-  sm90::backward::launch_attention_backward(p, skip, opt, skip_set);
+  cuda_attention_backward_on(p, skip, opt, skip_set, sm90::backward::kDefaultBackwardKernel);
 }
 
 }  // namespace blasst::detail

@@ -5,15 +5,21 @@
 #include <cstddef>
 
 #include "blasst/blasst.hpp"
+#include "cuda/sm90/kernel_table.hpp"
 
 namespace blasst::sm90::backward {
+
+// The main kernel the library runs. The wgmma kernel (backward_wgmma_kernel.hpp) becomes the
+// default once it has passed the GPU suites and beaten this one in bench/backward; until then the
+// tests and the benchmark name it explicitly.
+inline constexpr BackwardKernel kDefaultBackwardKernel = BackwardKernel::mma_sync;
 
 // Device tensors only: checks what the kernels cover (an Error naming the argument otherwise),
 // takes its scratch from `workspace` semantics of opt (caller's buffer or the library's pool),
 // uploads the host skip set, and runs preprocess, main kernel and postprocess on opt.stream
 // without synchronising.
 void launch_attention_backward(const AttentionBackwardProblem& p, const SkipConfig& skip, const RunOptions& opt,
-                               const SkipSet* skip_set);
+                               const SkipSet* skip_set, BackwardKernel kernel = kDefaultBackwardKernel);
 // The checks of that call alone (no CUDA work), on tensors that live on `device` (cpu: a host
 // problem about to be staged).
 void check_attention_backward(const AttentionBackwardProblem& p, const SkipConfig& skip, const SkipSet* skip_set,

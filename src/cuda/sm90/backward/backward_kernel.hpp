@@ -1,5 +1,6 @@
-// Internal: the backward main kernel (one CTA per (key block, KV head, sequence), 8 warps) and
-// its host launcher. Included only by the generated instance files (src/cuda/sm90/kernel_table.inc).
+// Internal: the mma.sync backward main kernel (one CTA per (key block, KV head, sequence), 8 warps)
+// and its host launcher. Included through backward_launch.hpp by the generated instance files
+// (src/cuda/sm90/kernel_table.inc).
 // The preprocess (D, LSE in log2 units) and postprocess (dQ) kernels are in backward_prepost.cu.
 #pragma once
 
@@ -108,12 +109,6 @@ void launch_backward(const BackwardParams& p, cudaStream_t stream) {
   if (grid.x == 0 || grid.y == 0 || grid.z == 0) return;
   kernel<<<grid, Traits::kNumThreads, Traits::kSmemBytes, stream>>>(p);
   BLASST_CUDA_CHECK(cudaGetLastError());
-}
-
-// One instance of kernel_table.inc (declared in kernel_table.hpp).
-template <DType E, int kHeadDim>
-void launch(const BackwardParams& p, cudaStream_t stream) {
-  launch_backward<BackwardTraits<typename Element<E>::cute, kHeadDim>>(p, stream);
 }
 
 }  // namespace blasst::sm90::backward

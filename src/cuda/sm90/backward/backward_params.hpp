@@ -48,6 +48,7 @@ struct BackwardParams {
   // Extent of the query token axis over the call: B * Lq (batched) or q.shape[0] (ragged). The
   // workspace arrays below are indexed by (head, token) with token = b * Lq + i or cu_q[b] + i.
   int tokens_q = 0;
+  int tokens_k = 0;  // the key token axis: B * Lk or k.shape[0] (the wgmma kernel's TMA extent)
   int num_n_blocks = 0;  // key blocks of the longest sequence (grid x)
   float scale = 0.f, scale_log2 = 0.f;
   bool causal = false;

@@ -1,0 +1,348 @@
+// Internal: the warp-specialised sm_90a backward kernel (TMA + wgmma; BackwardWgmmaTraits) and its
+// host launcher. Same work split, skip-set walk, preprocess / postprocess and workspace as the
+// mma.sync kernel of backward_kernel.hpp (SPEC §9); per step (query head h, query block m):
+//   S^T = K Q^T, dP^T = V dO^T                          (SS wgmma, 64 keys per warpgroup)
+//   P^T = exp2(S^T * scale_log2 - LSE_log2), masked;  dS^T = P^T * (dP^T - D)     (registers)
+//   dS^T -> shared memory;  dV += P^T dO,  dK += dS^T Q  (RS wgmma, A from registers)
+//   dQ = dS K (SS wgmma, half the head dim per warpgroup) added into the f32 workspace.
+// Included only by the generated instance files (src/cuda/sm90/kernel_table.inc).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cutlass/arch/reg_reconfig.h>
+
+#include <algorithm>
+
+#include "blasst/blasst.hpp"
+#include "cuda/cuda_check.hpp"
+#include "cuda/sm90/backward/backward_epilogue.hpp"
+#include "cuda/sm90/backward/backward_tile_scheduler.hpp"
+#include "cuda/sm90/backward/backward_wgmma_traits.hpp"
+#include "cuda/sm90/common/element.hpp"
+#include "cuda/sm90/common/ptx.hpp"
+#include "cuda/sm90/common/wgmma.hpp"
+#include "cuda/sm90/kernel_table.hpp"
+
+namespace blasst::sm90::backward {
+
+template <class Traits>
+struct WgmmaParams {
+  BackwardParams p;
+  typename Traits::TmaQ tma_q;
+  typename Traits::TmaQ tma_do;
+  typename Traits::TmaK tma_k;
+  typename Traits::TmaK tma_v;
+  typename Traits::GLayout layout_q, layout_do, layout_k, layout_v;
+};
+
+// Named barriers of the two consumer warpgroups (0 is __syncthreads): dS free (every dQ product of
+// the previous step has read it) and dS full (both halves written).
+inline constexpr int kBarDsFree = 1;
+inline constexpr int kBarDsFull = 2;
+
+// Gmem tile view of one head of a sequence: rows offset by the sequence start (ragged) or indexed
+// by batch.
+template <class TmaTensor>
+__device__ __forceinline__ auto wg_seq_view(TmaTensor const& m, int head, int b, int start, bool ragged) {
+  return domain_offset(make_coord(start, _0{}), m(_, _, head, ragged ? 0 : b));
+}
+
+template <class Traits>
+__device__ void wg_producer(WgmmaParams<Traits> const& kp, BackwardWork const& w,
+                            typename Traits::SharedStorage& ss, typename Traits::Pipeline& pipe) {
+  constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kD = Traits::kHeadDim;
+  const BackwardParams& p = kp.p;
+  const bool ragged = p.cu_q != nullptr;
+  Tensor mQ = kp.tma_q.get_tma_tensor(shape(kp.layout_q));
+  Tensor mdO = kp.tma_do.get_tma_tensor(shape(kp.layout_do));
+  Tensor mK = kp.tma_k.get_tma_tensor(shape(kp.layout_k));
+  Tensor mV = kp.tma_v.get_tma_tensor(shape(kp.layout_v));
+  Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename Traits::SmemLayoutQ{});
+  Tensor sdO = make_tensor(make_smem_ptr(ss.dout.data()), typename Traits::SmemLayoutDO{});
+  Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename Traits::SmemLayoutK{});
+  Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename Traits::SmemLayoutV{});
+
+  // K and V of the CTA's key block, once.
+  Tensor gK = local_tile(wg_seq_view(mK, w.kh, w.b, w.k_start, ragged), Shape<Int<kBlockN>, Int<kD>>{},
+                         make_coord(w.n_block, _0{}));
+  Tensor gV = local_tile(wg_seq_view(mV, w.kh, w.b, w.k_start, ragged), Shape<Int<kBlockN>, Int<kD>>{},
+                         make_coord(w.n_block, _0{}));
+  auto [tKgK, tKsK] = tma_partition(kp.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
+  auto [tVgV, tVsV] = tma_partition(kp.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
+  cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&ss.barrier_kv, 2 * Traits::kTmaBytesK);
+  copy(kp.tma_k.with(ss.barrier_kv), tKgK, tKsK);
+  copy(kp.tma_v.with(ss.barrier_kv), tVgV, tVsV);
+
+  // Q and dO of every kept step, in the consumers' order.
+  auto st = cutlass::make_producer_start_state<typename Traits::Pipeline>();
+  int hh = 0, m = w.m_begin;
+  while (BackwardScheduler::next_kept(p, w, hh, m)) {
+    const int h = w.kh * p.group + hh;
+    Tensor gQ = local_tile(wg_seq_view(mQ, h, w.b, w.q_start, ragged), Shape<Int<kBlockM>, Int<kD>>{},
+                           make_coord(_, _0{}));  // (rows, d, query blocks)
+    Tensor gdO = local_tile(wg_seq_view(mdO, h, w.b, w.q_start, ragged), Shape<Int<kBlockM>, Int<kD>>{},
+                            make_coord(_, _0{}));
+    auto [tQgQ, tQsQ] = tma_partition(kp.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
+    auto [tdOgdO, tdOsdO] =
+        tma_partition(kp.tma_do, _0{}, Layout<_1>{}, group_modes<0, 2>(sdO), group_modes<0, 2>(gdO));
+    pipe.producer_acquire(st);
+    copy(kp.tma_q.with(*pipe.producer_get_barrier(st)), tQgQ(_, m), tQsQ(_, st.index()));
+    copy(kp.tma_do.with(*pipe.producer_get_barrier(st)), tdOgdO(_, m), tdOsdO(_, st.index()));
+    ++st;
+    ++m;
+  }
+}
+
+// dQ accumulator [tokens_q, hq, d] += acc for the valid rows of query block m0 of head h. A GMMA C
+// fragment holds column pairs (c, c + 1) of one row at consecutive indices (its innermost mode):
+// one 8-byte vector atomic each.
+template <class Traits, class ThrMma, class Acc>
+__device__ void wg_add_dq(const BackwardParams& p, const BackwardWork& w, int h, int m0, ThrMma const& thr,
+                          Acc const& acc) {
+  static_assert(decltype(size<0, 0>(Acc{}.layout()))::value == 2, "column pairs innermost");
+  Tensor c = make_identity_tensor(select<0, 1>(typename Traits::TileShapeDQ{}));
+  Tensor tc = thr.partition_C(c);
+  static_assert(decltype(size(tc))::value == decltype(size(acc))::value, "dQ fragment and coordinates");
+  CUTLASS_PRAGMA_UNROLL
+  for (int i = 0; i < size(acc); i += 2) {
+    const int row = m0 + get<0>(tc(i)), col = get<1>(tc(i));
+    if (row < w.len_q) {
+      const std::int64_t off = ((std::int64_t(w.tok_start) + row) * p.hq + h) * Traits::kHeadDim + col;
+      atomicAdd(reinterpret_cast<float2*>(p.dq_accum + off), make_float2(acc(i), acc(i + 1)));
+    }
+  }
+}
+
+template <class Traits>
+__device__ void wg_consumer(WgmmaParams<Traits> const& kp, BackwardWork const& w,
+                            typename Traits::SharedStorage& ss, typename Traits::Pipeline& pipe, int mma_tid) {
+  using Element = typename Traits::Element;
+  constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN;
+  const BackwardParams& p = kp.p;
+
+  typename Traits::TiledMmaSdP mma_sdp;
+  typename Traits::TiledMmaDKV mma_dkv;
+  typename Traits::TiledMmaDQ mma_dq;
+  auto thr_sdp = mma_sdp.get_thread_slice(mma_tid);
+  auto thr_dkv = mma_dkv.get_thread_slice(mma_tid);
+  // dQ: split over the head dim (one tiled product of both warpgroups) or over the keys (one
+  // product per warpgroup on its own keys; BackwardWgmmaTraits::kDqSplitN).
+  const int wg = mma_tid / 128;
+  auto thr_dq = mma_dq.get_thread_slice(Traits::kDqSplitN ? mma_tid : mma_tid % 128);
+
+  Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename Traits::SmemLayoutQ{});
+  Tensor sdO = make_tensor(make_smem_ptr(ss.dout.data()), typename Traits::SmemLayoutDO{});
+  Tensor sQt = make_tensor(make_smem_ptr(ss.q.data()), typename Traits::SmemLayoutQt{});
+  Tensor sdOt = make_tensor(make_smem_ptr(ss.dout.data()), typename Traits::SmemLayoutQt{});
+  Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename Traits::SmemLayoutK{});
+  Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename Traits::SmemLayoutV{});
+  Tensor sKt = make_tensor(make_smem_ptr(ss.k.data()), typename Traits::SmemLayoutKt{});
+  Tensor sdS = make_tensor(make_smem_ptr(ss.ds.data()), typename Traits::SmemLayoutDS{});
+  Tensor sdSt = make_tensor(make_smem_ptr(ss.ds.data()), typename Traits::SmemLayoutDSt{});
+
+  Tensor tSrK = thr_sdp.partition_fragment_A(sK);     // S^T:  A = K (this warpgroup's keys)
+  Tensor tSrQ = thr_sdp.partition_fragment_B(sQ);     //       B = Q   (.., stage)
+  Tensor tPrV = thr_sdp.partition_fragment_A(sV);     // dP^T: A = V
+  Tensor tPrdO = thr_sdp.partition_fragment_B(sdO);   //       B = dO  (.., stage)
+  Tensor tVrdOt = thr_dkv.partition_fragment_B(sdOt); // dV:   B = dO^T (.., stage)
+  Tensor tKrQt = thr_dkv.partition_fragment_B(sQt);   // dK:   B = Q^T  (.., stage)
+  constexpr int kDqKeys = Traits::kDqKeys;
+  Tensor sdS_dq = local_tile(sdS, Shape<Int<kBlockM>, Int<kDqKeys>>{}, make_coord(_0{}, Traits::kDqSplitN ? 0 : wg));
+  Tensor sKt_dq = local_tile(sKt, Shape<Int<Traits::kHeadDim>, Int<kDqKeys>>{},
+                             make_coord(_0{}, Traits::kDqSplitN ? 0 : wg));
+  Tensor tQrdS = thr_dq.partition_fragment_A(sdS_dq);  // dQ:   A = dS   (the product's keys)
+  Tensor tQrKt = thr_dq.partition_fragment_B(sKt_dq);  //       B = K^T (the product's keys and columns)
+  Tensor tdSsdSt = thr_sdp.partition_C(sdSt);         // where this thread's dS^T elements go
+
+  Tensor acc_dk = partition_fragment_C(mma_dkv, select<0, 1>(typename Traits::TileShapeDKV{}));
+  Tensor acc_dv = partition_fragment_C(mma_dkv, select<0, 1>(typename Traits::TileShapeDKV{}));
+  clear(acc_dk);
+  clear(acc_dv);
+
+  Tensor cS = make_identity_tensor(select<0, 1>(typename Traits::TileShapeSdP{}));  // (key, row)
+  Tensor tScS = thr_sdp.partition_C(cS);
+  Tensor tScS_rc = make_tensor(tScS.data(), acc_rowcol(tScS.layout()));
+  constexpr int kKeys = decltype(size<0>(tScS_rc))::value;  // key rows of the fragment
+  constexpr int kCols = decltype(size<1>(tScS_rc))::value;  // query rows of the fragment
+  const int n0 = w.n_block * kBlockN;
+  const int diag = w.len_k - w.len_q;  // causal: row i sees key j iff j <= i + diag (SPEC §1)
+
+  cutlass::arch::ClusterTransactionBarrier::wait(&ss.barrier_kv, 0);
+  typename Traits::PipelineState st;
+  int hh = 0, m = w.m_begin;
+  while (BackwardScheduler::next_kept(p, w, hh, m)) {
+    const int h = w.kh * p.group + hh;
+    const int m0 = m * kBlockM;
+    // LSE (log2) and D of this thread's query rows, read while the products below run.
+    float lse[kCols], dsum[kCols];
+    CUTLASS_PRAGMA_UNROLL
+    for (int ni = 0; ni < kCols; ++ni) {
+      const int row = m0 + get<1>(tScS_rc(0, ni));
+      const std::int64_t at = std::int64_t(h) * p.tokens_q + w.tok_start + row;
+      lse[ni] = row < w.len_q ? p.lse_log2[at] : INFINITY;  // +inf: P = 0 (no key seen, or past the end)
+      dsum[ni] = row < w.len_q ? p.dsum[at] : 0.f;
+    }
+
+    pipe.consumer_wait(st);
+    Tensor tSrS = partition_fragment_C(mma_sdp, select<0, 1>(typename Traits::TileShapeSdP{}));
+    Tensor tSrdP = partition_fragment_C(mma_sdp, select<0, 1>(typename Traits::TileShapeSdP{}));
+    wg_gemm<true, -1, false>(mma_sdp, tSrK, tSrQ(_, _, _, st.index()), tSrS);
+    wg_gemm<true, 0, false>(mma_sdp, tPrV, tPrdO(_, _, _, st.index()), tSrdP);
+
+    Tensor S = make_tensor(tSrS.data(), acc_rowcol(tSrS.layout()));
+    Tensor dP = make_tensor(tSrdP.data(), acc_rowcol(tSrdP.layout()));
+    // Masking only where the step can hold an invisible pair (block edges, the causal diagonal);
+    // the same answer in every thread.
+    const bool masked = n0 + kBlockN > w.len_k || m0 + kBlockM > w.len_q || (p.causal && n0 + kBlockN - 1 > m0 + diag);
+    auto p_ds = [&](bool mask) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int mi = 0; mi < kKeys; ++mi) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int ni = 0; ni < kCols; ++ni) {
+          const int key = n0 + get<0>(tScS_rc(mi, ni)), row = m0 + get<1>(tScS_rc(mi, ni));
+          const bool visible = !mask || (key < w.len_k && row < w.len_q && (!p.causal || key <= row + diag));
+          const float pr = visible ? exp2f(S(mi, ni) * p.scale_log2 - lse[ni]) : 0.f;
+          S(mi, ni) = pr;
+          dP(mi, ni) = pr * (dP(mi, ni) - dsum[ni]);
+        }
+      }
+    };
+    if (masked) p_ds(true);
+    else p_ds(false);
+    Tensor p_lp = convert_frag<Element>(tSrS);
+    Tensor ds_lp = convert_frag<Element>(tSrdP);
+
+    // dS^T into shared memory once every dQ product of the previous step has read it.
+    named_sync(kBarDsFree, Traits::kNumMmaThreads);
+    static_assert(decltype(size(tdSsdSt))::value == decltype(size(ds_lp))::value, "dS fragment and tile");
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < size(ds_lp); ++i) tdSsdSt(i) = ds_lp(i);
+    cutlass::arch::fence_view_async_shared();  // generic-proxy stores -> the wgmma (async proxy) reads
+    named_sync(kBarDsFull, Traits::kNumMmaThreads);
+
+    Tensor tPrP = make_tensor<Element>(acc_to_a(tSrS.layout()));
+    Tensor tdSrdS = make_tensor<Element>(acc_to_a(tSrdP.layout()));
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < size(tPrP); ++i) {
+      tPrP(i) = p_lp(i);
+      tdSrdS(i) = ds_lp(i);
+    }
+    wg_gemm<false, -1, true>(mma_dkv, tPrP, tVrdOt(_, _, _, st.index()), acc_dv);
+    wg_gemm<false, -1, true>(mma_dkv, tdSrdS, tKrQt(_, _, _, st.index()), acc_dk);
+    Tensor acc_dq = partition_fragment_C(mma_dq, select<0, 1>(typename Traits::TileShapeDQ{}));
+    wg_gemm<true, 0, false>(mma_dq, tQrdS, tQrKt, acc_dq);  // waits for dV and dK too
+    pipe.consumer_release(st);  // Q and dO of this stage are read
+    ++st;
+    wg_add_dq<Traits>(p, w, h, m0, thr_dq, acc_dq);
+    ++m;
+  }
+
+  // dK = scale * acc_dk, dV = acc_dv for the valid keys of the block.
+  Tensor cKV = make_identity_tensor(select<0, 1>(typename Traits::TileShapeDKV{}));  // (key, col)
+  Tensor tc = thr_dkv.partition_C(cKV);
+  static_assert(decltype(size(tc))::value == decltype(size(acc_dk))::value, "dK fragment and coordinates");
+  CUTLASS_PRAGMA_UNROLL
+  for (int i = 0; i < size(acc_dk); ++i) {
+    const int key = n0 + get<0>(tc(i)), col = get<1>(tc(i));
+    if (key < w.len_k) {
+      store_out<Element>(p.dk, key_offset(p.dk_s, w, key) + col, p.dk_f32, acc_dk(i) * p.scale);
+      store_out<Element>(p.dv, key_offset(p.dv_s, w, key) + col, p.dv_f32, acc_dv(i));
+    }
+  }
+}
+
+template <class Traits>
+__global__ void __launch_bounds__(Traits::kNumThreads, 1)
+    backward_wgmma_kernel(CUTE_GRID_CONSTANT WgmmaParams<Traits> const kp) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  using Pipeline = typename Traits::Pipeline;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  auto& ss = *reinterpret_cast<typename Traits::SharedStorage*>(smem_raw);
+  const BackwardParams& p = kp.p;
+
+  BackwardWork w;
+  if (!BackwardScheduler::get<Traits::kBlockM, Traits::kBlockN>(p, w)) return;  // uniform: the whole CTA
+  const int tid = int(threadIdx.x);
+  // SPEC §9: a key block whose steps the skip set removes for every query head of the CTA costs
+  // no work, not even the K / V loads.
+  const int nm = w.m_end - w.m_begin;
+  int any = 0;
+  for (int x = tid; x < p.group * nm; x += Traits::kNumThreads)
+    if (!BackwardScheduler::skipped(p, w, w.kh * p.group + x / nm, w.m_begin + x % nm)) {
+      any = 1;
+      break;
+    }
+  if (!__syncthreads_or(any)) {
+    write_dkdv_zero<Traits>(p, w, tid);
+    return;
+  }
+
+  const int warp_idx = cutlass::canonical_warp_idx_sync();
+  const int wg_idx = cutlass::canonical_warp_group_idx();
+  if (warp_idx == 0 && cute::elect_one_sync()) {
+    cute::prefetch_tma_descriptor(kp.tma_q.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(kp.tma_do.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(kp.tma_k.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(kp.tma_v.get_tma_descriptor());
+    cutlass::arch::ClusterTransactionBarrier::init(&ss.barrier_kv, 1);
+  }
+  typename Pipeline::Params pp;
+  pp.transaction_bytes = 2 * Traits::kTmaBytesQ;  // Q and dO of one step
+  pp.role = wg_idx == 0 ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
+  pp.is_leader = threadIdx.x == 0;
+  pp.num_consumers = Traits::kNumMmaThreads;
+  Pipeline pipe(ss.pipe_qdo, pp, Shape<_1, _1, _1>{});
+  __syncthreads();  // barrier initialisation visible to every thread
+
+  if (wg_idx == 0) {
+    cutlass::arch::warpgroup_reg_dealloc<Traits::kRegProducer>();
+    if (threadIdx.x == 0) wg_producer<Traits>(kp, w, ss, pipe);
+  } else {
+    cutlass::arch::warpgroup_reg_alloc<Traits::kRegConsumer>();
+    wg_consumer<Traits>(kp, w, ss, pipe, tid - 128);
+  }
+#endif
+}
+
+template <class Traits>
+void launch_backward_wgmma(const BackwardParams& p, cudaStream_t stream) {
+  using Element = typename Traits::Element;
+  WgmmaParams<Traits> kp;
+  kp.p = p;
+  const bool ragged = p.cu_q != nullptr;
+  const int nb = ragged ? 1 : p.batch;
+  // (tokens, d, heads, batch); a descriptor needs one row at least (an empty query axis issues no
+  // load) and a batch stride even with one sequence (any multiple of 16 bytes will do).
+  auto make_layout_g = [&](int rows, int heads, const RowStrides& s) {
+    rows = std::max(rows, 1);
+    const std::int64_t bs = nb == 1 ? s.row * rows : s.batch;
+    return typename Traits::GLayout(make_shape(int32_t(rows), Int<Traits::kHeadDim>{}, int32_t(heads), int32_t(nb)),
+                                    make_stride(s.row, _1{}, s.head, bs));
+  };
+  const int rows_q = ragged ? p.tokens_q : p.len_q;
+  const int rows_k = ragged ? p.tokens_k : p.len_k;
+  kp.layout_q = make_layout_g(rows_q, p.hq, p.q_s);
+  kp.layout_do = make_layout_g(rows_q, p.hq, p.dout_main_s);
+  kp.layout_k = make_layout_g(rows_k, p.hk, p.k_s);
+  kp.layout_v = make_layout_g(rows_k, p.hk, p.v_s);
+  auto gq = make_tensor(make_gmem_ptr(static_cast<Element const*>(p.q)), kp.layout_q);
+  auto gdo = make_tensor(make_gmem_ptr(static_cast<Element const*>(p.dout_main)), kp.layout_do);
+  auto gk = make_tensor(make_gmem_ptr(static_cast<Element const*>(p.k)), kp.layout_k);
+  auto gv = make_tensor(make_gmem_ptr(static_cast<Element const*>(p.v)), kp.layout_v);
+  using TileQ = Shape<Int<Traits::kBlockM>, Int<Traits::kHeadDim>>;
+  using TileK = Shape<Int<Traits::kBlockN>, Int<Traits::kHeadDim>>;
+  kp.tma_q = make_tma_copy(SM90_TMA_LOAD{}, gq, take<0, 2>(typename Traits::SmemLayoutQ{}), TileQ{}, _1{});
+  kp.tma_do = make_tma_copy(SM90_TMA_LOAD{}, gdo, take<0, 2>(typename Traits::SmemLayoutDO{}), TileQ{}, _1{});
+  kp.tma_k = make_tma_copy(SM90_TMA_LOAD{}, gk, typename Traits::SmemLayoutK{}, TileK{}, _1{});
+  kp.tma_v = make_tma_copy(SM90_TMA_LOAD{}, gv, typename Traits::SmemLayoutV{}, TileK{}, _1{});
+
+  auto kernel = backward_wgmma_kernel<Traits>;
+  ::blasst::detail::set_max_dynamic_smem<&backward_wgmma_kernel<Traits>>(Traits::kSmemBytes);
+  const dim3 grid = BackwardScheduler::grid(p);
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0) return;
+  kernel<<<grid, Traits::kNumThreads, Traits::kSmemBytes, stream>>>(kp);
+  BLASST_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace blasst::sm90::backward
