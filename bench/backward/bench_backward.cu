@@ -15,6 +15,8 @@
 //                                   128 x full, causal x dense, 50, 70, 90 %)
 //   bench_backward --quick          B 1, H 32, L 8k only
 //   bench_backward --b 2 --h 32 --l 16384 --d 128 --causal 1 --sparsity 0.7 --iters 20
+//   --kernel mma_sync|wgmma|both    the main kernel (kernel_table.inc's backward kernels; default
+//                                   both, each row naming it; the library runs mma_sync today)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -27,6 +29,8 @@
 #include <cstring>
 #include <string>
 #include <vector>
+
+#include "cuda/cuda_dispatch.hpp"  // detail::cuda_attention_backward_on: a named main kernel
 
 #include "blasst/blasst.hpp"
 
@@ -111,7 +115,7 @@ double make_set(const Config& c, blasst::SkipSet& set) {
   return visited ? double(skipped) / double(visited) : 0.0;
 }
 
-Result run(const Config& c, blasst::DType dtype, int iters) {
+Result run(const Config& c, blasst::DType dtype, int iters, blasst::sm90::BackwardKernel kernel) {
   const i64 n = c.B * c.L * c.H * c.d, nl = c.B * c.H * c.L;
   const std::size_t esz = 2;
   void *q, *k, *v, *o, *dout, *dq, *dk, *dv;
@@ -162,12 +166,13 @@ Result run(const Config& c, blasst::DType dtype, int iters) {
   cudaEvent_t e0, e1;
   CHECK(cudaEventCreate(&e0));
   CHECK(cudaEventCreate(&e1));
-  for (int i = 0; i < 3; ++i) blasst::attention_backward(p, skip, opt, setp);
+  auto call = [&] { blasst::detail::cuda_attention_backward_on(p, skip, opt, setp, kernel); };
+  for (int i = 0; i < 3; ++i) call();
   CHECK(cudaStreamSynchronize(stream));
   std::vector<float> ms;
   for (int i = 0; i < iters; ++i) {
     CHECK(cudaEventRecord(e0, stream));
-    blasst::attention_backward(p, skip, opt, setp);
+    call();
     CHECK(cudaEventRecord(e1, stream));
     CHECK(cudaEventSynchronize(e1));
     float t = 0;
@@ -196,6 +201,8 @@ int main(int argc, char** argv) {
   std::vector<double> sps = {0, 0.5, 0.7, 0.9};
   blasst::DType dtype = blasst::DType::bf16;
   int iters = 20;
+  using blasst::sm90::BackwardKernel;
+  std::vector<BackwardKernel> kernels = {BackwardKernel::mma_sync, BackwardKernel::wgmma};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> const char* {
@@ -211,9 +218,15 @@ int main(int argc, char** argv) {
     else if (a == "--sparsity") sps = {std::atof(next())};
     else if (a == "--iters") iters = std::max(1, std::atoi(next()));
     else if (a == "--dtype") dtype = blasst::parse_dtype(next());
+    else if (a == "--kernel") {
+      const std::string k = next();
+      if (k == "mma_sync") kernels = {BackwardKernel::mma_sync};
+      else if (k == "wgmma") kernels = {BackwardKernel::wgmma};
+      else if (k != "both") { std::fprintf(stderr, "--kernel: mma_sync, wgmma or both, got %s\n", k.c_str()); return 2; }
+    }
     else {
       std::printf("usage: bench_backward [--quick] [--b B] [--h H] [--l L] [--d 64|128] [--causal 0|1] "
-                  "[--sparsity s] [--iters n] [--dtype bf16|f16]\n");
+                  "[--sparsity s] [--iters n] [--dtype bf16|f16] [--kernel mma_sync|wgmma|both]\n");
       return a == "--help" ? 0 : 2;
     }
   }
@@ -223,35 +236,37 @@ int main(int argc, char** argv) {
   }
   std::printf("# blasst backward on %s, %s, median of %d (3 warm-up); FLOPs = 2.5 x 4 B H L^2 d (x 0.5 causal)\n",
               blasst::cuda_device_name().c_str(), blasst::to_string(dtype), iters);
-  std::printf("%2s %3s %6s %4s %-6s %8s %8s %9s %10s %8s\n", "B", "H", "L", "d", "mask", "target", "skipped",
-              "ms", "TFLOP/s", "speedup");
+  std::printf("%-8s %2s %3s %6s %4s %-6s %8s %8s %9s %10s %8s\n", "kernel", "B", "H", "L", "d", "mask", "target",
+              "skipped", "ms", "TFLOP/s", "speedup");
   for (i64 d : ds)
     for (int causal : causals)
       for (i64 L : Ls)
         for (i64 H : Hs)
-          for (i64 B : Bs) {
-            double dense_ms = 0;
-            for (double s : sps) {
-              Config c;
-              c.B = B;
-              c.H = H;
-              c.L = L;
-              c.d = d;
-              c.causal = causal != 0;
-              c.sparsity = s;
-              try {
-                const Result r = run(c, dtype, iters);
-                if (s == 0) dense_ms = r.ms;
-                const std::string sp = dense_ms > 0 ? std::to_string(dense_ms / r.ms).substr(0, 5) + "x" : "-";
-                std::printf("%2lld %3lld %6lld %4lld %-6s %7.0f%% %7.1f%% %9.3f %10.1f %8s\n", (long long)B, (long long)H,
-                            (long long)L, (long long)d, causal ? "causal" : "full", 100 * s, 100 * r.achieved, r.ms,
-                            r.tflops, sp.c_str());
-                std::fflush(stdout);
-              } catch (const blasst::Error& e) {
-                std::printf("%2lld %3lld %6lld %4lld %-6s %7.0f%%  error: %s\n", (long long)B, (long long)H,
-                            (long long)L, (long long)d, causal ? "causal" : "full", 100 * s, e.what());
+          for (i64 B : Bs)
+            for (BackwardKernel kernel : kernels) {
+              const char* kname = kernel == BackwardKernel::wgmma ? "wgmma" : "mma_sync";
+              double dense_ms = 0;
+              for (double s : sps) {
+                Config c;
+                c.B = B;
+                c.H = H;
+                c.L = L;
+                c.d = d;
+                c.causal = causal != 0;
+                c.sparsity = s;
+                try {
+                  const Result r = run(c, dtype, iters, kernel);
+                  if (s == 0) dense_ms = r.ms;
+                  const std::string sp = dense_ms > 0 ? std::to_string(dense_ms / r.ms).substr(0, 5) + "x" : "-";
+                  std::printf("%-8s %2lld %3lld %6lld %4lld %-6s %7.0f%% %7.1f%% %9.3f %10.1f %8s\n", kname, (long long)B, (long long)H,
+                              (long long)L, (long long)d, causal ? "causal" : "full", 100 * s, 100 * r.achieved, r.ms,
+                              r.tflops, sp.c_str());
+                  std::fflush(stdout);
+                } catch (const blasst::Error& e) {
+                  std::printf("%-8s %2lld %3lld %6lld %4lld %-6s %7.0f%%  error: %s\n", kname, (long long)B, (long long)H,
+                              (long long)L, (long long)d, causal ? "causal" : "full", 100 * s, e.what());
+                }
               }
             }
-          }
   return 0;
 }
