@@ -40,6 +40,17 @@ struct WgmmaParams {
 // the previous step has read it) and dS full (both halves written).
 inline constexpr int kBarDsFree = 1;
 inline constexpr int kBarDsFull = 2;
+inline constexpr int kBarTileZeroed = 3;  // rows past a ragged sequence's end zeroed (below)
+
+// Ragged batches: a tile's TMA reads past its sequence's end into the next sequence (the tensor's
+// extent is the whole token axis). Rows [valid, rows) of a landed tile are zeroed by the consumer
+// threads so that they add exactly 0 to every product (a masked P of 0 times a NaN there would
+// not), as the mma.sync kernel's zero-filled loads do; then made visible to the wgmma reads.
+template <class Element, class TileT>
+__device__ void zero_rows_from(TileT&& tile, int valid, int tid, int nthreads) {
+  constexpr int kRows = decltype(size<0>(tile))::value, kCols = decltype(size<1>(tile))::value;
+  for (int e = valid * kCols + tid; e < kRows * kCols; e += nthreads) tile(e / kCols, e % kCols) = Element(0.f);
+}
 
 // Gmem tile view of one head of a sequence: rows offset by the sequence start (ragged) or indexed
 // by batch.
@@ -168,7 +179,14 @@ __device__ void wg_consumer(WgmmaParams<Traits> const& kp, BackwardWork const& w
   const int n0 = w.n_block * kBlockN;
   const int diag = w.len_k - w.len_q;  // causal: row i sees key j iff j <= i + diag (SPEC §1)
 
+  const bool ragged = p.cu_q != nullptr;
   cutlass::arch::ClusterTransactionBarrier::wait(&ss.barrier_kv, 0);
+  if (ragged && n0 + kBlockN > w.len_k) {  // the same answer in every consumer thread
+    zero_rows_from<Element>(sK, w.len_k - n0, mma_tid, Traits::kNumMmaThreads);
+    zero_rows_from<Element>(sV, w.len_k - n0, mma_tid, Traits::kNumMmaThreads);
+    cutlass::arch::fence_view_async_shared();
+    named_sync(kBarTileZeroed, Traits::kNumMmaThreads);
+  }
   typename Traits::PipelineState st;
   int hh = 0, m = w.m_begin;
   while (BackwardScheduler::next_kept(p, w, hh, m)) {
@@ -185,6 +203,12 @@ __device__ void wg_consumer(WgmmaParams<Traits> const& kp, BackwardWork const& w
     }
 
     pipe.consumer_wait(st);
+    if (ragged && m0 + kBlockM > w.len_q) {
+      zero_rows_from<Element>(sQ(_, _, st.index()), w.len_q - m0, mma_tid, Traits::kNumMmaThreads);
+      zero_rows_from<Element>(sdO(_, _, st.index()), w.len_q - m0, mma_tid, Traits::kNumMmaThreads);
+      cutlass::arch::fence_view_async_shared();
+      named_sync(kBarTileZeroed, Traits::kNumMmaThreads);
+    }
     Tensor tSrS = partition_fragment_C(mma_sdp, select<0, 1>(typename Traits::TileShapeSdP{}));
     Tensor tSrdP = partition_fragment_C(mma_sdp, select<0, 1>(typename Traits::TileShapeSdP{}));
     wg_gemm<true, -1, false>(mma_sdp, tSrK, tSrQ(_, _, _, st.index()), tSrS);
@@ -204,7 +228,7 @@ __device__ void wg_consumer(WgmmaParams<Traits> const& kp, BackwardWork const& w
           const bool visible = !mask || (key < w.len_k && row < w.len_q && (!p.causal || key <= row + diag));
           const float pr = visible ? exp2f(S(mi, ni) * p.scale_log2 - lse[ni]) : 0.f;
           S(mi, ni) = pr;
-          dP(mi, ni) = pr * (dP(mi, ni) - dsum[ni]);
+          dP(mi, ni) = visible ? pr * (dP(mi, ni) - dsum[ni]) : 0.f;
         }
       }
     };
