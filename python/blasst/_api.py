@@ -19,10 +19,11 @@ from ._skip import SkipSoftmax, SkipStats
 _torch_ops = None  # blasst._torch_ops once torch is in use (registers the custom ops)
 _torch_eager = None  # blasst._torch_eager, loaded with it: the short eager path of torch tensors
 _Tensor = _is_compiling = _grad_enabled = None  # torch.Tensor and two queries, once torch is in use
+_TENSOR_DISPATCH = None  # torch.Tensor's own __torch_dispatch__ (its function), once torch is in use
 
 
 def _load_torch_ops():
-    global _torch_ops, _torch_eager, _Tensor, _is_compiling, _grad_enabled
+    global _torch_ops, _torch_eager, _Tensor, _is_compiling, _grad_enabled, _TENSOR_DISPATCH
     if _torch_ops is None:
         from . import _torch_eager as eager
         from . import _torch_ops as ops
@@ -30,6 +31,7 @@ def _load_torch_ops():
         _torch_eager = eager
         _Tensor, _is_compiling, _grad_enabled = (torch.Tensor, torch.compiler.is_compiling,
                                                  torch.is_grad_enabled)
+        _TENSOR_DISPATCH = getattr(torch.Tensor.__torch_dispatch__, "__func__", None)
         _torch_ops = ops
     return _torch_ops
 
@@ -51,6 +53,23 @@ def _torch_route(q, k, v):
                             or (isinstance(v, _Tensor) and v.requires_grad)):
         return "grad"
     return "eager"
+
+
+def _plain(x, name: str):
+    """x as a tensor whose data pointer is its data. torch's AsyncCollectiveTensor (what the
+    functional collectives return; diffusers' ring all-gathers K/V into one, and its chunks stay
+    views of it) is waited on and unwrapped: a DLPack view of the wrapper itself points at no data
+    (the reference read it and crashed). Other tensor subclasses with a dispatch of their own are
+    refused by name; plain tensors and Parameters pass unchanged (one type check)."""
+    cls = type(x)
+    if cls is _Tensor or not isinstance(x, _Tensor) or \
+            getattr(cls.__torch_dispatch__, "__func__", None) is _TENSOR_DISPATCH:
+        return x
+    fc = sys.modules.get("torch.distributed._functional_collectives")
+    if fc is not None and isinstance(x, fc.AsyncCollectiveTensor):
+        return x.wait()
+    raise TypeError(f"{name}: a {cls.__name__} (a torch tensor subclass with its own dispatch) "
+                    "cannot be read by blasst directly; pass a plain tensor (e.g. its local data)")
 
 
 def _no_stats_when_compiling(stats, entry: str) -> None:
@@ -90,6 +109,9 @@ def attention(q, k, v, *, causal: bool = False, scale: Optional[float] = None,
         _no_stats_when_compiling(stats, "blasst.attention")
         return _torch_ops.attention_op(q, k, v, causal, scale, skip, cu_seqlens_q, cu_seqlens_k,
                                        max_seqlen_q, max_seqlen_k, return_lse)
+    if route == "eager":
+        q, k, v, seed_max = (_plain(q, "q"), _plain(k, "k"), _plain(v, "v"),
+                             None if seed_max is None else _plain(seed_max, "seed_max"))
     if route == "eager" and stats is None and seed_max is None:
         res = _torch_eager.attention(q, k, v, causal, scale, skip, cu_seqlens_q, cu_seqlens_k,
                                      max_seqlen_q, max_seqlen_k, return_lse)
@@ -116,6 +138,8 @@ def decode(q, k_cache, v_cache, *, page_table=None, seqlens=None,
         _no_stats_when_compiling(stats, "blasst.decode")
         return _torch_ops.decode_op(q, k_cache, v_cache, page_table, seqlens, max_seqlen_k,
                                     skip, scale, causal, return_lse)
+    if route is not None:
+        q, k_cache, v_cache = _plain(q, "q"), _plain(k_cache, "k_cache"), _plain(v_cache, "v_cache")
     if route is not None and stats is None:  # eager, or grad (decode has no gradient)
         res = _torch_eager.decode(q, k_cache, v_cache, page_table, seqlens, max_seqlen_k, skip,
                                   scale, causal, return_lse)

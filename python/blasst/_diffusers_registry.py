@@ -102,15 +102,33 @@ def is_ours(backend) -> bool:
     return backend is not None and getattr(backend, "value", backend) in _members
 
 
+def context_parallel_available(ad=None) -> bool:
+    """Whether this diffusers has the templated context parallelism blasst plugs into: the
+    registry's set of context-parallel backends and ``_templated_context_parallel_attention``
+    (Ulysses, ring and both), which calls a backend's forward_op / backward_op per chunk."""
+    ad = check() if ad is None else ad
+    return isinstance(getattr(ad._AttentionBackendRegistry, "_supports_context_parallel", None), set) and \
+        callable(getattr(ad, "_templated_context_parallel_attention", None))
+
+
 def register(backend_member, fn: Callable) -> None:
     """Register fn as the backend function of one of our members (what diffusers' register
-    decorator does: the function, no constraints, the argument names it accepts)."""
+    decorator does: the function, no constraints, the argument names it accepts), declared
+    context-parallel capable where this diffusers has templated context parallelism."""
     if not is_ours(backend_member):
         raise ValueError(f"blasst.diffusers: {backend_member!r} is not a blasst backend")
-    registry = check()._AttentionBackendRegistry
+    ad = check()
+    registry = ad._AttentionBackendRegistry
     registry._backends[backend_member] = fn
     registry._constraints[backend_member] = []
     registry._supported_arg_names[backend_member] = set(inspect.signature(fn).parameters)
+    if context_parallel_available(ad):
+        registry._supports_context_parallel.add(backend_member.value)
+
+
+def templated_context_parallel(*args, **kwargs):
+    """diffusers' _templated_context_parallel_attention (Ulysses / ring / both)."""
+    return check()._templated_context_parallel_attention(*args, **kwargs)
 
 
 @atexit.register
@@ -122,6 +140,7 @@ def _unregister_all() -> None:
     for m in _members.values():
         for table in ("_backends", "_constraints", "_supported_arg_names"):
             getattr(registry, table, {}).pop(m, None)
+        getattr(registry, "_supports_context_parallel", set()).discard(m.value)
 
 
 def native_backend(backend):

@@ -101,12 +101,22 @@ def _attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v:
     None. The forward's float32 LSE is used for float32/16 tensors; for float64 tensors the
     backward computes the LSE over kept keys in float64 instead (a float32 LSE would cap the
     gradient at float32 precision)."""
+    return backward_into(dout, q, k, v, out, None if lse is None or q.dtype == torch.float64 else lse,
+                         dlse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+                         scale, skip, skip_set)
+
+
+def backward_into(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                  max_seqlen_k, causal, scale, skip, skip_set):
+    """The backward call itself: lse is used as given (None: computed over kept keys in float64).
+    The op above drops the forward's float32 LSE for float64 tensors; a ring's chunk (blasst.
+    diffusers context parallelism) passes the LSE merged over every chunk, which it cannot
+    recompute, whatever the dtype."""
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     ex = _calls.torch_export
     recorded = skip and skip_set.numel() > 0
     _calls._core.attention_backward(
-        ex(q), ex(k), ex(v), ex(out), ex(dout.contiguous()),
-        None if lse is None or q.dtype == torch.float64 else ex(lse),
+        ex(q), ex(k), ex(v), ex(out), ex(dout.contiguous()), None if lse is None else ex(lse),
         # dlse: float64 for the reference, float32 for the kernels (their limit).
         None if dlse is None else ex(dlse.to(torch.float32 if q.is_cuda else torch.float64)
                                      .contiguous()), ex(dq), ex(dk), ex(dv),

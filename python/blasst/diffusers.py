@@ -28,8 +28,12 @@ pipeline scheduler's, else 1000; give 1 for pipelines that pass sigma in [0, 1],
 
 Calls blasst cannot serve run diffusers' own backend for that processor (the one it had before,
 or the dispatcher's active one), counted per reason in ``Enabled.fallbacks``: attention masks,
-dropout, context parallelism, inputs that need gradients (no blasst autograd), unsupported dtypes,
+dropout, context parallelism on a diffusers without the templated loops, inputs that need gradients
+outside context parallelism, unsupported dtypes,
 head dims or devices, mixed head counts without enable_gqa. Nothing is silently wrong.
+
+Context parallelism (``enable_parallelism`` with a ContextParallelConfig): diffusers' templated
+Ulysses / ring loops call blasst's forward and backward ops per chunk (``_cp_ops``; docs/python.md).
 
 Inside ``blasst.calibration.record()`` every call a routed layer makes runs as the calibration
 probe (no gating) and is recorded per component and layer; ``Recording.fit`` then gives one
@@ -167,7 +171,7 @@ def unsupported_reason(query, key, value, attn_mask=None, dropout_p=0.0, enable_
                        parallel_config=None) -> Optional[str]:
     """Why blasst cannot serve a dispatcher call (None: it can)."""
     import torch
-    if parallel_config is not None:
+    if parallel_config is not None and not _registry.context_parallel_available():
         return "context_parallel"
     if attn_mask is not None:
         return "attn_mask"
@@ -176,7 +180,9 @@ def unsupported_reason(query, key, value, attn_mask=None, dropout_p=0.0, enable_
     ts = (query, key, value)
     if not all(isinstance(x, torch.Tensor) for x in ts) or any(x.dim() != 4 for x in ts):
         return "shape"
-    if torch.is_grad_enabled() and any(x.requires_grad for x in ts):
+    # (Under context parallelism diffusers' autograd.Function records the call and runs the
+    # backward through _cp_ops' backward_op.)
+    if parallel_config is None and torch.is_grad_enabled() and any(x.requires_grad for x in ts):
         return "autograd"
     if query.dtype != key.dtype or query.dtype != value.dtype:
         return "dtype"
@@ -224,6 +230,13 @@ def _backend_fn(route: _Route):
                 is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
                 attention_kwargs={"return_lse": True} if return_lse else None,
                 backend=_registry.native_backend(route.native), parallel_config=_parallel_config)
+        if _parallel_config is not None:  # Ulysses / ring: diffusers' templated loop, our ops
+            if not compiling:
+                route.handle.blasst_calls[route.component] += 1
+            forward_op, backward_op = _cp_ops(route, _parallel_config, recording)
+            return _registry.templated_context_parallel(
+                query, key, value, None, dropout_p, is_causal, scale, enable_gqa, return_lse,
+                forward_op=forward_op, backward_op=backward_op, _parallel_config=_parallel_config)
         # blasst.calibration.record(): the call runs as its probe, with a histogram
         cal = None if compiling else _recording.calibration()
         if cal is not None:
@@ -244,6 +257,112 @@ def _backend_fn(route: _Route):
         return res  # out [B, S, H, dv]; with return_lse (out, lse [B, H, S]) like the flash backend
 
     return blasst_attention
+
+
+# -- context parallelism: the forward / backward ops diffusers' templated loops call ------------
+SEED_TILE = 128  # the SPEC tile: the seeded ring's sink and own tiles
+
+
+def _ring_seed(query, key, scale, cp):
+    """SPEC §2a seeded maxima for a ring rank's rows (pure ring): per row, the max of
+    scale * q . k over the sink tile (keys [0, 128) of the sequence, i.e. of ring rank 0's chunk,
+    broadcast once per call) and the row's own tile (of this rank's chunk: the tile holding the
+    first row of its 64-row vote group, i.e. tile row // 128), in lse's layout [B, H, S] and units,
+    float32. Computed once, before the first chunk; every chunk's call starts its running maxima
+    there. Scores in blocks of 128 rows (memory: one block's scores at a time)."""
+    import torch
+    import torch.distributed as dist
+    group = cp._ring_mesh.get_group()
+    # a copy: broadcast writes into it on every rank but the source (a view would overwrite
+    # this rank's own keys; contiguous() of a leading slice is such a view)
+    sink = key[:, :SEED_TILE].clone(memory_format=torch.contiguous_format)
+    dist.broadcast(sink, src=dist.get_global_rank(group, 0), group=group)  # equal chunks: same shape
+    b, s, h, d = query.shape
+    sc = (1.0 / d ** 0.5) if scale is None else float(scale)
+    seed = torch.empty((b, h, s), dtype=torch.float32, device=query.device)
+    sinkf = sink.float()
+    for r0 in range(0, s, SEED_TILE):
+        qb = query[:, r0:r0 + SEED_TILE].float()                  # rows of one own tile
+        kb = key[:, r0:min(r0 + SEED_TILE, key.shape[1])].float()  # ... and its keys
+        m = torch.einsum("bshd,bthd->bhst", qb, sinkf).amax(-1)
+        if kb.shape[1]:
+            m = torch.maximum(m, torch.einsum("bshd,bthd->bhst", qb, kb).amax(-1))
+        seed[:, :, r0:r0 + SEED_TILE] = m * sc
+    return seed
+
+
+def _cp_ops(route, parallel_config, recording):
+    """(forward_op, backward_op) for diffusers' TemplatedRingAttention / TemplatedUlyssesAttention
+    (and the two combined). Every call of one templated forward shares its autograd ctx: the
+    first (``_save_ctx``) is this rank's own chunk. Tensors in the model layout (B, S, H, D); the
+    returned LSE is (B, S, H), the layout the ring's merge broadcasts.
+
+    forward: blasst attention over one K/V chunk. Inference on a pure ring with skipping: every
+    chunk starts from the rows' seeded maxima (_ring_seed), so a chunk that holds neither the
+    sink nor the own tile still skips against them (SPEC §2a); the CPU reference takes seeds,
+    the CUDA prefill kernel not yet, so CUDA rings (and Ulysses x ring, and training) run
+    unseeded, counted in Enabled.unseeded_ring. With gradients: the chunk's skip set is recorded
+    per call, and backward: the SPEC §9 gradient of each chunk against the merged out / LSE the
+    ring hands it (the same chunk order as the forward)."""
+    import torch
+    from . import _torch_ops as ops
+    skip = route.skip
+    skip_str = ops.skip_to_str(skip)
+    cp = parallel_config.context_parallel_config
+    pure_ring = cp.ring_degree > 1 and cp.ulysses_degree == 1
+
+    def forward_op(ctx, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                   scale=None, enable_gqa=False, return_lse=False, _save_ctx=True,
+                   _parallel_config=None):
+        # the ring's chunks are views of an all-gathered AsyncCollectiveTensor: waited on here
+        query, key, value = (_api._plain(x, n) for x, n in ((query, "query"), (key, "key"),
+                                                             (value, "value")))
+        grad = any(getattr(ctx, "needs_input_grad", (False,))[:3])
+        if _save_ctx:
+            ctx.blasst_sets = []  # per call: the skip set its forward recorded
+            ctx.blasst_next = 0   # the next call the backward takes
+            ctx.blasst_seed = None
+            seeded = skip is not None and skip.enabled and pure_ring and not grad
+            if seeded and query.device.type == "cpu":
+                ctx.blasst_seed = _ring_seed(query, key, scale, cp)
+            elif seeded:
+                route.handle.unseeded_ring += 1
+        if grad:
+            out, lse, words = torch.ops.blasst.attention(
+                query, key, value, None, None, 0, 0, bool(is_causal), scale, skip_str, True,
+                skip is not None and skip.enabled)
+            ctx.blasst_sets.append(words)
+        else:
+            stats = {} if recording else None
+            out, lse = _api.attention(query, key, value, causal=bool(is_causal), scale=scale,
+                                      skip=skip, return_lse=True, stats=stats,
+                                      seed_max=ctx.blasst_seed)
+            if recording:
+                _record(stats, None)
+        if _save_ctx:
+            ctx.save_for_backward(query, key, value, out, lse)
+            ctx.blasst_causal, ctx.blasst_scale = bool(is_causal), scale
+        lse_sh = lse.transpose(1, 2)  # [B, H, S] -> (B, S, H)
+        return (out, lse_sh) if return_lse else out
+
+    def backward_op(ctx, grad_out, *args, query=None, key=None, value=None, out=None, lse=None,
+                    **kwargs):
+        q0, k0, v0, out0, lse0 = ctx.saved_tensors
+        query = q0 if query is None else _api._plain(query, "query")
+        key = k0 if key is None else _api._plain(key, "key")
+        value = v0 if value is None else _api._plain(value, "value")
+        out = out0 if out is None else out
+        lse = lse0 if lse is None else lse.transpose(1, 2)  # the ring's (B, S, H) -> [B, H, S]
+        i = ctx.blasst_next
+        ctx.blasst_next += 1
+        words = ctx.blasst_sets[i] if i < len(ctx.blasst_sets) else \
+            query.new_empty((0,), dtype=torch.int32)
+        # the LSE as given (merged over every chunk of the ring), also for float64 tensors
+        return ops.backward_into(grad_out, query, key, value, out.to(query.dtype).contiguous(),
+                                 lse.float().contiguous(), None, None, None, 0, 0,
+                                 ctx.blasst_causal, ctx.blasst_scale, skip_str, words)
+
+    return forward_op, backward_op
 
 
 def _record(stats, reason):
@@ -369,6 +488,7 @@ class Enabled:
         self.components: Dict[str, str] = {}          # component -> "routed" / "dense (...)"
         self.blasst_calls: Counter = Counter()
         self.fallbacks: Counter = Counter()
+        self.unseeded_ring = 0  # ring calls with skipping that ran without seeded maxima (_cp_ops)
         self._undo: List[Any] = []
 
     def skip_for(self, component: str, layer: str) -> Optional[SkipSoftmax]:
