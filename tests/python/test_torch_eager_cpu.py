@@ -173,3 +173,44 @@ def test_bad_calls_get_the_generic_messages(gen, generic, call, match):
     with pytest.raises(ValueError, match=match):
         call(q, k, v)
     assert generic != []  # the message came from the generic path
+
+
+class _Wrapping(torch.Tensor):
+    """A wrapper subclass (no storage of its own) with a dispatch that unwraps: its data pointer
+    is not its data, which a DLPack view would read."""
+
+    @staticmethod
+    def __new__(cls, elem):
+        return torch.Tensor._make_wrapper_subclass(cls, elem.shape, dtype=elem.dtype,
+                                                   strides=elem.stride(), device=elem.device)
+
+    def __init__(self, elem):
+        self.elem = elem
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        unwrap = lambda x: x.elem if isinstance(x, _Wrapping) else x  # noqa: E731
+        return func(*[unwrap(a) for a in args], **{k: unwrap(v) for k, v in (kwargs or {}).items()})
+
+
+def test_tensor_subclasses_with_their_own_dispatch_are_refused(gen):
+    q, k, v = sink_inputs(gen, B=1, L=64)
+    for call, name in ((lambda w: blasst.attention(w, k, v), "q"),
+                       (lambda w: blasst.attention(q, k, w), "v"),
+                       (lambda w: blasst.decode(q[:, :1], w, v), "k_cache")):
+        with pytest.raises(TypeError, match=f"{name}: a _Wrapping \\(a torch tensor subclass"):
+            call(_Wrapping(k if name != "q" else q))
+    # a Parameter (a plain subclass with storage) is read as before
+    out = blasst.attention(torch.nn.Parameter(q, requires_grad=False), k, v)
+    assert torch.equal(out, blasst.attention(q, k, v))
+
+
+def test_async_collective_tensors_are_waited_on(gen):
+    """What torch's functional collectives return (diffusers' ring all-gathers K/V into one; its
+    chunks stay views of it): the same result as the plain tensor."""
+    from torch.distributed._functional_collectives import AsyncCollectiveTensor
+    q, k, v = sink_inputs(gen, B=1, L=64)
+    buf = AsyncCollectiveTensor(torch.cat([k.flatten(), v.flatten()]))
+    kk, vv = buf[:k.numel()].view(k.shape), buf[k.numel():].view(v.shape)
+    assert type(kk) is AsyncCollectiveTensor
+    assert torch.equal(blasst.attention(q, kk, vv), blasst.attention(q, k, v))
