@@ -96,7 +96,8 @@ def attention(q, k, v, *, causal: bool = False, scale: Optional[float] = None,
     stats: a dict (filled in place) or a blasst.SkipStats.
     seed_max: seeded maxima for a key chunk (SPEC §2a; ring context parallelism), lse's layout,
     float32 or float64, lse's units: each row's running max starts there (-inf: no seed); out and
-    lse stay those of the kept keys. CPU tensors only (the reference engine), eager, no autograd.
+    lse stay those of the kept keys. Eager, no autograd; CUDA tensors: float32 seeds (the prefill
+    kernel's skip instances; docs/reference.md).
     """
     route = _torch_route(q, k, v)
     if seed_max is not None and (route == "op" or route == "grad"):

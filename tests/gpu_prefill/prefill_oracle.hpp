@@ -138,9 +138,11 @@ struct KernelOut {
 // Runs blasst::attention on the GPU through host staging; outputs are poisoned with NaN first.
 // skip_set: when given, the call also records its skip set (SPEC §9) into these words (sized by
 // skip_set_shape, poisoned with all bits set first).
+// seed: when given, the seeded maxima (SPEC §2a, AttentionProblem::seed_max) in lse's layout.
 inline KernelOut run_gpu(const Case& c, const Inputs& in, const SkipConfig& skip = {},
                          const RunOptions& base = {}, SkipStats* stats = nullptr,
-                         std::vector<std::uint32_t>* skip_set = nullptr) {
+                         std::vector<std::uint32_t>* skip_set = nullptr,
+                         const std::vector<float>* seed = nullptr) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   const std::int64_t tq = c.tq(), tk = c.tk();
   std::vector<std::uint16_t> o16(std::size_t(tq * c.hq * c.d), to16(nan, c.dt));
@@ -160,6 +162,8 @@ inline KernelOut run_gpu(const Case& c, const Inputs& in, const SkipConfig& skip
     p.v = Tensor::contiguous(vd, c.dt, {c.B, c.Lk, c.hk, c.d});
     p.out = Tensor::contiguous(od, odt, {c.B, c.Lq, c.hq, c.d});
     p.lse = Tensor::contiguous(r.lse.data(), DType::f32, {c.B, c.hq, c.Lq});
+    if (seed != nullptr)
+      p.seed_max = Tensor::contiguous(const_cast<float*>(seed->data()), DType::f32, {c.B, c.hq, c.Lq});
   } else {
     for (std::int64_t b = 0; b <= c.nseq(); ++b) {
       cq.push_back(std::int32_t(c.qstart(b)));
@@ -170,6 +174,7 @@ inline KernelOut run_gpu(const Case& c, const Inputs& in, const SkipConfig& skip
     p.v = Tensor::contiguous(vd, c.dt, {tk, c.hk, c.d});
     p.out = Tensor::contiguous(od, odt, {tq, c.hq, c.d});
     p.lse = Tensor::contiguous(r.lse.data(), DType::f32, {c.hq, tq});
+    if (seed != nullptr) p.seed_max = Tensor::contiguous(const_cast<float*>(seed->data()), DType::f32, {c.hq, tq});
     p.cu_seqlens_q = cq.data();
     p.cu_seqlens_k = ck.data();
     p.batch = c.nseq();

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
@@ -53,7 +54,9 @@ void expect_skip_set_words(const std::vector<std::uint32_t>& words, const blasst
 // [sure, sure + near-ties] (near-ties <= 1 % of the pairs), histograms up to deltas within
 // kTieEps of a bin edge, something skipped, and O / LSE elementwise within the 16-bit tolerance
 // plus, on the rows of a vote group with a near-tie, that tile's exact share (SPEC §2).
-void compare(const Case& c, const Inputs& in, double target, VisitOrder order = VisitOrder::natural) {
+// seed: seeded maxima (SPEC §2a) in lse's layout, given to both the reference and the kernel.
+void compare(const Case& c, const Inputs& in, double target, VisitOrder order = VisitOrder::natural,
+             const std::vector<float>* seed = nullptr) {
   SkipConfig probe;  // disabled: dense, but the deltas recorded at this vote geometry and order
   probe.vote.rows = 64;
   probe.vote.heads = 1;
@@ -66,6 +69,8 @@ void compare(const Case& c, const Inputs& in, double target, VisitOrder order = 
   p.v = Tensor::contiguous(const_cast<float*>(in.vf.data()), DType::f32, {c.B, c.Lk, c.hk, c.d});
   p.out = Tensor::contiguous(out.data(), DType::f32, {c.B, c.Lq, c.hq, c.d});
   p.lse = Tensor::contiguous(lse.data(), DType::f32, {c.B, c.hq, c.Lq});
+  if (seed != nullptr)
+    p.seed_max = Tensor::contiguous(const_cast<float*>(seed->data()), DType::f32, {c.B, c.hq, c.Lq});
   p.mask = c.causal ? MaskKind::causal : MaskKind::full;
   RunOptions ropt;
   ropt.collect_histogram = true;
@@ -89,7 +94,7 @@ void compare(const Case& c, const Inputs& in, double target, VisitOrder order = 
   gopt.collect_histogram = true;
   SkipStats gs;
   std::vector<std::uint32_t> words;  // the kernel's skip set (SPEC §9)
-  const KernelOut k = run_gpu(c, in, sk, gopt, &gs, &words);
+  const KernelOut k = run_gpu(c, in, sk, gopt, &gs, &words, seed);
   EXPECT_EQ(gs.granularity.order, order);
   EXPECT_EQ(gs.granularity.rows, 64);
   EXPECT_EQ(gs.granularity.heads, 1);
@@ -202,6 +207,75 @@ TEST(GpuPrefillVsReference, MaxFirstSkipSets) {
     const Inputs in = make_inputs(c, q, k, v);
     for (double target : {0.3, 0.6}) compare(c, in, target, VisitOrder::max_first);
   }
+}
+
+// SPEC §2a seeded maxima (AttentionProblem::seed_max) on the skip kernel. Each row is seeded with
+// the max of its scaled scores over its last visible tile (the diagonal, which the natural order
+// reaches last; a ring chunk's rows would bring the sink's), computed here in float64 from the
+// rounded inputs. The kernel's skip set, counts, histograms and outputs against the reference given
+// the same seeds (compare); -inf seeds equal the unseeded call bit for bit; a +inf seed makes its
+// row NaN on the CUDA path (the reference refuses it on the host), other heads unchanged.
+TEST(GpuPrefillVsReference, SeededMaxima) {
+  BLASST_GPU_OR_SKIP("the sm_90a prefill kernel needs a Hopper device");
+  Case c;
+  c.Lq = c.Lk = 2000;
+  c.hq = 4;
+  c.hk = 1;
+  c.causal = true;
+  const std::uint64_t seed = test_seed(671);
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  const Inputs in = llm_inputs(c, seed);
+  const double scale = 1.0 / std::sqrt(double(c.d));
+  const float ninf = -std::numeric_limits<float>::infinity();
+  std::vector<float> diag(std::size_t(c.tq() * c.hq), ninf);
+  for (std::int64_t h = 0; h < c.hq; ++h)
+    for (std::int64_t i = 0; i < c.Lq; ++i) {
+      double m = -std::numeric_limits<double>::infinity();
+      for (std::int64_t j = i / 128 * 128; j <= i; ++j) {  // the tile holding key i, up to i
+        double acc = 0;
+        for (std::int64_t x = 0; x < c.d; ++x)
+          acc += double(in.qf[std::size_t((i * c.hq + h) * c.d + x)]) *
+                 double(in.kf[std::size_t((j * c.hk + h / (c.hq / c.hk)) * c.d + x)]);
+        m = std::max(m, acc * scale);
+      }
+      diag[std::size_t(lse_index(c, 0, h, i))] = float(m);
+    }
+  for (double target : {0.3, 0.6}) compare(c, in, target, VisitOrder::natural, &diag);
+
+  SkipConfig sk = SkipConfig::from_threshold(0.05).with_order(VisitOrder::natural);
+  sk.vote.rows = 64;
+  sk.vote.heads = 1;
+  sk.vote.tile_keys = 128;
+  std::vector<float> none(diag.size(), ninf);
+  std::vector<std::uint32_t> w_plain, w_none;
+  SkipStats s_plain, s_diag;
+  RunOptions stats_opt;
+  stats_opt.collect_stats = true;
+  const KernelOut plain = run_gpu(c, in, sk, stats_opt, &s_plain, &w_plain);
+  const KernelOut unseeded = run_gpu(c, in, sk, {}, nullptr, &w_none, &none);
+  EXPECT_EQ(w_plain, w_none) << "-inf seeds changed the skip set";
+  EXPECT_EQ(0, std::memcmp(plain.o.data(), unseeded.o.data(), plain.o.size() * sizeof(float))) << "-inf seeds changed O";
+  EXPECT_EQ(0, std::memcmp(plain.lse.data(), unseeded.lse.data(), plain.lse.size() * sizeof(float)))
+      << "-inf seeds changed the LSE";
+  run_gpu(c, in, sk, stats_opt, &s_diag, nullptr, &diag);
+  std::printf("[seed] lambda 0.05: %lld of %lld pairs skipped unseeded, %lld seeded with the diagonal tile\n",
+              (long long)s_plain.total_skipped(), (long long)s_plain.total_visited(), (long long)s_diag.total_skipped());
+  EXPECT_GT(s_diag.total_skipped(), s_plain.total_skipped()) << "the diagonal seed made nothing more skippable";
+
+  std::vector<float> inf_one = none;
+  const std::int64_t h_inf = 1, pos_inf = 700;
+  inf_one[std::size_t(lse_index(c, 0, h_inf, pos_inf))] = std::numeric_limits<float>::infinity();
+  const KernelOut n = run_gpu(c, in, sk, {}, nullptr, nullptr, &inf_one);
+  EXPECT_TRUE(std::isnan(n.lse[std::size_t(lse_index(c, 0, h_inf, pos_inf))])) << "a +inf seed's LSE is not NaN";
+  for (std::int64_t x = 0; x < c.d; ++x)
+    EXPECT_TRUE(std::isnan(n.o[std::size_t((pos_inf * c.hq + h_inf) * c.d + x)])) << "a +inf seed's O is not NaN";
+  for (std::int64_t pos = 0; pos < c.Lq; ++pos)
+    for (std::int64_t h = 0; h < c.hq; ++h) {
+      if (h == h_inf) continue;  // other heads: their own rows, unchanged bit for bit
+      const std::size_t row = std::size_t(pos * c.hq + h);
+      ASSERT_EQ(0, std::memcmp(&n.o[row * std::size_t(c.d)], &plain.o[row * std::size_t(c.d)], std::size_t(c.d) * 4))
+          << "head " << h << " row " << pos;
+    }
 }
 
 // The skip set of a ragged batch (SPEC §9), GQA 4:2, causal with Lq != Lk per sequence: the

@@ -49,7 +49,13 @@ void can_implement(const AttentionProblem& p, const detail::ResolvedAttention& r
                 " (q's dtype or f32)");
   if (p.lse.defined() && p.lse.dtype != DType::f32)
     throw Error(std::string("lse: dtype ") + to_string(p.lse.dtype) + " is not supported by " + kKernel + " (f32)");
-  if (p.seed_max.defined()) throw Error(std::string("seed_max: ") + kKernel + " does not implement seeded maxima (CPU reference only)");
+  if (p.seed_max.defined()) {
+    if (p.seed_max.dtype != DType::f32)
+      throw Error(std::string("seed_max: dtype ") + to_string(p.seed_max.dtype) + " is not supported by " + kKernel +
+                  " (f32)");
+    if (reinterpret_cast<std::uintptr_t>(p.seed_max.data) % alignof(float) != 0)
+      throw Error("seed_max: must be 4-byte aligned (f32)");
+  }
   const std::int64_t tma_elems = 16 / static_cast<std::int64_t>(dtype_size(r.dtype));
   for (auto [t, name] : {std::pair{&p.q, "q"}, {&p.k, "k"}, {&p.v, "v"}}) {
     detail::check_aligned16(*t, name, kKernel);
@@ -107,6 +113,9 @@ PrefillParams make_params(const AttentionProblem& p, const detail::ResolvedAtten
     prm.v_batch = tma_stride(p.v, 0, d); prm.v_row = tma_stride(p.v, 1, d); prm.v_head = tma_stride(p.v, 2, d);
     prm.o_batch = p.out.stride[0]; prm.o_row = p.out.stride[1]; prm.o_head = p.out.stride[2];
     if (p.lse.defined()) { prm.lse_batch = p.lse.stride[0]; prm.lse_head = p.lse.stride[1]; prm.lse_row = p.lse.stride[2]; }
+    if (p.seed_max.defined()) {
+      prm.seed_batch = p.seed_max.stride[0]; prm.seed_head = p.seed_max.stride[1]; prm.seed_row = p.seed_max.stride[2];
+    }
     prm.rows_q = static_cast<int>(check_i32(p.q.shape[1], "q length"));
     prm.rows_k = static_cast<int>(check_i32(p.k.shape[1], "k length"));
   } else {  // q [Tq, H, d]
@@ -115,6 +124,7 @@ PrefillParams make_params(const AttentionProblem& p, const detail::ResolvedAtten
     prm.v_row = tma_stride(p.v, 0, d); prm.v_head = tma_stride(p.v, 1, d);
     prm.o_row = p.out.stride[0]; prm.o_head = p.out.stride[1];
     if (p.lse.defined()) { prm.lse_head = p.lse.stride[0]; prm.lse_row = p.lse.stride[1]; }
+    if (p.seed_max.defined()) { prm.seed_head = p.seed_max.stride[0]; prm.seed_row = p.seed_max.stride[1]; }
     prm.rows_q = static_cast<int>(check_i32(p.q.shape[0], "q total rows"));
     prm.rows_k = static_cast<int>(check_i32(p.k.shape[0], "k total rows"));
     prm.cu_q = p.cu_seqlens_q;
@@ -130,6 +140,7 @@ PrefillParams make_params(const AttentionProblem& p, const detail::ResolvedAtten
   prm.causal = r.mask == MaskKind::causal;
   prm.visit_order = (skip_kernel && skip.vote.order == VisitOrder::max_first) ? 1 : 0;
   prm.threshold = make_skip_threshold(skip);
+  prm.seed_max = skip_kernel && p.seed_max.defined() ? static_cast<const float*>(p.seed_max.data) : nullptr;
   return prm;
 }
 
@@ -144,7 +155,8 @@ std::vector<double> launch_attention(const AttentionProblem& p, const SkipConfig
   const SkipConfig skip = detail::with_effective_order(skip_in, r);
   if (order_used != nullptr) *order_used = skip.vote.order;
   const bool want_stats = visited != nullptr;
-  const bool skip_kernel = skip.enabled || force_skip_kernel || want_stats;
+  // Seeded maxima run on the skip kernel (its running maxima take them), skipping off or on.
+  const bool skip_kernel = skip.enabled || force_skip_kernel || want_stats || p.seed_max.defined();
   can_implement(p, r, skip, skip_kernel);
   PrefillParams prm = make_params(p, r, skip, skip_kernel);
   prm.visited = visited;
@@ -213,6 +225,7 @@ void run_staged(const AttentionProblem& hp, const SkipConfig& skip_in, const Run
   dp.v = staging.upload(hp.v);
   dp.out = staging.upload(hp.out);
   dp.lse = staging.upload(hp.lse);
+  dp.seed_max = staging.upload(hp.seed_max);
   // The skip set's words (SPEC §9): checked here, written on the device, copied back below.
   std::size_t set_words = 0;
   if (hp.skip_set != nullptr) {

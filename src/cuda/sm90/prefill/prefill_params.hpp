@@ -43,6 +43,11 @@ struct PrefillParams {
   // i = ((b * hq + h) * set_groups + g) * set_tiles + t (SkipSetShape's layout).
   std::uint32_t* skip_set = nullptr;
   int set_groups = 0, set_tiles = 0;
+  // Optional seeded maxima (SPEC §2a; AttentionProblem::seed_max; skip instances only): f32 in
+  // lse's layout and units (natural log of the scaled scores), strides in elements; each row's
+  // running max starts at seed / scale (-inf: no seed; +inf: NaN, the row's output is NaN).
+  const float* seed_max = nullptr;
+  std::int64_t seed_row = 0, seed_head = 0, seed_batch = 0;
   int num_m_blocks = 0;  // query blocks of the longest sequence (grid size)
 };
 
