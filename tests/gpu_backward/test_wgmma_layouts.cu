@@ -1,0 +1,157 @@
+// The wgmma backward kernel's layout assumptions (src/cuda/sm90/backward/backward_wgmma_*.hpp),
+// checked on the host with CuTe's own layout algebra (no GPU: these run in CI). What the kernel
+// relies on and the compiler cannot check:
+//   - the transposed shared-memory views (Q^T, dO^T, K^T, dS^T) address the same element as the
+//     row-major tiles they view;
+//   - the S^T / dP^T accumulator of a thread, regrouped by acc_to_a, holds exactly the (key, row)
+//     elements that the dV / dK register-A operand expects of that thread;
+//   - every output is produced once: S^T over the two consumer warpgroups, dK / dV per key and
+//     column, dQ per row and column (split over the head dim: once; over the keys: once per
+//     warpgroup, summed by the atomics), dS^T written to every element of its tile once;
+//   - dQ pairs: consecutive accumulator entries are adjacent columns of one row, the first even
+//     (the 8-byte vector atomic);
+//   - the dQ product's B operand: a warpgroup's K^T partition holds the columns it computes.
+// Expected values come from the definitions (coordinates, offsets), not from the kernel.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <tuple>
+#include <vector>
+
+#include "cuda/sm90/backward/backward_wgmma_traits.hpp"
+#include "cuda/sm90/common/wgmma.hpp"
+
+namespace blasst::sm90::backward {
+namespace {
+
+using namespace cute;
+
+template <class Tr>
+void check_views() {
+  auto lq = typename Tr::SmemLayoutQ{};
+  auto lqt = typename Tr::SmemLayoutQt{};
+  int bad = 0;
+  for (int s = 0; s < Tr::kStages; ++s)
+    for (int r = 0; r < Tr::kBlockM; ++r)
+      for (int c = 0; c < Tr::kHeadDim; ++c) bad += lq(r, c, s) != lqt(c, r, s);
+  auto lk = typename Tr::SmemLayoutK{};
+  auto lkt = typename Tr::SmemLayoutKt{};
+  for (int r = 0; r < Tr::kBlockN; ++r)
+    for (int c = 0; c < Tr::kHeadDim; ++c) bad += lk(r, c) != lkt(c, r);
+  auto ls = typename Tr::SmemLayoutDS{};
+  auto lst = typename Tr::SmemLayoutDSt{};
+  for (int r = 0; r < Tr::kBlockM; ++r)
+    for (int c = 0; c < Tr::kBlockN; ++c) bad += ls(r, c) != lst(c, r);
+  EXPECT_EQ(bad, 0) << "a transposed view addresses another element";
+}
+
+template <class Tr>
+void check_register_handoff() {
+  typename Tr::TiledMmaSdP sdp;
+  typename Tr::TiledMmaDKV dkv;
+  int bad = 0;
+  for (int t = 0; t < Tr::kNumMmaThreads; ++t) {
+    auto ts = sdp.get_thread_slice(t);
+    auto tk = dkv.get_thread_slice(t);
+    Tensor tc = ts.partition_C(make_identity_tensor(select<0, 1>(typename Tr::TileShapeSdP{})));  // (key, row)
+    Tensor as_a = make_tensor(tc.data(), acc_to_a(tc.layout()));
+    Tensor want = tk.partition_A(make_identity_tensor(make_shape(Int<Tr::kBlockN>{}, Int<Tr::kBlockM>{})));
+    ASSERT_EQ(int(size(as_a)), int(size(want))) << "thread " << t;
+    for (int i = 0; i < size(want); ++i)
+      bad += !(get<0>(as_a(i)) == get<0>(want(i)) && get<1>(as_a(i)) == get<1>(want(i)));
+  }
+  EXPECT_EQ(bad, 0) << "P^T / dS^T registers are not the dV / dK A operand's elements";
+}
+
+// How often each coordinate of `shape` occurs in the per-thread partitions `part(t)`.
+template <class Part>
+std::map<std::pair<int, int>, int> coverage(int threads, Part part) {
+  std::map<std::pair<int, int>, int> n;
+  for (int t = 0; t < threads; ++t) {
+    auto c = part(t);
+    for (int i = 0; i < size(c); ++i) ++n[{int(get<0>(c(i))), int(get<1>(c(i)))}];
+  }
+  return n;
+}
+
+void expect_each(const std::map<std::pair<int, int>, int>& n, int rows, int cols, int times, const char* what) {
+  EXPECT_EQ(int(n.size()), rows * cols) << what << ": coordinates covered";
+  int bad = 0;
+  for (const auto& [rc, k] : n) bad += k != times || rc.first < 0 || rc.first >= rows || rc.second < 0 || rc.second >= cols;
+  EXPECT_EQ(bad, 0) << what << ": each element " << times << " time(s)";
+}
+
+template <class Tr>
+void check_coverage() {
+  constexpr int M = Tr::kBlockM, N = Tr::kBlockN, D = Tr::kHeadDim;
+  typename Tr::TiledMmaSdP sdp;
+  typename Tr::TiledMmaDKV dkv;
+  typename Tr::TiledMmaDQ dq;
+  expect_each(coverage(Tr::kNumMmaThreads, [&](int t) {
+                return sdp.get_thread_slice(t).partition_C(make_identity_tensor(Shape<Int<N>, Int<M>>{}));
+              }), N, M, 1, "S^T");
+  expect_each(coverage(Tr::kNumMmaThreads, [&](int t) {
+                return dkv.get_thread_slice(t).partition_C(make_identity_tensor(Shape<Int<N>, Int<D>>{}));
+              }), N, D, 1, "dK / dV");
+  // dQ: the kernel slices with mma_tid (head-dim split) or mma_tid % 128 (key split)
+  auto dq_part = [&](int t) {
+    return dq.get_thread_slice(Tr::kDqSplitN ? t : t % 128).partition_C(make_identity_tensor(Shape<Int<M>, Int<D>>{}));
+  };
+  expect_each(coverage(Tr::kNumMmaThreads, dq_part), M, D, Tr::kDqSplitN ? 1 : Tr::kNumMmaWG, "dQ");
+  int bad_pairs = 0;
+  for (int t = 0; t < Tr::kNumMmaThreads; ++t) {
+    auto c = dq_part(t);
+    for (int i = 0; i + 1 < size(c); i += 2)
+      bad_pairs += !(get<0>(c(i)) == get<0>(c(i + 1)) && get<1>(c(i)) + 1 == get<1>(c(i + 1)) && get<1>(c(i)) % 2 == 0);
+  }
+  EXPECT_EQ(bad_pairs, 0) << "dQ accumulator pairs are not (row, even c), (row, c + 1)";
+  // dS^T stores: every element of the dS tile once, through the transposed view
+  // (partition_C of the swizzled view maps a thread's accumulator entries to the view's
+  // coordinates; the view's layout maps those to element offsets)
+  auto lst = typename Tr::SmemLayoutDSt{};
+  std::map<long, int> hits;
+  for (int t = 0; t < Tr::kNumMmaThreads; ++t) {
+    Tensor p = sdp.get_thread_slice(t).partition_C(make_identity_tensor(Shape<Int<N>, Int<M>>{}));
+    for (int i = 0; i < size(p); ++i) ++hits[long(lst(get<0>(p(i)), get<1>(p(i))))];
+  }
+  EXPECT_EQ(int(hits.size()), M * N) << "dS^T stores: elements covered";
+  int bad_hits = 0;
+  for (const auto& [off, k] : hits) bad_hits += k != 1 || off < 0 || off >= M * N;
+  EXPECT_EQ(bad_hits, 0) << "dS^T stores: each element once";
+}
+
+template <class Tr>
+void check_dq_operands() {
+  // the B operand (K^T: d columns x the product's keys) of each warpgroup's dQ product: the head-dim
+  // split gives warpgroup w columns [w d/2, (w + 1) d/2), the key split every column
+  constexpr int D = Tr::kHeadDim, KK = Tr::kDqKeys;
+  typename Tr::TiledMmaDQ dq;
+  for (int wg = 0; wg < Tr::kNumMmaWG; ++wg) {
+    auto pb = dq.get_thread_slice(Tr::kDqSplitN ? wg * 128 : 0).partition_B(make_identity_tensor(Shape<Int<D>, Int<KK>>{}));
+    int lo = D, hi = -1;
+    for (int i = 0; i < size(pb); ++i) {
+      lo = std::min(lo, int(get<0>(pb(i))));
+      hi = std::max(hi, int(get<0>(pb(i))));
+    }
+    EXPECT_EQ(lo, Tr::kDqSplitN ? wg * D / 2 : 0) << "warpgroup " << wg;
+    EXPECT_EQ(hi, Tr::kDqSplitN ? (wg + 1) * D / 2 - 1 : D - 1) << "warpgroup " << wg;
+  }
+}
+
+template <class Tr>
+void check_all() {
+  check_views<Tr>();
+  check_register_handoff<Tr>();
+  check_coverage<Tr>();
+  check_dq_operands<Tr>();
+}
+
+TEST(WgmmaBackwardLayouts, Bf16D128) { check_all<BackwardWgmmaTraits<cutlass::bfloat16_t, 128>>(); }
+TEST(WgmmaBackwardLayouts, Bf16D64) { check_all<BackwardWgmmaTraits<cutlass::bfloat16_t, 64>>(); }
+TEST(WgmmaBackwardLayouts, F16D128) { check_all<BackwardWgmmaTraits<cutlass::half_t, 128>>(); }
+TEST(WgmmaBackwardLayouts, F16D64) { check_all<BackwardWgmmaTraits<cutlass::half_t, 64>>(); }
+
+}  // namespace
+}  // namespace blasst::sm90::backward
