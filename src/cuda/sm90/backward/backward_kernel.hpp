@@ -41,17 +41,10 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1) backward_kernel(CUTE_G
   const BackwardWork& w = w_shared;
   const int tid = int(threadIdx.x);
   const int n0 = w.n_block * kBlockN;
-  const int nm = w.m_end - w.m_begin;
 
   // SPEC §9: a key block whose steps the skip set removes for every query head of the CTA costs
-  // no work at all, not even the K / V loads.
-  int any = 0;
-  for (int x = tid; x < p.group * nm; x += Traits::kNumThreads)
-    if (!BackwardScheduler::skipped(p, w, w.kh * p.group + x / nm, w.m_begin + x % nm)) {
-      any = 1;
-      break;
-    }
-  if (!__syncthreads_or(any)) {
+  // no work, not even the K / V loads.
+  if (!__syncthreads_or(BackwardScheduler::kept_share(p, w, tid, Traits::kNumThreads))) {
     write_dkdv_zero<Traits>(p, w, tid);
     return;
   }

@@ -60,6 +60,16 @@ struct BackwardScheduler {
     return (p.skip_bits[i >> 3] >> (i & 7)) & 1u;
   }
 
+  // 1 when some step of the CTA (any query head of its KV group, any of its query blocks) is
+  // kept, as seen by this thread's share of the steps (x = tid, tid + nthreads, ...); the caller
+  // ORs it over the CTA (__syncthreads_or). SPEC §9: a key block with none kept costs no work.
+  __device__ static int kept_share(const BackwardParams& p, const BackwardWork& w, int tid, int nthreads) {
+    const int nm = w.m_end - w.m_begin;
+    for (int x = tid; x < p.group * nm; x += nthreads)
+      if (!skipped(p, w, w.kh * p.group + x / nm, w.m_begin + x % nm)) return 1;
+    return 0;
+  }
+
   // The first step at or after (query head hh of the KV group, query block m), in that order,
   // that the skip set keeps; false when none is left. The same answer in every thread.
   __device__ static bool next_kept(const BackwardParams& p, const BackwardWork& w, int& hh, int& m) {

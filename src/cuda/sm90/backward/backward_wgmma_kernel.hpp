@@ -290,14 +290,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
   const int tid = int(threadIdx.x);
   // SPEC §9: a key block whose steps the skip set removes for every query head of the CTA costs
   // no work, not even the K / V loads.
-  const int nm = w.m_end - w.m_begin;
-  int any = 0;
-  for (int x = tid; x < p.group * nm; x += Traits::kNumThreads)
-    if (!BackwardScheduler::skipped(p, w, w.kh * p.group + x / nm, w.m_begin + x % nm)) {
-      any = 1;
-      break;
-    }
-  if (!__syncthreads_or(any)) {
+  if (!__syncthreads_or(BackwardScheduler::kept_share(p, w, tid, Traits::kNumThreads))) {
     write_dkdv_zero<Traits>(p, w, tid);
     return;
   }
