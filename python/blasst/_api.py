@@ -110,9 +110,11 @@ def attention(q, k, v, *, causal: bool = False, scale: Optional[float] = None,
         _no_stats_when_compiling(stats, "blasst.attention")
         return _torch_ops.attention_op(q, k, v, causal, scale, skip, cu_seqlens_q, cu_seqlens_k,
                                        max_seqlen_q, max_seqlen_k, return_lse)
-    if route == "eager":
-        q, k, v, seed_max = (_plain(q, "q"), _plain(k, "k"), _plain(v, "v"),
-                             None if seed_max is None else _plain(seed_max, "seed_max"))
+    if route == "eager":  # (plain tensors: three type checks, the short path's cost unchanged)
+        if not (type(q) is _Tensor and type(k) is _Tensor and type(v) is _Tensor):
+            q, k, v = _plain(q, "q"), _plain(k, "k"), _plain(v, "v")
+        if seed_max is not None:
+            seed_max = _plain(seed_max, "seed_max")
     if route == "eager" and stats is None and seed_max is None:
         res = _torch_eager.attention(q, k, v, causal, scale, skip, cu_seqlens_q, cu_seqlens_k,
                                      max_seqlen_q, max_seqlen_k, return_lse)
@@ -139,7 +141,8 @@ def decode(q, k_cache, v_cache, *, page_table=None, seqlens=None,
         _no_stats_when_compiling(stats, "blasst.decode")
         return _torch_ops.decode_op(q, k_cache, v_cache, page_table, seqlens, max_seqlen_k,
                                     skip, scale, causal, return_lse)
-    if route is not None:
+    if route is not None and not (type(q) is _Tensor and type(k_cache) is _Tensor and
+                                  type(v_cache) is _Tensor):
         q, k_cache, v_cache = _plain(q, "q"), _plain(k_cache, "k_cache"), _plain(v_cache, "v_cache")
     if route is not None and stats is None:  # eager, or grad (decode has no gradient)
         res = _torch_eager.decode(q, k_cache, v_cache, page_table, seqlens, max_seqlen_k, skip,
