@@ -10,6 +10,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "blasst/blasst.hpp"
@@ -276,6 +277,82 @@ TEST(GpuPrefillVsReference, SeededMaxima) {
       ASSERT_EQ(0, std::memcmp(&n.o[row * std::size_t(c.d)], &plain.o[row * std::size_t(c.d)], std::size_t(c.d) * 4))
           << "head " << h << " row " << pos;
     }
+}
+
+// Seeded maxima in a ragged batch ([Hq, Tq] seeds, the sequence's offset): the kernel on the
+// batch equals the kernel on each sequence alone (batched, B = 1) with that sequence's seeds, bit
+// for bit in O and LSE and in the skipped counts (each CTA computes one sequence's rows alone; a
+// seed read from the wrong row changes the decisions). Seeds: the diagonal-tile maxima, float64.
+TEST(GpuPrefillVsReference, SeededMaximaRagged) {
+  BLASST_GPU_OR_SKIP("the sm_90a prefill kernel needs a Hopper device");
+  Case c;
+  c.lq = {300, 700, 129};
+  c.lk = {300, 700, 129};
+  c.hq = 2;
+  c.hk = 1;
+  c.causal = true;
+  const std::uint64_t seed = test_seed(672);
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  const Inputs in = llm_ragged_inputs(c, seed);
+  const double scale = 1.0 / std::sqrt(double(c.d));
+  std::vector<float> seeds(std::size_t(c.tq() * c.hq), -std::numeric_limits<float>::infinity());
+  for (std::int64_t b = 0; b < c.nseq(); ++b)
+    for (std::int64_t h = 0; h < c.hq; ++h)
+      for (std::int64_t i = 0; i < c.qlen(b); ++i) {
+        double m = -std::numeric_limits<double>::infinity();
+        for (std::int64_t j = i / 128 * 128; j <= i; ++j) {
+          double acc = 0;
+          for (std::int64_t x = 0; x < c.d; ++x)
+            acc += double(in.qf[std::size_t(((c.qstart(b) + i) * c.hq + h) * c.d + x)]) *
+                   double(in.kf[std::size_t(((c.kstart(b) + j) * c.hk) * c.d + x)]);
+          m = std::max(m, acc * scale);
+        }
+        seeds[std::size_t(lse_index(c, b, h, i))] = float(m);
+      }
+  SkipConfig sk = SkipConfig::from_threshold(0.05).with_order(VisitOrder::natural);
+  RunOptions opt;
+  opt.collect_stats = true;
+  SkipStats all;
+  const KernelOut r = run_gpu(c, in, sk, opt, &all, nullptr, &seeds);
+  std::int64_t skipped = 0;
+  for (std::int64_t b = 0; b < c.nseq(); ++b) {
+    Case cb;
+    cb.Lq = c.qlen(b);
+    cb.Lk = c.klen(b);
+    cb.hq = c.hq;
+    cb.hk = c.hk;
+    cb.causal = true;
+    Inputs ib;
+    const std::size_t qr = std::size_t(c.hq * c.d), kr = std::size_t(c.hk * c.d);
+    auto rows = [](const auto& v, std::size_t from, std::size_t n) {
+      return std::vector<typename std::decay_t<decltype(v)>::value_type>(v.begin() + std::ptrdiff_t(from),
+                                                                         v.begin() + std::ptrdiff_t(from + n));
+    };
+    ib.q = rows(in.q, std::size_t(c.qstart(b)) * qr, std::size_t(cb.Lq) * qr);
+    ib.qf = rows(in.qf, std::size_t(c.qstart(b)) * qr, std::size_t(cb.Lq) * qr);
+    ib.k = rows(in.k, std::size_t(c.kstart(b)) * kr, std::size_t(cb.Lk) * kr);
+    ib.kf = rows(in.kf, std::size_t(c.kstart(b)) * kr, std::size_t(cb.Lk) * kr);
+    ib.v = rows(in.v, std::size_t(c.kstart(b)) * kr, std::size_t(cb.Lk) * kr);
+    ib.vf = rows(in.vf, std::size_t(c.kstart(b)) * kr, std::size_t(cb.Lk) * kr);
+    std::vector<float> sb(std::size_t(cb.Lq * c.hq));
+    for (std::int64_t h = 0; h < c.hq; ++h)
+      for (std::int64_t i = 0; i < cb.Lq; ++i)
+        sb[std::size_t(lse_index(cb, 0, h, i))] = seeds[std::size_t(lse_index(c, b, h, i))];
+    SkipStats one;
+    const KernelOut rb = run_gpu(cb, ib, sk, opt, &one, nullptr, &sb);
+    skipped += one.total_skipped();
+    for (std::int64_t i = 0; i < cb.Lq; ++i)
+      for (std::int64_t h = 0; h < c.hq; ++h) {
+        ASSERT_EQ(0, std::memcmp(&r.o[std::size_t(((c.qstart(b) + i) * c.hq + h) * c.d)],
+                                 &rb.o[std::size_t((i * c.hq + h) * c.d)], std::size_t(c.d) * sizeof(float)))
+            << "sequence " << b << " row " << i << " head " << h;
+        ASSERT_EQ(0, std::memcmp(&r.lse[std::size_t(lse_index(c, b, h, i))], &rb.lse[std::size_t(lse_index(cb, 0, h, i))],
+                                 sizeof(float)))
+            << "LSE, sequence " << b << " row " << i << " head " << h;
+      }
+  }
+  EXPECT_EQ(all.total_skipped(), skipped);
+  EXPECT_GT(skipped, 0) << "nothing skipped";
 }
 
 // The skip set of a ragged batch (SPEC §9), GQA 4:2, causal with Lq != Lk per sequence: the
