@@ -60,6 +60,14 @@ def _gran_tuple(g) -> Optional[tuple]:
             str(g.get("order", "natural")))
 
 
+def _targets(targets) -> List[float]:
+    """The fit's targets as floats (None: DEFAULT_TARGETS)."""
+    try:
+        return [float(t) for t in (DEFAULT_TARGETS if targets is None else targets)]
+    except (TypeError, ValueError):
+        raise ValueError(f"calibration: targets must be numbers, got {targets!r}") from None
+
+
 def _sample_tuple(item, component: str, layer: str, phase: str, index: int) -> tuple:
     if isinstance(item, Mapping):
         source, length, gran = item.get("stats", item.get("histogram")), item.get("length"), \
@@ -292,11 +300,7 @@ class Recording:
                              f"(recorded: {', '.join(have)})")
         tuples = [(c, l if per_layer else "", ph, lk, [st._raw for st in sts], [], None)
                   for (c, l, ph, lk), sts in items if ph in want]
-        tg = list(DEFAULT_TARGETS if targets is None else targets)
-        try:
-            tg = [float(t) for t in tg]
-        except (TypeError, ValueError):
-            raise ValueError(f"calibration: targets must be numbers, got {targets!r}") from None
+        tg = _targets(targets)
         mask = self.mask() if "prefill" in want else None
         raw = _core.Calibration.fit(tuples, tg, bool(allow_any_target), bool(per_layer), mask,
                                     bool(finite_size))
@@ -368,11 +372,7 @@ def fit(samples, targets: Optional[Sequence[float]] = None, phase: str = "prefil
                             f"got {type(smp).__name__}")
     if not tuples:
         raise ValueError("calibration: no samples")
-    tg = list(DEFAULT_TARGETS if targets is None else targets)
-    try:
-        tg = [float(t) for t in tg]
-    except (TypeError, ValueError):
-        raise ValueError(f"calibration: targets must be numbers, got {targets!r}") from None
+    tg = _targets(targets)
     if not tg:
         raise ValueError("calibration: no targets")
     if mask is not None and mask not in ("causal", "full"):

@@ -210,6 +210,27 @@ TEST(GpuPrefillVsReference, MaxFirstSkipSets) {
   }
 }
 
+// Seeds in lse's layout (SPEC §2a): per row, the max of scale * q . k over its last visible tile (the
+// tile holding key i, up to key i: causal, Lq == Lk per sequence), float64 from the rounded inputs.
+std::vector<float> diagonal_tile_seeds(const Case& c, const Inputs& in) {
+  const double scale = 1.0 / std::sqrt(double(c.d));
+  std::vector<float> seeds(std::size_t(c.tq() * c.hq), -std::numeric_limits<float>::infinity());
+  for (std::int64_t b = 0; b < c.nseq(); ++b)
+    for (std::int64_t h = 0; h < c.hq; ++h)
+      for (std::int64_t i = 0; i < c.qlen(b); ++i) {
+        double m = -std::numeric_limits<double>::infinity();
+        for (std::int64_t j = i / 128 * 128; j <= i; ++j) {
+          double acc = 0;
+          for (std::int64_t x = 0; x < c.d; ++x)
+            acc += double(in.qf[std::size_t(((c.qstart(b) + i) * c.hq + h) * c.d + x)]) *
+                   double(in.kf[std::size_t(((c.kstart(b) + j) * c.hk + h / (c.hq / c.hk)) * c.d + x)]);
+          m = std::max(m, acc * scale);
+        }
+        seeds[std::size_t(lse_index(c, b, h, i))] = float(m);
+      }
+  return seeds;
+}
+
 // SPEC §2a seeded maxima (AttentionProblem::seed_max) on the skip kernel. Each row is seeded with
 // the max of its scaled scores over its last visible tile (the diagonal, which the natural order
 // reaches last; a ring chunk's rows would bring the sink's), computed here in float64 from the
@@ -226,21 +247,8 @@ TEST(GpuPrefillVsReference, SeededMaxima) {
   const std::uint64_t seed = test_seed(671);
   SCOPED_TRACE("seed " + std::to_string(seed));
   const Inputs in = llm_inputs(c, seed);
-  const double scale = 1.0 / std::sqrt(double(c.d));
   const float ninf = -std::numeric_limits<float>::infinity();
-  std::vector<float> diag(std::size_t(c.tq() * c.hq), ninf);
-  for (std::int64_t h = 0; h < c.hq; ++h)
-    for (std::int64_t i = 0; i < c.Lq; ++i) {
-      double m = -std::numeric_limits<double>::infinity();
-      for (std::int64_t j = i / 128 * 128; j <= i; ++j) {  // the tile holding key i, up to i
-        double acc = 0;
-        for (std::int64_t x = 0; x < c.d; ++x)
-          acc += double(in.qf[std::size_t((i * c.hq + h) * c.d + x)]) *
-                 double(in.kf[std::size_t((j * c.hk + h / (c.hq / c.hk)) * c.d + x)]);
-        m = std::max(m, acc * scale);
-      }
-      diag[std::size_t(lse_index(c, 0, h, i))] = float(m);
-    }
+  const std::vector<float> diag = diagonal_tile_seeds(c, in);
   for (double target : {0.3, 0.6}) compare(c, in, target, VisitOrder::natural, &diag);
 
   SkipConfig sk = SkipConfig::from_threshold(0.05).with_order(VisitOrder::natural);
@@ -294,21 +302,7 @@ TEST(GpuPrefillVsReference, SeededMaximaRagged) {
   const std::uint64_t seed = test_seed(672);
   SCOPED_TRACE("seed " + std::to_string(seed));
   const Inputs in = llm_ragged_inputs(c, seed);
-  const double scale = 1.0 / std::sqrt(double(c.d));
-  std::vector<float> seeds(std::size_t(c.tq() * c.hq), -std::numeric_limits<float>::infinity());
-  for (std::int64_t b = 0; b < c.nseq(); ++b)
-    for (std::int64_t h = 0; h < c.hq; ++h)
-      for (std::int64_t i = 0; i < c.qlen(b); ++i) {
-        double m = -std::numeric_limits<double>::infinity();
-        for (std::int64_t j = i / 128 * 128; j <= i; ++j) {
-          double acc = 0;
-          for (std::int64_t x = 0; x < c.d; ++x)
-            acc += double(in.qf[std::size_t(((c.qstart(b) + i) * c.hq + h) * c.d + x)]) *
-                   double(in.kf[std::size_t(((c.kstart(b) + j) * c.hk) * c.d + x)]);
-          m = std::max(m, acc * scale);
-        }
-        seeds[std::size_t(lse_index(c, b, h, i))] = float(m);
-      }
+  const std::vector<float> seeds = diagonal_tile_seeds(c, in);
   SkipConfig sk = SkipConfig::from_threshold(0.05).with_order(VisitOrder::natural);
   RunOptions opt;
   opt.collect_stats = true;
