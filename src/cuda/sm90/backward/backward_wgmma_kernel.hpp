@@ -52,13 +52,6 @@ __device__ void zero_rows_from(TileT&& tile, int valid, int tid, int nthreads) {
   for (int e = valid * kCols + tid; e < kRows * kCols; e += nthreads) tile(e / kCols, e % kCols) = Element(0.f);
 }
 
-// Gmem tile view of one head of a sequence: rows offset by the sequence start (ragged) or indexed
-// by batch.
-template <class TmaTensor>
-__device__ __forceinline__ auto wg_seq_view(TmaTensor const& m, int head, int b, int start, bool ragged) {
-  return domain_offset(make_coord(start, _0{}), m(_, _, head, ragged ? 0 : b));
-}
-
 template <class Traits>
 __device__ void wg_producer(WgmmaParams<Traits> const& kp, BackwardWork const& w,
                             typename Traits::SharedStorage& ss, typename Traits::Pipeline& pipe) {
@@ -75,9 +68,9 @@ __device__ void wg_producer(WgmmaParams<Traits> const& kp, BackwardWork const& w
   Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename Traits::SmemLayoutV{});
 
   // K and V of the CTA's key block, once.
-  Tensor gK = local_tile(wg_seq_view(mK, w.kh, w.b, w.k_start, ragged), Shape<Int<kBlockN>, Int<kD>>{},
+  Tensor gK = local_tile(seq_view(mK, w.kh, w.b, w.k_start, ragged), Shape<Int<kBlockN>, Int<kD>>{},
                          make_coord(w.n_block, _0{}));
-  Tensor gV = local_tile(wg_seq_view(mV, w.kh, w.b, w.k_start, ragged), Shape<Int<kBlockN>, Int<kD>>{},
+  Tensor gV = local_tile(seq_view(mV, w.kh, w.b, w.k_start, ragged), Shape<Int<kBlockN>, Int<kD>>{},
                          make_coord(w.n_block, _0{}));
   auto [tKgK, tKsK] = tma_partition(kp.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
   auto [tVgV, tVsV] = tma_partition(kp.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
@@ -90,9 +83,9 @@ __device__ void wg_producer(WgmmaParams<Traits> const& kp, BackwardWork const& w
   int hh = 0, m = w.m_begin;
   while (BackwardScheduler::next_kept(p, w, hh, m)) {
     const int h = w.kh * p.group + hh;
-    Tensor gQ = local_tile(wg_seq_view(mQ, h, w.b, w.q_start, ragged), Shape<Int<kBlockM>, Int<kD>>{},
+    Tensor gQ = local_tile(seq_view(mQ, h, w.b, w.q_start, ragged), Shape<Int<kBlockM>, Int<kD>>{},
                            make_coord(_, _0{}));  // (rows, d, query blocks)
-    Tensor gdO = local_tile(wg_seq_view(mdO, h, w.b, w.q_start, ragged), Shape<Int<kBlockM>, Int<kD>>{},
+    Tensor gdO = local_tile(seq_view(mdO, h, w.b, w.q_start, ragged), Shape<Int<kBlockM>, Int<kD>>{},
                             make_coord(_, _0{}));
     auto [tQgQ, tQsQ] = tma_partition(kp.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
     auto [tdOgdO, tdOsdO] =

@@ -1,6 +1,6 @@
 // Internal: warpgroup GEMM helpers shared by the sm_90a kernels that use wgmma through CuTe
-// (prefill, backward): one batch issue, the accumulator's (rows, cols) and register-A views, and
-// the f32 -> 16-bit fragment conversion.
+// (prefill, backward): one batch issue, the accumulator's (rows, cols) and register-A views, the
+// f32 -> 16-bit fragment conversion, and a sequence's view of a TMA tensor.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -58,6 +58,13 @@ __device__ __forceinline__ auto convert_frag(Frag const& f) {
   CUTLASS_PRAGMA_UNROLL
   for (int i = 0; i < size(in2); ++i) out2(i) = conv(in2(i));
   return out;
+}
+
+// Gmem tile view of one head of a sequence in a (tokens, d, heads, batch) TMA tensor: rows offset
+// by the sequence start (ragged) or indexed by batch (the prefill and wgmma backward producers).
+template <class TmaTensor>
+__device__ __forceinline__ auto seq_view(TmaTensor const& m, int head, int b, int start, bool ragged) {
+  return domain_offset(make_coord(start, _0{}), m(_, _, head, ragged ? 0 : b));
 }
 
 }  // namespace blasst::sm90

@@ -40,12 +40,6 @@ struct TileWalk {
   }
 };
 
-// Gmem tile view for a sequence: rows offset by the sequence start (ragged) or indexed by batch.
-template <class TmaTensor>
-__device__ __forceinline__ auto seq_view(TmaTensor const& m, int head, int b, int start, bool ragged) {
-  return domain_offset(make_coord(start, _0{}), m(_, _, head, ragged ? 0 : b));
-}
-
 template <class Traits>
 __device__ __forceinline__ void producer_run(KernelParams<Traits> const& kp, PrefillWork const& w,
                                              typename Traits::SharedStorage& ss,
