@@ -22,8 +22,8 @@ void cuda_decode(const DecodeProblem& p, const SkipConfig& skip, const RunOption
 // SPEC §9 backward (backward_api.cu); same device rules as cuda_attention.
 void cuda_attention_backward(const AttentionBackwardProblem& p, const SkipConfig& skip, const RunOptions& opt,
                              const SkipSet* skip_set);
-// The same call on a named main kernel (the GPU tests and bench/backward run the wgmma kernel
-// beside the default, sm90::backward::kDefaultBackwardKernel, until it becomes the default).
+// The same call on a named main kernel (the GPU tests and bench/backward run both: the default,
+// sm90::backward::kDefaultBackwardKernel = wgmma, and mma_sync).
 void cuda_attention_backward_on(const AttentionBackwardProblem& p, const SkipConfig& skip, const RunOptions& opt,
                                 const SkipSet* skip_set, sm90::BackwardKernel kernel);
 std::size_t cuda_attention_backward_workspace_bytes(const AttentionBackwardProblem& p, const SkipConfig& skip,
