@@ -9,8 +9,10 @@
 //     column, dQ per row and column (split over the head dim: once; over the keys: once per
 //     warpgroup, summed by the atomics), dS^T written to every element of its tile once;
 //   - dQ pairs: consecutive accumulator entries are adjacent columns of one row, the first even
-//     (the 8-byte vector atomic);
-//   - the dQ product's B operand: a warpgroup's K^T partition holds the columns it computes.
+//     (the 8-byte shared store);
+//   - the dQ product's B operand: a warpgroup's K^T partition holds the columns it computes;
+//   - the dS^T stmatrix.trans copy moves each register to the (key, row) it holds;
+//   - the dQ shared tile of each warpgroup: pairs adjacent and aligned, every element once.
 // Expected values come from the definitions (coordinates, offsets), not from the kernel.
 #include <gtest/gtest.h>
 
@@ -140,12 +142,77 @@ void check_dq_operands() {
   }
 }
 
+// dS^T leaves the registers by stmatrix.trans (make_tiled_copy_C of the S^T product): the
+// coordinates the copy takes each source value to be (partition_S) must be the coordinates the
+// S^T accumulator really holds there (partition_C, retiled); the destinations cover the tile once.
+template <class Tr>
+void check_ds_stmatrix() {
+  constexpr int M = Tr::kBlockM, N = Tr::kBlockN;
+  typename Tr::TiledMmaSdP sdp;
+  auto r2s = make_tiled_copy_C(typename Tr::SmemCopyAtomDS{}, sdp);
+  Tensor id = make_identity_tensor(Shape<Int<N>, Int<M>>{});  // (key, row)
+  int bad = 0;
+  std::map<std::pair<int, int>, int> n;
+  for (int t = 0; t < Tr::kNumMmaThreads; ++t) {
+    auto thr = r2s.get_thread_slice(t);
+    Tensor have = thr.retile_S(sdp.get_thread_slice(t).partition_C(id));
+    Tensor want = thr.partition_S(id);
+    ASSERT_EQ(int(size(have)), int(size(want))) << "thread " << t;
+    for (int i = 0; i < size(want); ++i)
+      bad += !(get<0>(have(i)) == get<0>(want(i)) && get<1>(have(i)) == get<1>(want(i)));
+    Tensor dst = thr.partition_D(id);
+    for (int i = 0; i < size(dst); ++i) ++n[{int(get<0>(dst(i))), int(get<1>(dst(i)))}];
+  }
+  EXPECT_EQ(bad, 0) << "stmatrix.trans takes an S^T register for another (key, row)";
+  expect_each(n, N, M, 1, "dS^T stmatrix destinations");
+}
+
+// dQ through shared memory: a warpgroup's accumulator pairs (row, c), (row, c + 1) land in its own
+// 64 x kDqCols tile (columns relative to the warpgroup's first), at adjacent 8-byte-aligned offsets
+// (one st.shared.v2.f32), and cover the tile once.
+template <class Tr>
+void check_dq_smem() {
+  constexpr int M = Tr::kBlockM, D = Tr::kHeadDim, C = Tr::kDqCols;
+  typename Tr::TiledMmaDQ dq;
+  auto layout = typename Tr::SmemLayoutDQ{};
+  for (int wg = 0; wg < Tr::kNumMmaWG; ++wg) {
+    std::map<std::pair<int, int>, int> n;
+    std::map<long, int> offs;
+    int bad = 0;
+    const int col0 = Tr::kDqSplitN ? wg * C : 0;
+    for (int t = wg * 128; t < (wg + 1) * 128; ++t) {
+      auto c = dq.get_thread_slice(Tr::kDqSplitN ? t : t % 128).partition_C(make_identity_tensor(Shape<Int<M>, Int<D>>{}));
+      for (int i = 0; i + 1 < size(c); i += 2) {
+        const int row = get<0>(c(i)), col = get<1>(c(i)) - col0;
+        if (row < 0 || row >= M || col < 0 || col + 1 >= C) {
+          ++bad;
+          continue;
+        }
+        const long off = long(layout(row, col));
+        bad += long(layout(row, col + 1)) != off + 1 || off % 2 != 0;
+        ++n[{row, col}];
+        ++n[{row, col + 1}];
+        ++offs[off];
+        ++offs[off + 1];
+      }
+    }
+    EXPECT_EQ(bad, 0) << "warpgroup " << wg << ": a dQ pair outside its tile, split, or misaligned";
+    expect_each(n, M, C, 1, "dQ tile of a warpgroup");
+    int bad_offs = 0;
+    for (const auto& [off, k] : offs) bad_offs += k != 1 || off < 0 || off >= M * C;
+    EXPECT_EQ(int(offs.size()), M * C) << "warpgroup " << wg << ": dQ tile offsets covered";
+    EXPECT_EQ(bad_offs, 0) << "warpgroup " << wg << ": each dQ tile offset once";
+  }
+}
+
 template <class Tr>
 void check_all() {
   check_views<Tr>();
   check_register_handoff<Tr>();
   check_coverage<Tr>();
   check_dq_operands<Tr>();
+  check_ds_stmatrix<Tr>();
+  check_dq_smem<Tr>();
 }
 
 TEST(WgmmaBackwardLayouts, Bf16D128) { check_all<BackwardWgmmaTraits<cutlass::bfloat16_t, 128>>(); }

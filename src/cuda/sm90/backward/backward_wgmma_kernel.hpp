@@ -3,8 +3,10 @@
 // mma.sync kernel of backward_kernel.hpp (SPEC §9); per step (query head h, query block m):
 //   S^T = K Q^T, dP^T = V dO^T                          (SS wgmma, 64 keys per warpgroup)
 //   P^T = exp2(S^T * scale_log2 - LSE_log2), masked;  dS^T = P^T * (dP^T - D)     (registers)
-//   dS^T -> shared memory;  dV += P^T dO,  dK += dS^T Q  (RS wgmma, A from registers)
-//   dQ = dS K (SS wgmma, half the head dim per warpgroup) added into the f32 workspace.
+//   dV += P^T dO (RS wgmma, A from registers; issued before dS is formed, runs under it)
+//   dS^T -> shared memory (stmatrix.trans);  dK += dS^T Q  (RS wgmma)
+//   dQ = dS K (SS wgmma, half the head dim per warpgroup) -> shared memory -> one TMA reduce-add
+//   per warpgroup into the f32 workspace.
 // Included only by the generated instance files (src/cuda/sm90/kernel_table.inc).
 #pragma once
 
@@ -33,7 +35,11 @@ struct WgmmaParams {
   typename Traits::TmaQ tma_do;
   typename Traits::TmaK tma_k;
   typename Traits::TmaK tma_v;
-  typename Traits::GLayout layout_q, layout_do, layout_k, layout_v;
+  typename Traits::TmaDQ tma_dq;
+  typename Traits::TmaRows tma_lse;
+  typename Traits::TmaRows tma_dsum;
+  typename Traits::GLayout layout_q, layout_do, layout_k, layout_v, layout_dq;
+  typename Traits::GLayoutRows layout_rows;
 };
 
 // Named barriers of the two consumer warpgroups (0 is __syncthreads): dS free (every dQ product of
@@ -41,6 +47,7 @@ struct WgmmaParams {
 inline constexpr int kBarDsFree = 1;
 inline constexpr int kBarDsFull = 2;
 inline constexpr int kBarTileZeroed = 3;  // rows past a ragged sequence's end zeroed (below)
+inline constexpr int kBarDqFull = 4;      // + warpgroup: its dQ tile is in shared memory (128 threads)
 
 // Ragged batches: a tile's TMA reads past its sequence's end into the next sequence (the tensor's
 // extent is the whole token axis). Rows [valid, rows) of a landed tile are zeroed by the consumer
@@ -78,7 +85,12 @@ __device__ void wg_producer(WgmmaParams<Traits> const& kp, BackwardWork const& w
   copy(kp.tma_k.with(ss.barrier_kv), tKgK, tKsK);
   copy(kp.tma_v.with(ss.barrier_kv), tVgV, tVsV);
 
-  // Q and dO of every kept step, in the consumers' order.
+  Tensor mLse = kp.tma_lse.get_tma_tensor(shape(kp.layout_rows));  // (tokens, heads)
+  Tensor mDsum = kp.tma_dsum.get_tma_tensor(shape(kp.layout_rows));
+  Tensor sLse = make_tensor(make_smem_ptr(ss.lse.data()), typename Traits::SmemLayoutRows{});
+  Tensor sDsum = make_tensor(make_smem_ptr(ss.dsum.data()), typename Traits::SmemLayoutRows{});
+
+  // Q, dO, LSE and D of every kept step, in the consumers' order.
   auto st = cutlass::make_producer_start_state<typename Traits::Pipeline>();
   int hh = 0, m = w.m_begin;
   while (BackwardScheduler::next_kept(p, w, hh, m)) {
@@ -90,31 +102,57 @@ __device__ void wg_producer(WgmmaParams<Traits> const& kp, BackwardWork const& w
     auto [tQgQ, tQsQ] = tma_partition(kp.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
     auto [tdOgdO, tdOsdO] =
         tma_partition(kp.tma_do, _0{}, Layout<_1>{}, group_modes<0, 2>(sdO), group_modes<0, 2>(gdO));
+    // the step's rows of the [hq, rows_ld] arrays: tokens tok_start + m * 64 ... of head h
+    Tensor gLse = local_tile(domain_offset(make_coord(w.tok_start), mLse(_, h)), Shape<Int<kBlockM>>{}, make_coord(_));
+    Tensor gDsum = local_tile(domain_offset(make_coord(w.tok_start), mDsum(_, h)), Shape<Int<kBlockM>>{}, make_coord(_));
+    auto [tLgL, tLsL] = tma_partition(kp.tma_lse, _0{}, Layout<_1>{}, group_modes<0, 1>(sLse), group_modes<0, 1>(gLse));
+    auto [tDgD, tDsD] = tma_partition(kp.tma_dsum, _0{}, Layout<_1>{}, group_modes<0, 1>(sDsum), group_modes<0, 1>(gDsum));
     pipe.producer_acquire(st);
     copy(kp.tma_q.with(*pipe.producer_get_barrier(st)), tQgQ(_, m), tQsQ(_, st.index()));
     copy(kp.tma_do.with(*pipe.producer_get_barrier(st)), tdOgdO(_, m), tdOsdO(_, st.index()));
+    copy(kp.tma_lse.with(*pipe.producer_get_barrier(st)), tLgL(_, m), tLsL(_, st.index()));
+    copy(kp.tma_dsum.with(*pipe.producer_get_barrier(st)), tDgD(_, m), tDsD(_, st.index()));
     ++st;
     ++m;
   }
 }
 
-// dQ accumulator [tokens_q, hq, d] += acc for the valid rows of query block m0 of head h. A GMMA C
-// fragment holds column pairs (c, c + 1) of one row at consecutive indices (its innermost mode):
-// one 8-byte vector atomic each.
+// dQ of one step and warpgroup: the accumulator into the warpgroup's shared tile (rows past a
+// ragged sequence's end as 0: the TMA box reaches into the next sequence there), then one thread
+// adds the tile into the f32 workspace [tokens_q, hq, d] with a TMA reduce-add. A GMMA C fragment
+// holds column pairs (c, c + 1) of one row at consecutive indices: one 8-byte shared store each
+// (a 16-byte swizzle chunk never splits a pair).
 template <class Traits, class ThrMma, class Acc>
-__device__ void wg_add_dq(const BackwardParams& p, const BackwardWork& w, int h, int m0, ThrMma const& thr,
-                          Acc const& acc) {
+__device__ void wg_store_dq(WgmmaParams<Traits> const& kp, const BackwardWork& w, int h, int m, int wg, int wg_tid,
+                            ThrMma const& thr, Acc const& acc, float* sdq_tile) {
+  constexpr int kBlockM = Traits::kBlockM, kDqCols = Traits::kDqCols;
   static_assert(decltype(size<0, 0>(Acc{}.layout()))::value == 2, "column pairs innermost");
   Tensor c = make_identity_tensor(select<0, 1>(typename Traits::TileShapeDQ{}));
   Tensor tc = thr.partition_C(c);
   static_assert(decltype(size(tc))::value == decltype(size(acc))::value, "dQ fragment and coordinates");
+  const int col0 = Traits::kDqSplitN ? wg * kDqCols : 0;
+  const int valid = w.len_q - m * kBlockM;  // rows of the block inside the sequence
+  const std::uint32_t base = smem_u32(sdq_tile);
+  auto layout = typename Traits::SmemLayoutDQ{};
   CUTLASS_PRAGMA_UNROLL
   for (int i = 0; i < size(acc); i += 2) {
-    const int row = m0 + get<0>(tc(i)), col = get<1>(tc(i));
-    if (row < w.len_q) {
-      const std::int64_t off = ((std::int64_t(w.tok_start) + row) * p.hq + h) * Traits::kHeadDim + col;
-      atomicAdd(reinterpret_cast<float2*>(p.dq_accum + off), make_float2(acc(i), acc(i + 1)));
-    }
+    const int row = get<0>(tc(i)), col = get<1>(tc(i)) - col0;
+    const bool keep = row < valid;
+    const float lo = keep ? acc(i) : 0.f, hi = keep ? acc(i + 1) : 0.f;
+    asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(base + 4u * std::uint32_t(layout(row, col))), "f"(lo),
+                 "f"(hi)
+                 : "memory");
+  }
+  cutlass::arch::fence_view_async_shared();  // generic-proxy stores -> the TMA (async proxy) read
+  named_sync(kBarDqFull + wg, 128);
+  if (wg_tid == 0) {
+    Tensor mdQ = kp.tma_dq.get_tma_tensor(shape(kp.layout_dq));
+    Tensor gdQ = local_tile(seq_view(mdQ, h, w.b, w.q_start, kp.p.cu_q != nullptr),
+                            Shape<Int<kBlockM>, Int<kDqCols>>{}, make_coord(m, Traits::kDqSplitN ? wg : 0));
+    Tensor sdQ = make_tensor(make_smem_ptr(sdq_tile), typename Traits::SmemLayoutDQ{});
+    auto cta = kp.tma_dq.get_slice(_0{});
+    copy(kp.tma_dq, cta.partition_S(sdQ), cta.partition_D(gdQ));
+    tma_store_arrive();
   }
 }
 
@@ -157,7 +195,12 @@ __device__ void wg_consumer(WgmmaParams<Traits> const& kp, BackwardWork const& w
                              make_coord(_0{}, Traits::kDqSplitN ? 0 : wg));
   Tensor tQrdS = thr_dq.partition_fragment_A(sdS_dq);  // dQ:   A = dS   (the product's keys)
   Tensor tQrKt = thr_dq.partition_fragment_B(sKt_dq);  //       B = K^T (the product's keys and columns)
-  Tensor tdSsdSt = thr_sdp.partition_C(sdSt);         // where this thread's dS^T elements go
+  // dS^T stores: stmatrix.trans of the S^T-shaped fragment into the (keys, rows) view of the dS tile.
+  auto r2s_ds = make_tiled_copy_C(typename Traits::SmemCopyAtomDS{}, mma_sdp);
+  auto thr_r2s_ds = r2s_ds.get_thread_slice(mma_tid);
+  Tensor tdSsdS = thr_r2s_ds.partition_D(as_position_independent_swizzle_tensor(sdSt));
+  const int wg_tid = mma_tid % 128;
+  float* sdq_tile = ss.dq.data() + wg * cosize_v<typename Traits::SmemLayoutDQ>;
 
   Tensor acc_dk = partition_fragment_C(mma_dkv, select<0, 1>(typename Traits::TileShapeDKV{}));
   Tensor acc_dv = partition_fragment_C(mma_dkv, select<0, 1>(typename Traits::TileShapeDKV{}));
@@ -185,16 +228,6 @@ __device__ void wg_consumer(WgmmaParams<Traits> const& kp, BackwardWork const& w
   while (BackwardScheduler::next_kept(p, w, hh, m)) {
     const int h = w.kh * p.group + hh;
     const int m0 = m * kBlockM;
-    // LSE (log2) and D of this thread's query rows, read while the products below run.
-    float lse[kCols], dsum[kCols];
-    CUTLASS_PRAGMA_UNROLL
-    for (int ni = 0; ni < kCols; ++ni) {
-      const int row = m0 + get<1>(tScS_rc(0, ni));
-      const std::int64_t at = std::int64_t(h) * p.tokens_q + w.tok_start + row;
-      lse[ni] = row < w.len_q ? p.lse_log2[at] : INFINITY;  // +inf: P = 0 (no key seen, or past the end)
-      dsum[ni] = row < w.len_q ? p.dsum[at] : 0.f;
-    }
-
     pipe.consumer_wait(st);
     if (ragged && m0 + kBlockM > w.len_q) {
       zero_rows_from<Element>(sQ(_, _, st.index()), w.len_q - m0, mma_tid, Traits::kNumMmaThreads);
@@ -205,55 +238,74 @@ __device__ void wg_consumer(WgmmaParams<Traits> const& kp, BackwardWork const& w
     Tensor tSrS = partition_fragment_C(mma_sdp, select<0, 1>(typename Traits::TileShapeSdP{}));
     Tensor tSrdP = partition_fragment_C(mma_sdp, select<0, 1>(typename Traits::TileShapeSdP{}));
     wg_gemm<true, -1, false>(mma_sdp, tSrK, tSrQ(_, _, _, st.index()), tSrS);
-    wg_gemm<true, 0, false>(mma_sdp, tPrV, tPrdO(_, _, _, st.index()), tSrdP);
+    wg_gemm<true, -1, false>(mma_sdp, tPrV, tPrdO(_, _, _, st.index()), tSrdP);
 
     Tensor S = make_tensor(tSrS.data(), acc_rowcol(tSrS.layout()));
     Tensor dP = make_tensor(tSrdP.data(), acc_rowcol(tSrdP.layout()));
     // Masking only where the step can hold an invisible pair (block edges, the causal diagonal);
     // the same answer in every thread.
     const bool masked = n0 + kBlockN > w.len_k || m0 + kBlockM > w.len_q || (p.causal && n0 + kBlockN - 1 > m0 + diag);
-    auto p_ds = [&](bool mask) {
+    auto visible = [&](int mi, int ni) {
+      const int key = n0 + get<0>(tScS_rc(mi, ni)), row = m0 + get<1>(tScS_rc(mi, ni));
+      return key < w.len_k && row < w.len_q && (!p.causal || key <= row + diag);
+    };
+    // LSE (log2; +inf for a row that saw no key) and D of this thread's rows, from the stage.
+    const float* lse = ss.lse.data() + st.index() * kBlockM;
+    const float* dsum = ss.dsum.data() + st.index() * kBlockM;
+    auto row_of = [&](int ni) { return int(get<1>(tScS_rc(0, ni))); };
+    // P^T = exp2(S^T scale_log2 - LSE_log2) on visible pairs, 0 elsewhere; computed while dP^T runs.
+    warpgroup_wait<1>();
+    warpgroup_fence_operand(tSrS);
+    auto p_of = [&](bool mask) {
       CUTLASS_PRAGMA_UNROLL
       for (int mi = 0; mi < kKeys; ++mi) {
         CUTLASS_PRAGMA_UNROLL
-        for (int ni = 0; ni < kCols; ++ni) {
-          const int key = n0 + get<0>(tScS_rc(mi, ni)), row = m0 + get<1>(tScS_rc(mi, ni));
-          const bool visible = !mask || (key < w.len_k && row < w.len_q && (!p.causal || key <= row + diag));
-          const float pr = visible ? exp2f(S(mi, ni) * p.scale_log2 - lse[ni]) : 0.f;
-          S(mi, ni) = pr;
-          dP(mi, ni) = visible ? pr * (dP(mi, ni) - dsum[ni]) : 0.f;
-        }
+        for (int ni = 0; ni < kCols; ++ni)
+          S(mi, ni) = !mask || visible(mi, ni) ? exp2_ftz(fmaf(S(mi, ni), p.scale_log2, -lse[row_of(ni)])) : 0.f;
       }
     };
-    if (masked) p_ds(true);
-    else p_ds(false);
+    if (masked) p_of(true);
+    else p_of(false);
     Tensor p_lp = convert_frag<Element>(tSrS);
-    Tensor ds_lp = convert_frag<Element>(tSrdP);
+    Tensor tPrP = make_tensor(p_lp.data(), acc_to_a(p_lp.layout()));  // the dV product's A operand
+    // dV += P^T dO, under the dS arithmetic below.
+    wg_gemm<false, -1, true>(mma_dkv, tPrP, tVrdOt(_, _, _, st.index()), acc_dv);
 
-    // dS^T into shared memory once every dQ product of the previous step has read it.
+    // dS^T = P^T (dP^T - D) on visible pairs, 0 elsewhere.
+    warpgroup_wait<1>();  // dP^T landed (dV may still run)
+    warpgroup_fence_operand(tSrdP);
+    auto ds_of = [&](bool mask) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int mi = 0; mi < kKeys; ++mi) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int ni = 0; ni < kCols; ++ni)
+          dP(mi, ni) = !mask || visible(mi, ni) ? S(mi, ni) * (dP(mi, ni) - dsum[row_of(ni)]) : 0.f;
+      }
+    };
+    if (masked) ds_of(true);
+    else ds_of(false);
+    Tensor ds_lp = convert_frag<Element>(tSrdP);
+    Tensor tdSrdS = make_tensor(ds_lp.data(), acc_to_a(ds_lp.layout()));  // the dK product's A operand
+
+    // dS^T into shared memory once every dQ product of the previous step has read it (and, for
+    // this warpgroup's TMA thread, once the previous dQ reduce-add has read the dQ tile).
+    if (wg_tid == 0) tma_store_wait<0>();
     named_sync(kBarDsFree, Traits::kNumMmaThreads);
-    static_assert(decltype(size(tdSsdSt))::value == decltype(size(ds_lp))::value, "dS fragment and tile");
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < size(ds_lp); ++i) tdSsdSt(i) = ds_lp(i);
+    copy(r2s_ds, thr_r2s_ds.retile_S(ds_lp), tdSsdS);
     cutlass::arch::fence_view_async_shared();  // generic-proxy stores -> the wgmma (async proxy) reads
     named_sync(kBarDsFull, Traits::kNumMmaThreads);
 
-    Tensor tPrP = make_tensor<Element>(acc_to_a(tSrS.layout()));
-    Tensor tdSrdS = make_tensor<Element>(acc_to_a(tSrdP.layout()));
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < size(tPrP); ++i) {
-      tPrP(i) = p_lp(i);
-      tdSrdS(i) = ds_lp(i);
-    }
-    wg_gemm<false, -1, true>(mma_dkv, tPrP, tVrdOt(_, _, _, st.index()), acc_dv);
     wg_gemm<false, -1, true>(mma_dkv, tdSrdS, tKrQt(_, _, _, st.index()), acc_dk);
     Tensor acc_dq = partition_fragment_C(mma_dq, select<0, 1>(typename Traits::TileShapeDQ{}));
     wg_gemm<true, 0, false>(mma_dq, tQrdS, tQrKt, acc_dq);  // waits for dV and dK too
+    warpgroup_fence_operand(tPrP);
+    warpgroup_fence_operand(tdSrdS);
     pipe.consumer_release(st);  // Q and dO of this stage are read
     ++st;
-    wg_add_dq<Traits>(p, w, h, m0, thr_dq, acc_dq);
+    wg_store_dq<Traits>(kp, w, h, m, wg, wg_tid, thr_dq, acc_dq, sdq_tile);
     ++m;
   }
+  if (wg_tid == 0) tma_store_wait<0>();  // the last reduce-add has read the dQ tile
 
   // dK = scale * acc_dk, dV = acc_dv for the valid keys of the block.
   Tensor cKV = make_identity_tensor(select<0, 1>(typename Traits::TileShapeDKV{}));  // (key, col)
@@ -295,10 +347,13 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     cute::prefetch_tma_descriptor(kp.tma_do.get_tma_descriptor());
     cute::prefetch_tma_descriptor(kp.tma_k.get_tma_descriptor());
     cute::prefetch_tma_descriptor(kp.tma_v.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(kp.tma_dq.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(kp.tma_lse.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(kp.tma_dsum.get_tma_descriptor());
     cutlass::arch::ClusterTransactionBarrier::init(&ss.barrier_kv, 1);
   }
   typename Pipeline::Params pp;
-  pp.transaction_bytes = 2 * Traits::kTmaBytesQ;  // Q and dO of one step
+  pp.transaction_bytes = 2 * Traits::kTmaBytesQ + 2 * Traits::kTmaBytesRows;  // Q, dO, LSE and D of one step
   pp.role = wg_idx == 0 ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
   pp.is_leader = threadIdx.x == 0;
   pp.num_consumers = Traits::kNumMmaThreads;
@@ -336,6 +391,9 @@ void launch_backward_wgmma(const BackwardParams& p, cudaStream_t stream) {
   kp.layout_do = make_layout_g(rows_q, p.hq, p.dout_main_s);
   kp.layout_k = make_layout_g(rows_k, p.hk, p.k_s);
   kp.layout_v = make_layout_g(rows_k, p.hk, p.v_s);
+  // the f32 dQ workspace [tokens_q, hq, d]: token stride hq d, head stride d, batch stride Lq hq d
+  const std::int64_t dq_row = std::int64_t(p.hq) * Traits::kHeadDim;
+  kp.layout_dq = make_layout_g(rows_q, p.hq, RowStrides{dq_row, Traits::kHeadDim, dq_row * p.len_q});
   auto gq = make_tensor(make_gmem_ptr(static_cast<Element const*>(p.q)), kp.layout_q);
   auto gdo = make_tensor(make_gmem_ptr(static_cast<Element const*>(p.dout_main)), kp.layout_do);
   auto gk = make_tensor(make_gmem_ptr(static_cast<Element const*>(p.k)), kp.layout_k);
@@ -346,6 +404,17 @@ void launch_backward_wgmma(const BackwardParams& p, cudaStream_t stream) {
   kp.tma_do = make_tma_copy(SM90_TMA_LOAD{}, gdo, take<0, 2>(typename Traits::SmemLayoutDO{}), TileQ{}, _1{});
   kp.tma_k = make_tma_copy(SM90_TMA_LOAD{}, gk, typename Traits::SmemLayoutK{}, TileK{}, _1{});
   kp.tma_v = make_tma_copy(SM90_TMA_LOAD{}, gv, typename Traits::SmemLayoutV{}, TileK{}, _1{});
+  kp.layout_rows = typename Traits::GLayoutRows(make_shape(int32_t(std::max(p.tokens_q, 1)), int32_t(p.hq)),
+                                                make_stride(_1{}, p.rows_ld));
+  auto glse = make_tensor(make_gmem_ptr(static_cast<float const*>(p.lse_log2)), kp.layout_rows);
+  auto gdsum = make_tensor(make_gmem_ptr(static_cast<float const*>(p.dsum)), kp.layout_rows);
+  kp.tma_lse = make_tma_copy(SM90_TMA_LOAD{}, glse, take<0, 1>(typename Traits::SmemLayoutRows{}),
+                             Shape<Int<Traits::kBlockM>>{}, _1{});
+  kp.tma_dsum = make_tma_copy(SM90_TMA_LOAD{}, gdsum, take<0, 1>(typename Traits::SmemLayoutRows{}),
+                              Shape<Int<Traits::kBlockM>>{}, _1{});
+  auto gdq = make_tensor(make_gmem_ptr(p.dq_accum), kp.layout_dq);
+  kp.tma_dq = make_tma_copy(SM90_TMA_REDUCE_ADD{}, gdq, typename Traits::SmemLayoutDQ{},
+                            Shape<Int<Traits::kBlockM>, Int<Traits::kDqCols>>{}, _1{});
 
   auto kernel = backward_wgmma_kernel<Traits>;
   ::blasst::detail::set_max_dynamic_smem<&backward_wgmma_kernel<Traits>>(Traits::kSmemBytes);

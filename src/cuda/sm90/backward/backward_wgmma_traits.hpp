@@ -6,7 +6,8 @@
 //
 // The scores are computed transposed (keys x rows), so that P^T and dS^T are already the register
 // A operands of dV += P^T dO and dK += dS^T Q; dQ = dS K reads dS from shared memory, each
-// consumer warpgroup computing one half of the head dim over all 128 keys.
+// consumer warpgroup computing one half of the head dim over all 128 keys (d = 128), and leaves
+// through shared memory and a TMA reduce-add into the f32 workspace.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -14,6 +15,7 @@
 #include <cute/atom/copy_atom.hpp>
 #include <cute/arch/copy_sm90_tma.hpp>
 #include <cute/atom/copy_traits_sm90_tma.hpp>
+#include <cute/atom/copy_traits_sm90.hpp>
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
 #include <cutlass/numeric_types.h>
 #include <cutlass/arch/barrier.h>
@@ -70,6 +72,18 @@ struct BackwardWgmmaTraits {
                            GMMA::Major::K, GMMA::Major::MN>(),
       Layout<Shape<_1, Int<kDqSplitN ? kNumMmaWG : 1>, _1>>{}));
 
+  // dQ leaves through shared memory: each consumer warpgroup's f32 product (64 rows x kDqCols
+  // columns: its head-dim half at d = 128, all d columns over its own keys at d = 64) is stored
+  // to its own 128-byte-swizzled tile and added into the f32 workspace by one TMA reduce-add
+  // (element-wise atomic in L2, so the two warpgroups' d = 64 partials and other CTAs' add up).
+  static constexpr int kDqCols = kDqSplitN ? kHeadDim / kNumMmaWG : kHeadDim;
+  static_assert(kDqCols == 64, "one 64 x 64 f32 dQ tile per consumer warpgroup");
+  using SmemLayoutDQ =
+      decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<float>{}, Shape<Int<kBlockM>, Int<kDqCols>>{}));
+  // dS^T registers -> shared memory by stmatrix.trans: the S^T accumulator holds (key, row pairs),
+  // the dS tile is row-major with keys contiguous.
+  using SmemCopyAtomDS = Copy_Atom<SM90_U16x8_STSM_T, Element>;
+
   // 128-byte swizzle: every tile row is a multiple of 64 16-bit elements.
   using SmemAtom = GMMA::Layout_K_SW128_Atom<Element>;
   using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockM>, Int<kHeadDim>, Int<kStages>>{}));
@@ -91,6 +105,21 @@ struct BackwardWgmmaTraits {
   using GStride = Stride<int64_t, _1, int64_t, int64_t>;
   using GLayout = Layout<GShape, GStride>;
   static auto dummy_gtensor() { return make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), GLayout{}); }
+  // The f32 dQ workspace [tokens_q, hq, d] in the same (tokens, d, heads, batch) form.
+  static auto dummy_gtensor_dq() { return make_tensor(make_gmem_ptr(static_cast<float*>(nullptr)), GLayout{}); }
+  using TmaDQ = decltype(make_tma_copy(SM90_TMA_REDUCE_ADD{}, dummy_gtensor_dq(), SmemLayoutDQ{},
+                                       Shape<Int<kBlockM>, Int<kDqCols>>{}, _1{}));
+  // LSE (log2) and D of a step's 64 rows: the workspace arrays [hq, rows_ld] as (tokens, heads),
+  // loaded with Q and dO into the same pipeline stage (so no consumer register holds them
+  // across the products).
+  using GLayoutRows = Layout<Shape<int32_t, int32_t>, Stride<_1, int64_t>>;
+  using SmemLayoutRows = Layout<Shape<Int<kBlockM>, Int<kStages>>>;
+  static auto dummy_gtensor_rows() {
+    return make_tensor(make_gmem_ptr(static_cast<float const*>(nullptr)), GLayoutRows{});
+  }
+  using TmaRows = decltype(make_tma_copy(SM90_TMA_LOAD{}, dummy_gtensor_rows(), take<0, 1>(SmemLayoutRows{}),
+                                         Shape<Int<kBlockM>>{}, _1{}));
+  static constexpr uint32_t kTmaBytesRows = kBlockM * sizeof(float);
   using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, dummy_gtensor(), take<0, 2>(SmemLayoutQ{}),
                                       Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{}));
   using TmaK = decltype(make_tma_copy(SM90_TMA_LOAD{}, dummy_gtensor(), SmemLayoutK{},
@@ -107,6 +136,9 @@ struct BackwardWgmmaTraits {
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> q;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutDO>, 1024> dout;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutDS>, 1024> ds;
+    cute::array_aligned<float, kNumMmaWG * cute::cosize_v<SmemLayoutDQ>, 1024> dq;  // one tile per warpgroup
+    cute::array_aligned<float, cute::cosize_v<SmemLayoutRows>, 128> lse;   // (row, stage), log2 units
+    cute::array_aligned<float, cute::cosize_v<SmemLayoutRows>, 128> dsum;  // (row, stage)
     typename Pipeline::SharedStorage pipe_qdo;
     cutlass::arch::ClusterTransactionBarrier::ValueType barrier_kv;
   };
