@@ -175,7 +175,7 @@ __device__ __forceinline__ void consumer_mainloop(KernelParams<Traits> const& kp
   const bool can_skip = ln_lambda > -INFINITY;
   // Non-null: histogram on (skip_hist instance only; null elsewhere, so all its code folds away).
   unsigned long long* const hist = Traits::kHist ? p.hist : nullptr;
-  int n_visited = 0, n_skipped = 0;
+  int n_skipped = 0;
   // Non-null: the skip set is recorded (SPEC §9; skip_record and skip_hist instances only, null
   // elsewhere so its code folds away): the first thread of the warpgroup sets the bit of each
   // visited tile its vote skipped. set_row: bit index of this vote group's tile 0.
@@ -242,9 +242,9 @@ __device__ __forceinline__ void consumer_mainloop(KernelParams<Traits> const& kp
       pipe_v.consumer_wait(stp);
       wg_gemm<false, -1, true>(mma1, tOrP, tOrV(_, _, _, stp.index()), tOrO);
     } else if constexpr (kPV == 2) {
-      // pv_pending is the same in every thread of the warpgroup (it comes from the BAR.RED);
-      // the warp vote says so to ptxas (a warp-uniform branch, no wgmma serialization).
-      if (__any_sync(0xffffffffu, pv_pending)) {
+      // pv_pending is warp-uniform for ptxas (it is !skip, see the vote): a uniform branch, no
+      // wgmma serialization.
+      if (pv_pending) {
         pipe_v.consumer_wait(stp);
         wg_gemm<false, -1, true>(mma1, tOrP, tOrV(_, _, _, stp.index()), tOrO);
       } else {
@@ -275,11 +275,13 @@ __device__ __forceinline__ void consumer_mainloop(KernelParams<Traits> const& kp
       const bool keep = vote_keep(tmax, sm.m, row, w.q_len, p.scale, ln_lambda);
       if (hist != nullptr) d_thread = thread_delta(tmax, sm.m, row, w.q_len, p.scale);
       const bool any_keep = named_sync_or(kBarVote0 + cwg, 128, keep);
-      skip = can_skip && !any_keep;
-      if (tile < n_vis) {
-        n_visited += 1;
-        n_skipped += skip ? 1 : 0;
-      }
+      // The BAR.RED gives all 128 threads the same answer, but ptxas cannot know it: a branch
+      // on it counts as divergent, and then the loop kept its loop-carried state (pipeline
+      // stages, wgmma descriptors, the visit cursor) in vector registers, moved to uniform ones
+      // before every wgmma (R2UR), with BSSY/BSYNC reconvergence around the branches. The warp
+      // vote of an equal value is that value, and ptxas knows its result is uniform (VOTEU).
+      skip = __any_sync(0xffffffffu, can_skip && !any_keep);
+      n_skipped += skip && tile < n_vis ? 1 : 0;
     }
 
     // V stages: the one of tile n-1 is released after its P V product is done (kept) or unread
@@ -362,7 +364,9 @@ __device__ __forceinline__ void consumer_mainloop(KernelParams<Traits> const& kp
       hist_flush(w.n_max - 1, vis1);
     }
   }
-  cnt.visited = static_cast<unsigned long long>(n_visited);
+  // The walk visits every tile of [0, n_max) once, and [0, n_vis) are the visible ones: no
+  // per-step count.
+  cnt.visited = static_cast<unsigned long long>(n_vis);
   cnt.skipped = static_cast<unsigned long long>(n_skipped);
 }
 
