@@ -95,9 +95,12 @@ BLASST_SKIP_D float row_delta(float tile_max, float m, float scale) {
 }
 // Bitwise & on purpose: the vote sits on the softmax's critical path, and a short-circuit && made
 // ptxas branch around it (BRA + BSYNC before the BAR.RED in the prefill skip kernel; +2-3 % at
-// 50-70 % sparsity on the H200, 9a59ea1) where selects are enough.
+// 50-70 % sparsity on the H200, 9a59ea1) where selects are enough. No select for m = -inf either
+// (a compare and a select per row on that path): there (tile_max - m) * scale is +inf, or NaN
+// for a NaN tile max or a zero scale, and both keep, exactly as row_delta's +inf does; this needs
+// scale >= 0, which the problem guarantees (finite and > 0; a float that underflows is +0).
 BLASST_SKIP_D bool row_keeps(float tile_max, float m, float scale, float log_lambda) {
-  const float d = m == -INFINITY ? INFINITY : (tile_max - m) * scale;
+  const float d = (tile_max - m) * scale;
   return (tile_max != -INFINITY) & !(d < log_lambda);
 }
 
