@@ -168,13 +168,17 @@ void check_ds_stmatrix() {
 }
 
 // dQ through shared memory: a warpgroup's accumulator pairs (row, c), (row, c + 1) land in its own
-// 64 x kDqCols tile (columns relative to the warpgroup's first), at adjacent 8-byte-aligned offsets
-// (one st.shared.v2.f32), and cover the tile once.
+// 64 x kDqCols tile (columns relative to the warpgroup's first), at adjacent 8-byte-aligned
+// addresses (one st.shared.v2.f32) where the TMA's 128-byte swizzle expects them, and cover the
+// tile once.
 template <class Tr>
 void check_dq_smem() {
   constexpr int M = Tr::kBlockM, D = Tr::kHeadDim, C = Tr::kDqCols;
   typename Tr::TiledMmaDQ dq;
-  auto layout = typename Tr::SmemLayoutDQ{};
+  // a 1024-byte-aligned stand-in for the tile's shared address (only its offsets are used)
+  alignas(1024) static float tile[M * C];
+  const char* base = reinterpret_cast<const char*>(tile);
+  Tensor sdq = make_tensor(make_smem_ptr(tile), typename Tr::SmemLayoutDQ{});
   for (int wg = 0; wg < Tr::kNumMmaWG; ++wg) {
     std::map<std::pair<int, int>, int> n;
     std::map<long, int> offs;
@@ -188,8 +192,15 @@ void check_dq_smem() {
           ++bad;
           continue;
         }
-        const long off = long(layout(row, col));
-        bad += long(layout(row, col + 1)) != off + 1 || off % 2 != 0;
+        // the byte address the kernel stores to (the swizzle acts on the pointer) against the
+        // 128-byte swizzle of the TMA box (32-float rows of 128 B, 8-row atoms, column blocks of
+        // 32 floats after all rows): byte bits [4, 7) ^= bits [7, 10)
+        const long at = long(reinterpret_cast<const char*>(&sdq(row, col)) - base);
+        const long u = (long(row / 8) + 8L * (col / 32)) * 1024 + (row % 8) * 128 + (col % 32) * 4;
+        const long want = u ^ (((u >> 7) & 7) << 4);
+        bad += at != want;
+        const long off = at / 4;
+        bad += long(reinterpret_cast<const char*>(&sdq(row, col + 1)) - base) != at + 4 || off % 2 != 0;
         ++n[{row, col}];
         ++n[{row, col + 1}];
         ++offs[off];

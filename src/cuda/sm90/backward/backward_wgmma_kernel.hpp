@@ -132,15 +132,16 @@ __device__ void wg_store_dq(WgmmaParams<Traits> const& kp, const BackwardWork& w
   static_assert(decltype(size(tc))::value == decltype(size(acc))::value, "dQ fragment and coordinates");
   const int col0 = Traits::kDqSplitN ? wg * kDqCols : 0;
   const int valid = w.len_q - m * kBlockM;  // rows of the block inside the sequence
-  const std::uint32_t base = smem_u32(sdq_tile);
-  auto layout = typename Traits::SmemLayoutDQ{};
+  // The swizzle acts on the shared-memory address (CuTe's smem_ptr_flag layouts), as the TMA's
+  // 128-byte swizzle does: element addresses come from the swizzled tensor, not from the layout
+  // function alone (which would miss it on every row but the first of each 8).
+  Tensor sdQ = make_tensor(make_smem_ptr(sdq_tile), typename Traits::SmemLayoutDQ{});
   CUTLASS_PRAGMA_UNROLL
   for (int i = 0; i < size(acc); i += 2) {
     const int row = get<0>(tc(i)), col = get<1>(tc(i)) - col0;
     const bool keep = row < valid;
     const float lo = keep ? acc(i) : 0.f, hi = keep ? acc(i + 1) : 0.f;
-    asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(base + 4u * std::uint32_t(layout(row, col))), "f"(lo),
-                 "f"(hi)
+    asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(smem_u32(&sdQ(row, col))), "f"(lo), "f"(hi)
                  : "memory");
   }
   cutlass::arch::fence_view_async_shared();  // generic-proxy stores -> the TMA (async proxy) read
@@ -149,7 +150,6 @@ __device__ void wg_store_dq(WgmmaParams<Traits> const& kp, const BackwardWork& w
     Tensor mdQ = kp.tma_dq.get_tma_tensor(shape(kp.layout_dq));
     Tensor gdQ = local_tile(seq_view(mdQ, h, w.b, w.q_start, kp.p.cu_q != nullptr),
                             Shape<Int<kBlockM>, Int<kDqCols>>{}, make_coord(m, Traits::kDqSplitN ? wg : 0));
-    Tensor sdQ = make_tensor(make_smem_ptr(sdq_tile), typename Traits::SmemLayoutDQ{});
     auto cta = kp.tma_dq.get_slice(_0{});
     copy(kp.tma_dq, cta.partition_S(sdQ), cta.partition_D(gdQ));
     tma_store_arrive();
