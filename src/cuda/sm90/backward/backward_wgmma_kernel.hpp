@@ -36,10 +36,7 @@ struct WgmmaParams {
   typename Traits::TmaK tma_k;
   typename Traits::TmaK tma_v;
   typename Traits::TmaDQ tma_dq;
-  typename Traits::TmaRows tma_lse;
-  typename Traits::TmaRows tma_dsum;
   typename Traits::GLayout layout_q, layout_do, layout_k, layout_v, layout_dq;
-  typename Traits::GLayoutRows layout_rows;
 };
 
 // Named barriers of the two consumer warpgroups (0 is __syncthreads): dS free (every dQ product of
@@ -85,12 +82,7 @@ __device__ void wg_producer(WgmmaParams<Traits> const& kp, BackwardWork const& w
   copy(kp.tma_k.with(ss.barrier_kv), tKgK, tKsK);
   copy(kp.tma_v.with(ss.barrier_kv), tVgV, tVsV);
 
-  Tensor mLse = kp.tma_lse.get_tma_tensor(shape(kp.layout_rows));  // (tokens, heads)
-  Tensor mDsum = kp.tma_dsum.get_tma_tensor(shape(kp.layout_rows));
-  Tensor sLse = make_tensor(make_smem_ptr(ss.lse.data()), typename Traits::SmemLayoutRows{});
-  Tensor sDsum = make_tensor(make_smem_ptr(ss.dsum.data()), typename Traits::SmemLayoutRows{});
-
-  // Q, dO, LSE and D of every kept step, in the consumers' order.
+  // Q and dO of every kept step, in the consumers' order.
   auto st = cutlass::make_producer_start_state<typename Traits::Pipeline>();
   int hh = 0, m = w.m_begin;
   while (BackwardScheduler::next_kept(p, w, hh, m)) {
@@ -102,16 +94,9 @@ __device__ void wg_producer(WgmmaParams<Traits> const& kp, BackwardWork const& w
     auto [tQgQ, tQsQ] = tma_partition(kp.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
     auto [tdOgdO, tdOsdO] =
         tma_partition(kp.tma_do, _0{}, Layout<_1>{}, group_modes<0, 2>(sdO), group_modes<0, 2>(gdO));
-    // the step's rows of the [hq, rows_ld] arrays: tokens tok_start + m * 64 ... of head h
-    Tensor gLse = local_tile(domain_offset(make_coord(w.tok_start), mLse(_, h)), Shape<Int<kBlockM>>{}, make_coord(_));
-    Tensor gDsum = local_tile(domain_offset(make_coord(w.tok_start), mDsum(_, h)), Shape<Int<kBlockM>>{}, make_coord(_));
-    auto [tLgL, tLsL] = tma_partition(kp.tma_lse, _0{}, Layout<_1>{}, group_modes<0, 1>(sLse), group_modes<0, 1>(gLse));
-    auto [tDgD, tDsD] = tma_partition(kp.tma_dsum, _0{}, Layout<_1>{}, group_modes<0, 1>(sDsum), group_modes<0, 1>(gDsum));
     pipe.producer_acquire(st);
     copy(kp.tma_q.with(*pipe.producer_get_barrier(st)), tQgQ(_, m), tQsQ(_, st.index()));
     copy(kp.tma_do.with(*pipe.producer_get_barrier(st)), tdOgdO(_, m), tdOsdO(_, st.index()));
-    copy(kp.tma_lse.with(*pipe.producer_get_barrier(st)), tLgL(_, m), tLsL(_, st.index()));
-    copy(kp.tma_dsum.with(*pipe.producer_get_barrier(st)), tDgD(_, m), tDsD(_, st.index()));
     ++st;
     ++m;
   }
@@ -228,6 +213,18 @@ __device__ void wg_consumer(WgmmaParams<Traits> const& kp, BackwardWork const& w
   while (BackwardScheduler::next_kept(p, w, hh, m)) {
     const int h = w.kh * p.group + hh;
     const int m0 = m * kBlockM;
+    // LSE (log2; +inf for a row that saw no key) and D of this thread's query rows, read while
+    // the products below run. (A TMA load of them into the stage, 2D over [hq, rows_ld], faulted
+    // with an illegal instruction for sequences whose first token is not 16-byte aligned in the
+    // row: 3e724fe, compute-sanitizer at the UTMALDG.2D; not kept.)
+    float lse[kCols], dsum[kCols];
+    CUTLASS_PRAGMA_UNROLL
+    for (int ni = 0; ni < kCols; ++ni) {
+      const int row = m0 + get<1>(tScS_rc(0, ni));
+      const std::int64_t at = std::int64_t(h) * p.rows_ld + w.tok_start + row;
+      lse[ni] = row < w.len_q ? p.lse_log2[at] : INFINITY;  // +inf: P = 0 (no key seen, or past the end)
+      dsum[ni] = row < w.len_q ? p.dsum[at] : 0.f;
+    }
     pipe.consumer_wait(st);
     if (ragged && m0 + kBlockM > w.len_q) {
       zero_rows_from<Element>(sQ(_, _, st.index()), w.len_q - m0, mma_tid, Traits::kNumMmaThreads);
@@ -249,10 +246,6 @@ __device__ void wg_consumer(WgmmaParams<Traits> const& kp, BackwardWork const& w
       const int key = n0 + get<0>(tScS_rc(mi, ni)), row = m0 + get<1>(tScS_rc(mi, ni));
       return key < w.len_k && row < w.len_q && (!p.causal || key <= row + diag);
     };
-    // LSE (log2; +inf for a row that saw no key) and D of this thread's rows, from the stage.
-    const float* lse = ss.lse.data() + st.index() * kBlockM;
-    const float* dsum = ss.dsum.data() + st.index() * kBlockM;
-    auto row_of = [&](int ni) { return int(get<1>(tScS_rc(0, ni))); };
     // P^T = exp2(S^T scale_log2 - LSE_log2) on visible pairs, 0 elsewhere; computed while dP^T runs.
     warpgroup_wait<1>();
     warpgroup_fence_operand(tSrS);
@@ -261,7 +254,7 @@ __device__ void wg_consumer(WgmmaParams<Traits> const& kp, BackwardWork const& w
       for (int mi = 0; mi < kKeys; ++mi) {
         CUTLASS_PRAGMA_UNROLL
         for (int ni = 0; ni < kCols; ++ni)
-          S(mi, ni) = !mask || visible(mi, ni) ? exp2_ftz(fmaf(S(mi, ni), p.scale_log2, -lse[row_of(ni)])) : 0.f;
+          S(mi, ni) = !mask || visible(mi, ni) ? exp2_ftz(fmaf(S(mi, ni), p.scale_log2, -lse[ni])) : 0.f;
       }
     };
     if (masked) p_of(true);
@@ -279,7 +272,7 @@ __device__ void wg_consumer(WgmmaParams<Traits> const& kp, BackwardWork const& w
       for (int mi = 0; mi < kKeys; ++mi) {
         CUTLASS_PRAGMA_UNROLL
         for (int ni = 0; ni < kCols; ++ni)
-          dP(mi, ni) = !mask || visible(mi, ni) ? S(mi, ni) * (dP(mi, ni) - dsum[row_of(ni)]) : 0.f;
+          dP(mi, ni) = !mask || visible(mi, ni) ? S(mi, ni) * (dP(mi, ni) - dsum[ni]) : 0.f;
       }
     };
     if (masked) ds_of(true);
@@ -348,12 +341,10 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     cute::prefetch_tma_descriptor(kp.tma_k.get_tma_descriptor());
     cute::prefetch_tma_descriptor(kp.tma_v.get_tma_descriptor());
     cute::prefetch_tma_descriptor(kp.tma_dq.get_tma_descriptor());
-    cute::prefetch_tma_descriptor(kp.tma_lse.get_tma_descriptor());
-    cute::prefetch_tma_descriptor(kp.tma_dsum.get_tma_descriptor());
     cutlass::arch::ClusterTransactionBarrier::init(&ss.barrier_kv, 1);
   }
   typename Pipeline::Params pp;
-  pp.transaction_bytes = 2 * Traits::kTmaBytesQ + 2 * Traits::kTmaBytesRows;  // Q, dO, LSE and D of one step
+  pp.transaction_bytes = 2 * Traits::kTmaBytesQ;  // Q and dO of one step
   pp.role = wg_idx == 0 ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
   pp.is_leader = threadIdx.x == 0;
   pp.num_consumers = Traits::kNumMmaThreads;
@@ -404,14 +395,6 @@ void launch_backward_wgmma(const BackwardParams& p, cudaStream_t stream) {
   kp.tma_do = make_tma_copy(SM90_TMA_LOAD{}, gdo, take<0, 2>(typename Traits::SmemLayoutDO{}), TileQ{}, _1{});
   kp.tma_k = make_tma_copy(SM90_TMA_LOAD{}, gk, typename Traits::SmemLayoutK{}, TileK{}, _1{});
   kp.tma_v = make_tma_copy(SM90_TMA_LOAD{}, gv, typename Traits::SmemLayoutV{}, TileK{}, _1{});
-  kp.layout_rows = typename Traits::GLayoutRows(make_shape(int32_t(std::max(p.tokens_q, 1)), int32_t(p.hq)),
-                                                make_stride(_1{}, p.rows_ld));
-  auto glse = make_tensor(make_gmem_ptr(static_cast<float const*>(p.lse_log2)), kp.layout_rows);
-  auto gdsum = make_tensor(make_gmem_ptr(static_cast<float const*>(p.dsum)), kp.layout_rows);
-  kp.tma_lse = make_tma_copy(SM90_TMA_LOAD{}, glse, take<0, 1>(typename Traits::SmemLayoutRows{}),
-                             Shape<Int<Traits::kBlockM>>{}, _1{});
-  kp.tma_dsum = make_tma_copy(SM90_TMA_LOAD{}, gdsum, take<0, 1>(typename Traits::SmemLayoutRows{}),
-                              Shape<Int<Traits::kBlockM>>{}, _1{});
   auto gdq = make_tensor(make_gmem_ptr(p.dq_accum), kp.layout_dq);
   kp.tma_dq = make_tma_copy(SM90_TMA_REDUCE_ADD{}, gdq, typename Traits::SmemLayoutDQ{},
                             Shape<Int<Traits::kBlockM>, Int<Traits::kDqCols>>{}, _1{});

@@ -109,17 +109,6 @@ struct BackwardWgmmaTraits {
   static auto dummy_gtensor_dq() { return make_tensor(make_gmem_ptr(static_cast<float*>(nullptr)), GLayout{}); }
   using TmaDQ = decltype(make_tma_copy(SM90_TMA_REDUCE_ADD{}, dummy_gtensor_dq(), SmemLayoutDQ{},
                                        Shape<Int<kBlockM>, Int<kDqCols>>{}, _1{}));
-  // LSE (log2) and D of a step's 64 rows: the workspace arrays [hq, rows_ld] as (tokens, heads),
-  // loaded with Q and dO into the same pipeline stage (so no consumer register holds them
-  // across the products).
-  using GLayoutRows = Layout<Shape<int32_t, int32_t>, Stride<_1, int64_t>>;
-  using SmemLayoutRows = Layout<Shape<Int<kBlockM>, Int<kStages>>>;
-  static auto dummy_gtensor_rows() {
-    return make_tensor(make_gmem_ptr(static_cast<float const*>(nullptr)), GLayoutRows{});
-  }
-  using TmaRows = decltype(make_tma_copy(SM90_TMA_LOAD{}, dummy_gtensor_rows(), take<0, 1>(SmemLayoutRows{}),
-                                         Shape<Int<kBlockM>>{}, _1{}));
-  static constexpr uint32_t kTmaBytesRows = kBlockM * sizeof(float);
   using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, dummy_gtensor(), take<0, 2>(SmemLayoutQ{}),
                                       Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{}));
   using TmaK = decltype(make_tma_copy(SM90_TMA_LOAD{}, dummy_gtensor(), SmemLayoutK{},
@@ -137,8 +126,6 @@ struct BackwardWgmmaTraits {
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutDO>, 1024> dout;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutDS>, 1024> ds;
     cute::array_aligned<float, kNumMmaWG * cute::cosize_v<SmemLayoutDQ>, 1024> dq;  // one tile per warpgroup
-    cute::array_aligned<float, cute::cosize_v<SmemLayoutRows>, 128> lse;   // (row, stage), log2 units
-    cute::array_aligned<float, cute::cosize_v<SmemLayoutRows>, 128> dsum;  // (row, stage)
     typename Pipeline::SharedStorage pipe_qdo;
     cutlass::arch::ClusterTransactionBarrier::ValueType barrier_kv;
   };
