@@ -214,9 +214,10 @@ __device__ void wg_consumer(WgmmaParams<Traits> const& kp, BackwardWork const& w
     const int h = w.kh * p.group + hh;
     const int m0 = m * kBlockM;
     // LSE (log2; +inf for a row that saw no key) and D of this thread's query rows, read while
-    // the products below run. (A TMA load of them into the stage, 2D over [hq, rows_ld], faulted
-    // with an illegal instruction for sequences whose first token is not 16-byte aligned in the
-    // row: 3e724fe, compute-sanitizer at the UTMALDG.2D; not kept.)
+    // the products below run. (A 2D TMA load of them into the pipeline stage ran the bf16 d128
+    // kernel 1.3x faster - fewer live registers - but faulted with an illegal instruction at the
+    // UTMALDG.2D in the CTAs of every sequence but the first (compute-sanitizer, 3e724fe; cause
+    // not established), so it is not kept.)
     float lse[kCols], dsum[kCols];
     CUTLASS_PRAGMA_UNROLL
     for (int ni = 0; ni < kCols; ++ni) {
