@@ -247,19 +247,24 @@ __device__ void wg_consumer(WgmmaParams<Traits> const& kp, BackwardWork const& w
       const int key = n0 + get<0>(tScS_rc(mi, ni)), row = m0 + get<1>(tScS_rc(mi, ni));
       return key < w.len_k && row < w.len_q && (!p.causal || key <= row + diag);
     };
+    // f(mi, ni, visible) over this thread's (key, row) pairs; the mask tested on masked steps only.
+    auto each_pair = [&](auto&& f) {
+      auto walk = [&](bool mask) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int mi = 0; mi < kKeys; ++mi) {
+          CUTLASS_PRAGMA_UNROLL
+          for (int ni = 0; ni < kCols; ++ni) f(mi, ni, !mask || visible(mi, ni));
+        }
+      };
+      if (masked) walk(true);
+      else walk(false);
+    };
     // P^T = exp2(S^T scale_log2 - LSE_log2) on visible pairs, 0 elsewhere; computed while dP^T runs.
     warpgroup_wait<1>();
     warpgroup_fence_operand(tSrS);
-    auto p_of = [&](bool mask) {
-      CUTLASS_PRAGMA_UNROLL
-      for (int mi = 0; mi < kKeys; ++mi) {
-        CUTLASS_PRAGMA_UNROLL
-        for (int ni = 0; ni < kCols; ++ni)
-          S(mi, ni) = !mask || visible(mi, ni) ? exp2_ftz(fmaf(S(mi, ni), p.scale_log2, -lse[ni])) : 0.f;
-      }
-    };
-    if (masked) p_of(true);
-    else p_of(false);
+    each_pair([&](int mi, int ni, bool vis) {
+      S(mi, ni) = vis ? exp2_ftz(fmaf(S(mi, ni), p.scale_log2, -lse[ni])) : 0.f;
+    });
     Tensor p_lp = convert_frag<Element>(tSrS);
     Tensor tPrP = make_tensor(p_lp.data(), acc_to_a(p_lp.layout()));  // the dV product's A operand
     // dV += P^T dO, under the dS arithmetic below.
@@ -268,16 +273,7 @@ __device__ void wg_consumer(WgmmaParams<Traits> const& kp, BackwardWork const& w
     // dS^T = P^T (dP^T - D) on visible pairs, 0 elsewhere.
     warpgroup_wait<1>();  // dP^T landed (dV may still run)
     warpgroup_fence_operand(tSrdP);
-    auto ds_of = [&](bool mask) {
-      CUTLASS_PRAGMA_UNROLL
-      for (int mi = 0; mi < kKeys; ++mi) {
-        CUTLASS_PRAGMA_UNROLL
-        for (int ni = 0; ni < kCols; ++ni)
-          dP(mi, ni) = !mask || visible(mi, ni) ? S(mi, ni) * (dP(mi, ni) - dsum[ni]) : 0.f;
-      }
-    };
-    if (masked) ds_of(true);
-    else ds_of(false);
+    each_pair([&](int mi, int ni, bool vis) { dP(mi, ni) = vis ? S(mi, ni) * (dP(mi, ni) - dsum[ni]) : 0.f; });
     Tensor ds_lp = convert_frag<Element>(tSrdP);
     Tensor tdSrdS = make_tensor(ds_lp.data(), acc_to_a(ds_lp.layout()));  // the dK product's A operand
 
