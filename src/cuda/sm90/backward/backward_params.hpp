@@ -59,13 +59,11 @@ struct BackwardParams {
   const std::uint8_t* skip_bits = nullptr;
   std::int64_t skip_groups = 0, skip_tiles = 0;
 
-  // Workspace (backward_api.cu): [hq, rows_ld] LSE in log2 units (+inf for a row that saw no
-  // key: its P is 0) and D = rowsum(dO * O) - dLSE, token t of head h at h * rows_ld + t (rows_ld:
-  // tokens_q rounded up to 4, so that a head's row starts 16-byte aligned); [tokens_q, hq, d] f32
-  // dQ accumulator (zeroed before the main kernel, scaled and converted by the postprocess).
+  // Workspace (backward_api.cu): [hq, tokens_q] LSE in log2 units (+inf for a row that saw no
+  // key: its P is 0) and D = rowsum(dO * O) - dLSE; [tokens_q, hq, d] f32 dQ accumulator (zeroed
+  // before the main kernel, scaled and converted by the postprocess).
   float* lse_log2 = nullptr;
   float* dsum = nullptr;
-  std::int64_t rows_ld = 0;
   float* dq_accum = nullptr;
   int head_dim = 0;
 };

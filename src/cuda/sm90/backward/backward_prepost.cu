@@ -51,7 +51,7 @@ __global__ void __launch_bounds__(kThreads) preprocess_kernel(const BackwardPara
   if (lane == 0) {
     const float lse = p.lse[lse_offset(p.lse_s, p, tok, h)];
     const float dlse = p.dlse != nullptr ? p.dlse[lse_offset(p.dlse_s, p, tok, h)] : 0.f;
-    const std::int64_t at = std::int64_t(h) * p.rows_ld + tok;
+    const std::int64_t at = std::int64_t(h) * p.tokens_q + tok;
     // dS = P (dP - D + dLSE) (SPEC §9 with an upstream dLSE; src/reference/backward.cpp).
     p.dsum[at] = acc - dlse;
     // A row that saw no key has LSE = -inf and O = 0: +inf makes its P exactly 0 (no gradient).

@@ -222,7 +222,7 @@ __device__ void wg_consumer(WgmmaParams<Traits> const& kp, BackwardWork const& w
     CUTLASS_PRAGMA_UNROLL
     for (int ni = 0; ni < kCols; ++ni) {
       const int row = m0 + get<1>(tScS_rc(0, ni));
-      const std::int64_t at = std::int64_t(h) * p.rows_ld + w.tok_start + row;
+      const std::int64_t at = std::int64_t(h) * p.tokens_q + w.tok_start + row;
       lse[ni] = row < w.len_q ? p.lse_log2[at] : INFINITY;  // +inf: P = 0 (no key seen, or past the end)
       dsum[ni] = row < w.len_q ? p.dsum[at] : 0.f;
     }
