@@ -744,7 +744,8 @@ TEST(GpuBackward, DeviceTensorsStreamAndCallerWorkspace) {
 #endif
 
 // attention_backward_workspace_bytes: the f32 dQ accumulator [tokens_q, Hq, d], D and LSE
-// [Hq, tokens_q], the converted dO (f32 dout only) and the skip bits, each 256-byte aligned; 0 for
+// [Hq, B x Lq rounded up to 64 rows per sequence], the converted dO (f32 dout only) and the skip
+// bits, each 256-byte aligned; 0 for
 // the reference. Sizing runs no CUDA work (a CUDA build without a GPU answers too).
 TEST(GpuBackward, WorkspaceBytes) {
   Case c;
@@ -758,6 +759,7 @@ TEST(GpuBackward, WorkspaceBytes) {
   Data in = make_data(c, 11, cfg);
   auto up = [](std::size_t n) { return (n + 255) / 256 * 256; };
   const std::size_t tokens = std::size_t(c.B * c.Lq), rows = tokens * std::size_t(c.hq);
+  const std::size_t lse_rows = std::size_t(c.B) * 320 * std::size_t(c.hq);  // 300 rows -> 5 blocks of 64
   {
     Call call(c, in, DType::bf16, DType::bf16, DType::bf16, DType::f32);
     EXPECT_EQ(attention_backward_workspace_bytes(call.p), 0u);  // CPU tensors: the reference
@@ -767,16 +769,16 @@ TEST(GpuBackward, WorkspaceBytes) {
       EXPECT_THROW(attention_backward_workspace_bytes(call.p, {}, opt), Error);
       return;
     }
-    EXPECT_EQ(attention_backward_workspace_bytes(call.p, {}, opt), up(rows * 64 * 4) + 2 * up(rows * 4));
+    EXPECT_EQ(attention_backward_workspace_bytes(call.p, {}, opt), up(rows * 64 * 4) + 2 * up(lse_rows * 4));
     EXPECT_EQ(attention_backward_workspace_bytes(call.p, cfg, opt, &in.set),
-              up(rows * 64 * 4) + 2 * up(rows * 4) + up(in.set.bits.size()));
+              up(rows * 64 * 4) + 2 * up(lse_rows * 4) + up(in.set.bits.size()));
   }
   {
     Call call(c, in, DType::bf16, DType::f32, DType::bf16, DType::f32);  // f32 out / dout
     RunOptions opt;
     opt.device = DeviceKind::cuda;
     EXPECT_EQ(attention_backward_workspace_bytes(call.p, {}, opt),
-              up(rows * 64 * 4) + 2 * up(rows * 4) + up(rows * 64 * 2));
+              up(rows * 64 * 4) + 2 * up(lse_rows * 4) + up(rows * 64 * 2));
   }
 }
 

@@ -41,6 +41,7 @@ bool present(const Tensor& t) { return t.defined() || t.rank != 0; }
 struct Plan {
   detail::ResolvedAttention r;
   i64 tokens_q = 0;     // query token axis: B * Lq or q.shape[0]
+  i64 rows_ld = 0;      // LSE / D workspace rows per head (BackwardParams::rows_ld)
   i64 max_q = 0, max_k = 0;
   bool dout_conv = false;  // f32 dout: the preprocess rounds a copy to q's dtype
   std::size_t bytes_accum = 0, bytes_rows = 0, bytes_dout = 0, bytes_bits = 0;
@@ -135,7 +136,13 @@ Plan plan(const AttentionBackwardProblem& p, const SkipConfig& skip_in, const Sk
   check_i32(pl.tokens_q * r.hq, "query tokens x heads");
   check_i32(pl.tokens_q * r.hq * r.d / 256 + 1, "dQ postprocess blocks");
   pl.bytes_accum = static_cast<std::size_t>(pl.tokens_q * r.hq * r.d) * sizeof(float);
-  pl.bytes_rows = static_cast<std::size_t>(pl.tokens_q * r.hq) * sizeof(float);
+  // LSE / D rows per head: every sequence from a multiple of 64, its length rounded up to 64
+  // (BackwardParams::rows_ld, lse_row_start).
+  const i64 align = sm90::backward::kLseRowAlign;
+  pl.rows_ld = r.ragged ? (pl.tokens_q + align * r.batch + align - 1) / align * align
+                        : r.batch * ((pl.tokens_q / std::max<i64>(r.batch, 1) + align - 1) / align * align);
+  check_i32(pl.rows_ld * r.hq, "LSE rows x heads");
+  pl.bytes_rows = static_cast<std::size_t>(pl.rows_ld * r.hq) * sizeof(float);
   pl.bytes_dout = pl.dout_conv ? static_cast<std::size_t>(pl.tokens_q * r.hq * r.d) * 2 : 0;
   return pl;
 }
@@ -206,6 +213,7 @@ BackwardParams make_params(const AttentionBackwardProblem& p, const Plan& pl) {
     prm.len_k = static_cast<int>(check_i32(p.k.shape[1], "k length"));
   }
   prm.tokens_q = static_cast<int>(pl.tokens_q);
+  prm.rows_ld = static_cast<int>(pl.rows_ld);
   prm.tokens_k = static_cast<int>(check_i32(r.ragged ? p.k.shape[0] : r.batch * p.k.shape[1], "key tokens"));
   prm.num_n_blocks = static_cast<int>((r.max_k_len + kBlockN - 1) / kBlockN);
   prm.scale = static_cast<float>(r.scale);

@@ -77,7 +77,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1) backward_kernel(CUTE_G
     cp_async_fence();  // possibly empty: the wait below counts groups
     if (tid < kBlockM) {
       const int row = m * kBlockM + tid;
-      const std::int64_t at = std::int64_t(h) * p.tokens_q + w.tok_start + row;
+      const std::int64_t at = std::int64_t(h) * p.rows_ld + w.row_start + row;
       ss.lse_log2[tid] = row < w.len_q ? p.lse_log2[at] : INFINITY;
       ss.dsum[tid] = row < w.len_q ? p.dsum[at] : 0.f;
     }

@@ -17,6 +17,9 @@ struct LseStrides {
   std::int64_t batch = 0, head = 0, row = 0;
 };
 
+// Rows of the LSE / D workspace per alignment unit: one 64-row query block (256 bytes of f32).
+inline constexpr int kLseRowAlign = 64;
+
 struct BackwardParams {
   // Inputs (q, k, v, dout in the element type of the instance; out and dout may be f32).
   const void* q = nullptr;
@@ -59,13 +62,28 @@ struct BackwardParams {
   const std::uint8_t* skip_bits = nullptr;
   std::int64_t skip_groups = 0, skip_tiles = 0;
 
-  // Workspace (backward_api.cu): [hq, tokens_q] LSE in log2 units (+inf for a row that saw no
-  // key: its P is 0) and D = rowsum(dO * O) - dLSE; [tokens_q, hq, d] f32 dQ accumulator (zeroed
-  // before the main kernel, scaled and converted by the postprocess).
+  // Workspace (backward_api.cu): [hq, rows_ld] LSE in log2 units (+inf for a row that saw no key,
+  // and in a sequence's padding: its P is 0) and D = rowsum(dO * O) - dLSE (0 in the padding);
+  // [tokens_q, hq, d] f32 dQ accumulator (zeroed before the main kernel, scaled and converted by
+  // the postprocess). In the LSE / D rows every sequence starts at a multiple of kLseRowAlign
+  // (lse_row_start) and owns its length rounded up to one, so that the rows of one 64-row query
+  // block are one aligned 256-byte run (one bulk copy into shared memory in the wgmma kernel).
   float* lse_log2 = nullptr;
   float* dsum = nullptr;
+  int rows_ld = 0;  // per head: B * round_up(Lq, 64) batched, round_up(tokens_q + 64 B, 64) ragged
   float* dq_accum = nullptr;
   int head_dim = 0;
 };
+
+// First LSE / D row of sequence b (of length len_q when batched). Ragged: (cu_q[b] + 64 b) rounded
+// down to a multiple of 64, which is >= the previous sequence's start plus its length rounded up
+// to 64 (so sequences never overlap) and < rows_ld - round_up(len_b, 64) + 1.
+#if defined(__CUDACC__)
+__host__ __device__
+#endif
+inline std::int64_t lse_row_start(int b, int len_q, const int* cu_q) {
+  if (cu_q == nullptr) return std::int64_t(b) * ((len_q + kLseRowAlign - 1) / kLseRowAlign * kLseRowAlign);
+  return (std::int64_t(cu_q[b]) + std::int64_t(b) * kLseRowAlign) / kLseRowAlign * kLseRowAlign;
+}
 
 }  // namespace blasst::sm90::backward

@@ -49,13 +49,36 @@ __global__ void __launch_bounds__(kThreads) preprocess_kernel(const BackwardPara
 #pragma unroll
   for (int s = 16; s > 0; s >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, s);
   if (lane == 0) {
+    // The token's sequence b and position i in it (ragged: tokens past cu_q[B] belong to none).
+    int b = 0, i = 0, len = p.len_q;
+    if (p.cu_q != nullptr) {
+      if (tok >= p.cu_q[p.batch]) return;
+      int lo = 0, hi = p.batch - 1;  // the last b with cu_q[b] <= tok
+      while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (p.cu_q[mid] <= tok) lo = mid;
+        else hi = mid - 1;
+      }
+      b = lo;
+      i = tok - p.cu_q[b];
+      len = p.cu_q[b + 1] - p.cu_q[b];
+    } else {
+      b = tok / p.len_q;
+      i = tok % p.len_q;
+    }
     const float lse = p.lse[lse_offset(p.lse_s, p, tok, h)];
     const float dlse = p.dlse != nullptr ? p.dlse[lse_offset(p.dlse_s, p, tok, h)] : 0.f;
-    const std::int64_t at = std::int64_t(h) * p.tokens_q + tok;
+    const std::int64_t at = std::int64_t(h) * p.rows_ld + lse_row_start(b, p.len_q, p.cu_q) + i;
     // dS = P (dP - D + dLSE) (SPEC §9 with an upstream dLSE; src/reference/backward.cpp).
     p.dsum[at] = acc - dlse;
     // A row that saw no key has LSE = -inf and O = 0: +inf makes its P exactly 0 (no gradient).
     p.lse_log2[at] = lse == -INFINITY ? INFINITY : lse * 1.4426950408889634f;
+    // The sequence's last row fills its padding up to the next multiple of 64 the same way.
+    if (i == len - 1)
+      for (int r = 1; (i + r) % kLseRowAlign != 0; ++r) {
+        p.dsum[at + r] = 0.f;
+        p.lse_log2[at + r] = INFINITY;
+      }
   }
 }
 

@@ -16,6 +16,7 @@ struct BackwardWork {
   // Offsets of the sequence in the token axes (ragged: cu_q[b], cu_k[b]; batched: 0, and the
   // batch strides apply) and its first token in the workspace arrays (b * Lq or cu_q[b]).
   int q_start = 0, k_start = 0, tok_start = 0;
+  int row_start = 0;  // its first row in the LSE / D workspace (lse_row_start: 64-row aligned)
   int m_begin = 0, m_end = 0;  // query blocks [m_begin, m_end) that can see the key block
 };
 
@@ -41,6 +42,7 @@ struct BackwardScheduler {
       w.len_k = p.len_k;
       w.tok_start = w.b * p.len_q;
     }
+    w.row_start = int(lse_row_start(w.b, p.len_q, p.cu_q));
     const int n0 = w.n_block * kBlockN;
     if (n0 >= w.len_k) return false;
     w.m_end = (w.len_q + kBlockM - 1) / kBlockM;

@@ -95,8 +95,13 @@ __device__ void wg_producer(WgmmaParams<Traits> const& kp, BackwardWork const& w
     auto [tdOgdO, tdOsdO] =
         tma_partition(kp.tma_do, _0{}, Layout<_1>{}, group_modes<0, 2>(sdO), group_modes<0, 2>(gdO));
     pipe.producer_acquire(st);
-    copy(kp.tma_q.with(*pipe.producer_get_barrier(st)), tQgQ(_, m), tQsQ(_, st.index()));
-    copy(kp.tma_do.with(*pipe.producer_get_barrier(st)), tdOgdO(_, m), tdOsdO(_, st.index()));
+    auto* full = pipe.producer_get_barrier(st);
+    copy(kp.tma_q.with(*full), tQgQ(_, m), tQsQ(_, st.index()));
+    copy(kp.tma_do.with(*full), tdOgdO(_, m), tdOsdO(_, st.index()));
+    // The step's LSE and D: 64 consecutive f32 of the padded workspace rows (256-byte aligned).
+    const std::int64_t at = std::int64_t(h) * p.rows_ld + w.row_start + m * kBlockM;
+    SM90_BULK_COPY_G2S::copy(p.lse_log2 + at, full, ss.lse.data() + st.index() * kBlockM, Traits::kBulkBytesRows);
+    SM90_BULK_COPY_G2S::copy(p.dsum + at, full, ss.dsum.data() + st.index() * kBlockM, Traits::kBulkBytesRows);
     ++st;
     ++m;
   }
@@ -213,20 +218,13 @@ __device__ void wg_consumer(WgmmaParams<Traits> const& kp, BackwardWork const& w
   while (BackwardScheduler::next_kept(p, w, hh, m)) {
     const int h = w.kh * p.group + hh;
     const int m0 = m * kBlockM;
-    // LSE (log2; +inf for a row that saw no key) and D of this thread's query rows, read while
-    // the products below run. (A 2D TMA load of them into the pipeline stage ran the bf16 d128
-    // kernel 1.3x faster - fewer live registers - but faulted with an illegal instruction at the
-    // UTMALDG.2D in the CTAs of every sequence but the first (compute-sanitizer, 3e724fe; cause
-    // not established), so it is not kept.)
-    float lse[kCols], dsum[kCols];
-    CUTLASS_PRAGMA_UNROLL
-    for (int ni = 0; ni < kCols; ++ni) {
-      const int row = m0 + get<1>(tScS_rc(0, ni));
-      const std::int64_t at = std::int64_t(h) * p.tokens_q + w.tok_start + row;
-      lse[ni] = row < w.len_q ? p.lse_log2[at] : INFINITY;  // +inf: P = 0 (no key seen, or past the end)
-      dsum[ni] = row < w.len_q ? p.dsum[at] : 0.f;
-    }
     pipe.consumer_wait(st);
+    // LSE (log2; +inf for a row that saw no key or lies in the padding: P = 0) and D of the step's
+    // rows, in the stage (read where used: nothing held across the products). A 2D TMA load of
+    // the unpadded [hq, tokens] rows faulted at its UTMALDG.2D in the CTAs of every sequence but
+    // the first (3e724fe); these are plain 1D bulk copies of aligned runs.
+    const float* s_lse = ss.lse.data() + st.index() * kBlockM;
+    const float* s_dsum = ss.dsum.data() + st.index() * kBlockM;
     if (ragged && m0 + kBlockM > w.len_q) {
       zero_rows_from<Element>(sQ(_, _, st.index()), w.len_q - m0, mma_tid, Traits::kNumMmaThreads);
       zero_rows_from<Element>(sdO(_, _, st.index()), w.len_q - m0, mma_tid, Traits::kNumMmaThreads);
@@ -263,7 +261,7 @@ __device__ void wg_consumer(WgmmaParams<Traits> const& kp, BackwardWork const& w
     warpgroup_wait<1>();
     warpgroup_fence_operand(tSrS);
     each_pair([&](int mi, int ni, bool vis) {
-      S(mi, ni) = vis ? exp2_ftz(fmaf(S(mi, ni), p.scale_log2, -lse[ni])) : 0.f;
+      S(mi, ni) = vis ? exp2_ftz(fmaf(S(mi, ni), p.scale_log2, -s_lse[get<1>(tScS_rc(mi, ni))])) : 0.f;
     });
     Tensor p_lp = convert_frag<Element>(tSrS);
     Tensor tPrP = make_tensor(p_lp.data(), acc_to_a(p_lp.layout()));  // the dV product's A operand
@@ -273,7 +271,7 @@ __device__ void wg_consumer(WgmmaParams<Traits> const& kp, BackwardWork const& w
     // dS^T = P^T (dP^T - D) on visible pairs, 0 elsewhere.
     warpgroup_wait<1>();  // dP^T landed (dV may still run)
     warpgroup_fence_operand(tSrdP);
-    each_pair([&](int mi, int ni, bool vis) { dP(mi, ni) = vis ? S(mi, ni) * (dP(mi, ni) - dsum[ni]) : 0.f; });
+    each_pair([&](int mi, int ni, bool vis) { dP(mi, ni) = vis ? S(mi, ni) * (dP(mi, ni) - s_dsum[get<1>(tScS_rc(mi, ni))]) : 0.f; });
     Tensor ds_lp = convert_frag<Element>(tSrdP);
     Tensor tdSrdS = make_tensor(ds_lp.data(), acc_to_a(ds_lp.layout()));  // the dK product's A operand
 
@@ -341,7 +339,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     cutlass::arch::ClusterTransactionBarrier::init(&ss.barrier_kv, 1);
   }
   typename Pipeline::Params pp;
-  pp.transaction_bytes = 2 * Traits::kTmaBytesQ;  // Q and dO of one step
+  pp.transaction_bytes = 2 * Traits::kTmaBytesQ + 2 * Traits::kBulkBytesRows;  // Q, dO, LSE and D of one step
   pp.role = wg_idx == 0 ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
   pp.is_leader = threadIdx.x == 0;
   pp.num_consumers = Traits::kNumMmaThreads;

@@ -21,6 +21,7 @@
 #include <cutlass/arch/barrier.h>
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
+#include "cuda/sm90/backward/backward_params.hpp"
 #include "cuda/sm90/common/skip_policy.hpp"
 
 namespace blasst::sm90::backward {
@@ -115,6 +116,8 @@ struct BackwardWgmmaTraits {
                                       Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
   static constexpr uint32_t kTmaBytesQ = kBlockM * kHeadDim * sizeof(Element);
   static constexpr uint32_t kTmaBytesK = kBlockN * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kBulkBytesRows = kBlockM * sizeof(float);  // one LSE or D run of a step
+  static_assert(kBulkBytesRows % 16 == 0 && kBlockM == kLseRowAlign, "bulk copies of whole aligned 64-row runs");
 
   using Pipeline = cutlass::PipelineTmaAsync<kStages>;
   using PipelineState = cutlass::PipelineState<kStages>;
@@ -126,6 +129,9 @@ struct BackwardWgmmaTraits {
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutDO>, 1024> dout;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutDS>, 1024> ds;
     cute::array_aligned<float, kNumMmaWG * cute::cosize_v<SmemLayoutDQ>, 1024> dq;  // one tile per warpgroup
+    // LSE (log2) and D of each stage's 64 query rows: one bulk copy each, on the stage's barrier.
+    cute::array_aligned<float, kStages * kBlockM, 128> lse;
+    cute::array_aligned<float, kStages * kBlockM, 128> dsum;
     typename Pipeline::SharedStorage pipe_qdo;
     cutlass::arch::ClusterTransactionBarrier::ValueType barrier_kv;
   };
