@@ -383,19 +383,20 @@ void run(const DecodeProblem& p, const SkipConfig& skip, const RunOptions& opt, 
   }
 }
 
-std::size_t workspace_bytes(const DecodeProblem& p, const SkipConfig& skip, const RunOptions& opt, bool stats) {
+std::size_t workspace_bytes(const DecodeProblem& p, const SkipConfig& skip, const RunOptions& opt, bool stats,
+                            Warps warps) {
   const bool host = p.q.device == DeviceKind::cpu;
   if (host && opt.device != DeviceKind::cuda)
     throw Error("q: host tensor on the CUDA path; set RunOptions::device = cuda to stage it");
   const ResolvedDecode r = detail::validate_decode(p, host ? DeviceKind::cpu : DeviceKind::cuda);
   can_implement(p, r, skip);
-  return workspace_need(r, plan(r, skip, Warps::automatic), stats, opt.collect_histogram);
+  return workspace_need(r, plan(r, skip, warps), stats, opt.collect_histogram);
 }
 
-FlagsRegion split_flags_region(const DecodeProblem& p, const SkipConfig& skip) {
+FlagsRegion split_flags_region(const DecodeProblem& p, const SkipConfig& skip, Warps warps) {
   const ResolvedDecode r = detail::validate_decode(p, p.q.device);
   can_implement(p, r, skip);
-  const Plan pl = plan(r, skip, Warps::automatic);
+  const Plan pl = plan(r, skip, warps);
   if (pl.num_splits == 1) return {};
   const auto b = workspace_blocks(r, pl, false, false);
   return {detail::Workspace::bytes_for({b[0], b[1]}), b[2]};

@@ -28,13 +28,14 @@ void run(const DecodeProblem& p, const SkipConfig& skip, const RunOptions& opt, 
 // The warps per CTA of the instance that call would run (8 or 4): for tests and the benchmark.
 int planned_warps(const DecodeProblem& p, const SkipConfig& skip, Warps warps = Warps::automatic);
 // RunOptions::workspace bytes of that call (statistics counters included when `stats`).
-std::size_t workspace_bytes(const DecodeProblem& p, const SkipConfig& skip, const RunOptions& opt, bool stats);
+std::size_t workspace_bytes(const DecodeProblem& p, const SkipConfig& skip, const RunOptions& opt, bool stats,
+                            Warps warps = Warps::automatic);
 // Where the merge's split flags lie in a caller's workspace of a call on device tensors (bytes from
 // its start, and their size; size 0 with one split, which needs none): after every call they are all lowered (0),
 // which tests read back (decode_merge.cuh).
 struct FlagsRegion {
   std::size_t offset = 0, bytes = 0;
 };
-FlagsRegion split_flags_region(const DecodeProblem& p, const SkipConfig& skip);
+FlagsRegion split_flags_region(const DecodeProblem& p, const SkipConfig& skip, Warps warps = Warps::automatic);
 
 }  // namespace blasst::sm90::decode

@@ -212,17 +212,18 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas) decode_ker
   for (int i = 0; i < w.n; ++i) {
     const int kslot = i % NK;
     const std::int64_t t = w.t_begin + i;
-    float* red = sm.sRed + (i & 1) * W * kRows;
+    // 4 warps: the tile's two halves are K parts 2i and 2i + 1 of the split, in slots h % NK.
+    // (The order of the statements for G = 1 is the 8-warp kernels': see the top of this file.)
+    const int h0 = i * G, h1 = i * G + 1;
     if constexpr (G == 1) {
       mbar_wait(ml.barK0 + 8 * kslot, static_cast<std::uint32_t>((i / NK) & 1));
-      ml.score(s, wmax, qa, row_lim, sm.sK + kslot * kSlotBytes, t, red);
     } else {
-      // 4 warps: the tile's two halves are K parts 2i and 2i + 1 of the split, in slots h % NK.
-      const int h0 = i * G, h1 = i * G + 1;
       mbar_wait(ml.barK0 + 8 * (h0 % NK), static_cast<std::uint32_t>((h0 / NK) & 1));
       mbar_wait(ml.barK0 + 8 * (h1 % NK), static_cast<std::uint32_t>((h1 / NK) & 1));
-      ml.score(s, wmax, qa, row_lim, sm.sK + (h0 % NK) * kKSlotBytes, t, red, sm.sK + (h1 % NK) * kKSlotBytes);
     }
+    float* red = sm.sRed + (i & 1) * W * kRows;
+    if constexpr (G == 1) ml.score(s, wmax, qa, row_lim, sm.sK + kslot * kSlotBytes, t, red);
+    else ml.score(s, wmax, qa, row_lim, sm.sK + (h0 % NK) * kKSlotBytes, t, red, sm.sK + (h1 % NK) * kKSlotBytes);
 
     const bool keep = ml.vote(wmax, m_run, thr);
     if (i == 0) trace_point(p, 4);  // first vote
@@ -299,7 +300,17 @@ void launch(const Params& p, dim3 grid, cudaStream_t stream) {
   using Traits = DecodeTraits<E, kHeadDim, V, kMTiles, kWarps>;
   auto* fn = &decode_kernel<Traits>;
   constexpr int smem = static_cast<int>(Traits::kSmemBytes);
-  ::blasst::detail::set_max_dynamic_smem<&decode_kernel<Traits>>(smem, kWarps == 4);
+  if constexpr (kWarps == 4) {
+    // Once per process: the attribute holds for every device's context of the function, and a
+    // repeat only costs host time.
+    static const bool carveout = [fn] {
+      BLASST_CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                             cudaSharedmemCarveoutMaxShared));
+      return true;
+    }();
+    (void)carveout;
+  }
+  ::blasst::detail::set_max_dynamic_smem<&decode_kernel<Traits>>(smem);
   fn<<<grid, Traits::kThreads, smem, stream>>>(p);
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) ::blasst::detail::throw_cuda(e, "decode_kernel launch", __FILE__, __LINE__);

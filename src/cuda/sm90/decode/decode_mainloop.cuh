@@ -137,6 +137,7 @@ struct DecodeMainloop {
   static constexpr int kKSlotBytes = Traits::kKSlotBytes;
   static constexpr int kON = Traits::kON, kQPer = Traits::kQPer, kLag = Traits::kLag;
   static constexpr int kRowsPerPass = kThr / CH;    // cp.async: key rows per pass of the CTA
+  static constexpr int kPasses = kTileKeys / kRowsPerPass;
   static constexpr int kSlotBytes = Traits::kSlotBytes;
   static constexpr int kPStage = Traits::kPStageBytes;
 
@@ -184,13 +185,67 @@ struct DecodeMainloop {
 
   // ---- loads ------------------------------------------------------------------------------------
 
-  // Loads of one K or V tile (tile index t of the sequence) into a ring slot; kKeys < kTileKeys:
-  // part `part` of the tile (keys part * kKeys .. + kKeys - 1), a half-tile K slot of 4 warps (a
-  // part wholly past the sequence's end loads nothing and completes its barrier at once).
-  template <int kKeys = kTileKeys>
+  // Loads of one K or V tile (tile index t of the sequence) into a ring slot.
   __device__ __forceinline__ void load_tile(const T* base, std::int64_t s0, std::int64_t s1, std::int64_t sh,
+                                            unsigned char* slot, std::uint32_t bar, std::int64_t t, bool is_v) const {
+    if (tma) {
+      // A few large boxes per tile (rows of up to one page, 64 columns each) issued by one thread.
+      if (tid == 0) {
+        const int sub = p.tma_box_rows;
+        const std::int64_t left = w.Lk - t * kTileKeys;
+        const int valid = left < kTileKeys ? static_cast<int>(left) : kTileKeys;
+        const int nreq = (valid + sub - 1) / sub;
+        constexpr int kHalves = D / 64;
+        mbar_arrive_expect_tx(bar, nreq * kHalves * sub * 128);
+        const CUtensorMap* map = is_v ? &p.tmv : &p.tmk;
+        for (int j = 0; j < nreq; ++j) {
+          const std::int64_t key = t * kTileKeys + j * sub;
+          int c1, c3;  // key within the sequence (or slot within the page), sequence (or page)
+          if (p.page_table) {
+            c3 = __ldg(p.page_table + w.b * p.pt_stride + (key >> p.log2_page));
+            c1 = static_cast<int>(key & ((1 << p.log2_page) - 1));
+          } else {
+            c3 = w.b;
+            c1 = static_cast<int>(key);
+          }
+#pragma unroll
+          for (int hf = 0; hf < kHalves; ++hf)
+            tma_load_4d(smem_u32(slot + hf * kTileKeys * 128 + j * sub * 128), map, hf * 64, c1, w.h, c3, bar);
+        }
+      }
+      return;
+    }
+    // 16 bytes per thread per request into the same swizzled image; keys past the end zero-filled.
+#pragma unroll
+    for (int pass = 0; pass < kPasses; ++pass) {
+      const int row = ld_row + pass * kRowsPerPass;
+      const std::int64_t key = t * kTileKeys + row;
+      const T* src = base;
+      int bytes = 0;
+      if (key < w.Lk) {
+        std::int64_t off;
+        if (p.page_table) {
+          const std::int32_t page = __ldg(p.page_table + w.b * p.pt_stride + (key >> p.log2_page));
+          off = page * s0 + (key & ((1 << p.log2_page) - 1)) * s1;
+        } else {
+          off = w.b * s0 + key * s1;
+        }
+        src = base + off + w.h * sh + ld_chunk * 8;
+        bytes = 16;
+      }
+      cp_async16(smem_u32(slot + kv_off(row, ld_chunk)), src, bytes);
+    }
+    cp_async_arrive(bar);
+  }
+
+  // 4 warps: part `part` of tile t (keys part * kKeys .. + kKeys - 1) into a K slot of kKeys keys
+  // (load_tile's code for a part of a tile; a part wholly past the sequence's end loads nothing
+  // and completes its barrier at once). Kept apart from load_tile, whose code for whole tiles
+  // stays the 8-warp kernels' (one function for both changed their PTX's register numbering).
+  template <int kKeys>
+  __device__ __forceinline__ void load_part(const T* base, std::int64_t s0, std::int64_t s1, std::int64_t sh,
                                             unsigned char* slot, std::uint32_t bar, std::int64_t t, bool is_v,
-                                            int part = 0) const {
+                                            int part) const {
     const std::int64_t key_begin = t * kTileKeys + static_cast<std::int64_t>(part) * kKeys;
     if (tma) {
       // A few large boxes per tile (rows of up to one page, 64 columns each) issued by one thread.
@@ -260,7 +315,7 @@ struct DecodeMainloop {
   // 4 warps: K part h of the split (tile h / G, part h % G) into slot h % NK.
   __device__ __forceinline__ void load_k_part(int h) const {
     const int slot = h % NK;
-    load_tile<kKSlotKeys>(kbase, p.k_s0, p.k_s1, p.k_sh, sm.sK + slot * kKSlotBytes, barK0 + 8 * slot,
+    load_part<kKSlotKeys>(kbase, p.k_s0, p.k_s1, p.k_sh, sm.sK + slot * kKSlotBytes, barK0 + 8 * slot,
                           w.t_begin + h / G, false, h % G);
   }
   // ---- Q and the row state -------------------------------------------------------------------------
@@ -337,8 +392,11 @@ struct DecodeMainloop {
         for (int nt = 0; nt < kSNT; ++nt)
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
-            // n8 tile nt: key group nt / kSN, its n8 tile nt % kSN (G = 1: nt).
-            const int key = key0 + (nt / kSN) * (W * kKW) + (nt % kSN) * 8 + e;
+            // n8 tile nt: key group nt / kSN, its n8 tile nt % kSN (G = 1: nt; spelled apart, as
+            // the one expression changed the 8-warp kernels' instruction schedule).
+            int key;
+            if constexpr (G == 1) key = key0 + nt * 8 + e;
+            else key = key0 + (nt / kSN) * (W * kKW) + (nt % kSN) * 8 + e;
             float v = sc[mt][nt][hf * 2 + e] * p.scale_log2;
             v = key < row_lim[mt][hf] ? v : -INFINITY;
             sc[mt][nt][hf * 2 + e] = v;
