@@ -736,8 +736,6 @@ TEST(GpuDecode, FourWarpInstances) {
     std::vector<float> o(hp.out_elems());
     auto p = hp.problem(hp.q.data(), hp.k.data(), hp.v.data(), nullptr, hp.seqlens.data(), o.data(), nullptr,
                         blasst::DeviceKind::cpu);
-    blasst::RunOptions opt;
-    opt.device = blasst::DeviceKind::cuda;
     EXPECT_EQ(blasst::sm90::decode::planned_warps(p, {}, Warps::four), 4);
     EXPECT_EQ(blasst::sm90::decode::planned_warps(p, {}, Warps::eight), 8);
     c.hq = 32;
