@@ -95,6 +95,14 @@ if [ "$MODE" != bench ]; then
     echo "gpu tests (BLASST_TEST_DECODE_LOADS=$loads): rc=$trc ($(( $(date +%s) - t0 )) s)"
     [ $trc -ne 0 ] && rc=1
   done
+  # The 4-warp instances (two CTAs per SM) for every call they can serve (the library picks them
+  # for large grids only, which the suite's small cases are not).
+  t0=$(date +%s)
+  BLASST_TEST_DECODE_WARPS=4 timeout ${TEST_TIMEOUT_S:-100} \
+    "$BUILD/tests/gpu_decode/test_gpu_decode" --gtest_brief=1 $FILTER >> "$OUT/tests.log" 2>&1
+  trc=$?
+  echo "gpu tests (BLASST_TEST_DECODE_WARPS=4): rc=$trc ($(( $(date +%s) - t0 )) s)"
+  [ $trc -ne 0 ] && rc=1
   grep -E "^\[  FAILED  \] [A-Za-z]" "$OUT/tests.log" | sort -u | head -20
   # SANITIZE=1 adds the sanitizer runs to quick mode.
   { [ "$MODE" != quick ] || [ "${SANITIZE:-0}" = 1 ]; } && for tool in memcheck racecheck; do

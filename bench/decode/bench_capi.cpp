@@ -12,6 +12,9 @@ thread_local std::string g_err;
 // bdb_set_load_path: the K/V load path of the following bdb_decode calls (a benchmark probe of the
 // cp.async fallback; the library chooses tensor maps).
 blasst::sm90::decode::LoadPath g_loads = blasst::sm90::decode::LoadPath::automatic;
+// bdb_set_warps: the instance family of the following bdb_decode / bdb_lambdas calls (8-warp or
+// 4-warp kernels, or the library's rule), so that bench_decode.py --variants times both.
+blasst::sm90::decode::Warps g_warps = blasst::sm90::decode::Warps::automatic;
 
 // head_major: the caches are [B, Hk, L, d] in memory (each head's keys contiguous), viewed as
 // [B, L, Hk, d] through strides (a layout probe for the benchmark).
@@ -41,6 +44,27 @@ void bdb_set_load_path(int cp_async) {
   g_loads = cp_async ? blasst::sm90::decode::LoadPath::cp_async : blasst::sm90::decode::LoadPath::automatic;
 }
 
+// 0: the library's rule, 8: the 8-warp instances, 4: the 4-warp ones (two CTAs per SM; where the
+// table has none, the 8-warp ones).
+void bdb_set_warps(int warps) {
+  using blasst::sm90::decode::Warps;
+  g_warps = warps == 8 ? Warps::eight : warps == 4 ? Warps::four : Warps::automatic;
+}
+
+// The warps per CTA of the instance a bdb_decode call with these arguments runs (8 or 4; -1 on error).
+int bdb_planned_warps(void* q, void* k, void* v, void* out, int B, int L, int hq, int hk, int d, int dtype,
+                      double lambda) {
+  try {
+    auto p = make(q, k, v, out, B, L, hq, hk, d, dtype);
+    blasst::SkipConfig skip;
+    if (lambda > 0) skip = blasst::SkipConfig::from_threshold(lambda);
+    return blasst::sm90::decode::planned_warps(p, skip, g_warps);
+  } catch (const std::exception& e) {
+    g_err = e.what();
+    return -1;
+  }
+}
+
 // lambda <= 0: dense. stats (optional, 3 values): skipped, visited, split_tiles (synchronises).
 // order: 0 natural, 1 max-first (seeded splits).
 int bdb_decode(void* q, void* k, void* v, void* out, int B, int L, int hq, int hk, int d, int dtype, double lambda,
@@ -54,7 +78,7 @@ int bdb_decode(void* q, void* k, void* v, void* out, int B, int L, int hq, int h
     opt.stream = stream;
     opt.collect_stats = stats != nullptr;
     blasst::SkipStats st;
-    blasst::sm90::decode::run(p, skip, opt, stats ? &st : nullptr, g_loads);
+    blasst::sm90::decode::run(p, skip, opt, stats ? &st : nullptr, g_loads, g_warps);
     if (stats) {
       stats[0] = st.total_skipped();
       stats[1] = st.total_visited();
@@ -84,7 +108,7 @@ int bdb_lambdas(void* q, void* k, void* v, void* out, int B, int L, int hq, int 
       skip = blasst::SkipConfig::from_factor(1e30);
       skip.with_order(blasst::VisitOrder::max_first);
     }
-    blasst::decode(p, skip, opt, &st);
+    blasst::sm90::decode::run(p, skip, opt, &st, g_loads, g_warps);  // blasst::decode with the family set
     blasst::DeltaHistogram h;
     for (const auto& x : st.hist) h.merge(x);
     for (int i = 0; i < n; ++i) lambdas[i] = h.lambda_for(targets[i]);

@@ -1,10 +1,17 @@
 #!/usr/bin/env python3
 """Decode benchmark: blasst decode (dense and Skip-Softmax) vs torch SDPA (cuDNN, flash).
 
-Usage: bench_decode.py LIB.so OUTDIR [--quick]
+Usage: bench_decode.py LIB.so OUTDIR [--quick | --variants [--budget SECONDS]]
 
 --quick: 3 shapes (B=1 32k 32/8, B=8 32k 32/8, B=64 32k 64/8), dense and skip 50/70 % in both
 visit orders, cuDNN beside, no probes (~1 minute).
+--variants: the two decode instance families side by side (issue 18): the 8-warp kernels (one CTA
+per SM at d = 128) and the 4-warp ones (two CTAs per SM), forced through bdb_set_warps, beside
+torch SDPA cuDNN and flash, at B = 1, 8, 64 and L = 8k..128k (GQA 32/8, d = 128): dense as CUDA-graph
+replays and eagerly (one enqueue per call, host cost included), skip at 50 / 70 % (natural order,
+each family at the lambda of its own one-pass curve: the split layouts differ), and which family
+the library's rule picks. Writes decode_variants.json / .md; stops starting rows after --budget
+seconds (default 200).
 
 Skip rows are measured for both visit orders (SPEC §2a): natural, and max-first (= seeded splits in
 decode). Each order gets its own lambda from its own one-pass curve, so the orders are compared at
@@ -33,8 +40,11 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 LIB = ctypes.CDLL(sys.argv[1])
 OUT = sys.argv[2]
 QUICK = "--quick" in sys.argv
+VARIANTS = "--variants" in sys.argv
+BUDGET_S = float(sys.argv[sys.argv.index("--budget") + 1]) if "--budget" in sys.argv else 200.0
 LIB.bdb_last_error.restype = ctypes.c_char_p
 LIB.bdb_set_load_path.argtypes = [ctypes.c_int]
+LIB.bdb_set_warps.argtypes = [ctypes.c_int]
 vp = ctypes.c_void_p
 
 
@@ -137,6 +147,173 @@ def time_graph(fn_per_buf, nbuf, reps=25, warm=3, warm_s=0.05):
         times.append(a.elapsed_time(b) / 1e3 / nbuf)
     del graph
     return statistics.median(times), mode
+
+
+def time_eager(fn_per_buf, nbuf, reps=25, warm=3):
+    """Median per-call time (s) of fn over nbuf rotating buffers enqueued eagerly (no graph): each
+    call's host cost is in it when the host, not the GPU, is the bottleneck (small problems)."""
+    for _ in range(warm):
+        for i in range(nbuf):
+            fn_per_buf(i)
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a = torch.cuda.Event(enable_timing=True)
+        b = torch.cuda.Event(enable_timing=True)
+        a.record()
+        for i in range(nbuf):
+            fn_per_buf(i)
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / 1e3 / nbuf)
+    return statistics.median(times)
+
+
+def set_warps(w):
+    LIB.bdb_set_warps(w)
+
+
+def planned_warps(q, k, v, o, lam):
+    B, L, hk, d = k.shape
+    return LIB.bdb_planned_warps(vp(q.data_ptr()), vp(k.data_ptr()), vp(v.data_ptr()), vp(o.data_ptr()), B, L,
+                                 q.shape[2], hk, d, 0, ctypes.c_double(lam))
+
+
+def variants_main():
+    """Both instance families beside cuDNN and flash (see the module docstring, --variants)."""
+    t_start = time.perf_counter()
+    torch.manual_seed(0)
+    dev = torch.cuda.get_device_name()
+    copy_bw = copy_bandwidth()
+    print(f"device {dev}; copy bandwidth {copy_bw / 1e12:.2f} TB/s", flush=True)
+    hq, hk, d = 32, 8, 128
+    targets = [0.5, 0.7]
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(1234)
+    # The issue's target rows first (B >= 8, L >= 16k), so that the budget still leaves them.
+    grid = [(8, 32768), (8, 16384), (64, 16384), (8, 131072), (64, 32768), (1, 131072), (1, 32768), (8, 8192),
+            (64, 8192), (8, 65536), (64, 65536), (1, 8192), (1, 16384), (1, 65536), (64, 131072)]
+    rows = []
+    for (B, L) in grid:
+        if time.perf_counter() - t_start > BUDGET_S:
+            print(f"budget of {BUDGET_S:.0f} s spent: rows from B={B} L={L} on not run", flush=True)
+            break
+        kv_bytes = 2 * B * L * hk * d * 2
+        nbuf = max(2, min(8, math.ceil(4 * 60e6 / kv_bytes)))
+        if kv_bytes * nbuf > 90e9:
+            nbuf = 1 if kv_bytes > 60e6 else 2
+        bufs = []
+        for _ in range(nbuf):
+            k, v, u = make_kv(B, L, hk, d, hq // hk, gen)
+            q = make_q(B, hq, hk, d, u, gen)
+            bufs.append((q, k, v, torch.empty_like(q)))
+        q, k, v, o = bufs[0]
+        row = {"B": B, "L": L, "hq": hq, "hk": hk, "d": d, "kv_bytes": kv_bytes, "nbuf": nbuf}
+        set_warps(0)
+        row["library_warps_dense"] = planned_warps(q, k, v, o, 0.0)
+        outs = {}
+        for w in (8, 4):
+            set_warps(w)
+            try:
+                row[f"w{w}_planned"] = planned_warps(q, k, v, o, 0.0)
+                ours(q, k, v, o, 0.0)
+                outs[w] = o.float().clone()
+                time_graph(lambda i: ours(*bufs[i], 0.0), nbuf)  # the first timing of a row runs slow
+                t, mode = time_graph(lambda i: ours(*bufs[i], 0.0), nbuf)
+                row[f"w{w}_dense_us"] = t * 1e6
+                row[f"w{w}_dense_tbs"] = kv_bytes / t / 1e12
+                row[f"w{w}_timing"] = mode
+                row[f"w{w}_eager_us"] = time_eager(lambda i: ours(*bufs[i], 0.0), nbuf) * 1e6
+                lams = lambdas_for(q, k, v, o, targets, 0)
+                for s_, lam in zip(targets, lams):
+                    key = f"w{w}_skip{int(s_ * 100)}"
+                    if not (0 < lam < 1):
+                        row[key] = None
+                        continue
+                    st = []
+                    ours(q, k, v, o, lam, st)
+                    err = ((o.float() - outs[w]).norm() / outs[w].norm()).item()
+                    t_s, _ = time_graph(lambda i: ours(*bufs[i], lam), nbuf)
+                    ach = st[0] / max(st[1], 1)
+                    row[key] = {"lambda": lam, "achieved": ach, "split_tiles": st[2], "us": t_s * 1e6,
+                                "speedup": t / t_s, "bound": 1.0 / (1.0 - ach / 2), "err": err}
+            except Exception as e:  # keep the row (and the other family) on a failure
+                row[f"w{w}_error"] = str(e).splitlines()[0][:200]
+                print(f"B={B} L={L} {w} warps: {row[f'w{w}_error']}", flush=True)
+            finally:
+                set_warps(0)
+        if 8 in outs and 4 in outs:
+            row["w4_vs_w8_max_diff"] = (outs[4] - outs[8]).abs().max().item()
+        for name, be in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
+            try:
+                views = [(qq.transpose(1, 2), kk.transpose(1, 2), vv.transpose(1, 2)) for qq, kk, vv, _ in bufs]
+
+                def sdpa(i, views=views, be=be):
+                    with sdpa_kernel(be):
+                        return F.scaled_dot_product_attention(*views[i], enable_gqa=True)
+                t_p, _ = time_graph(sdpa, nbuf)
+                row[name + "_us"] = t_p * 1e6
+                row[name + "_tbs"] = kv_bytes / t_p / 1e12
+                row[name + "_eager_us"] = time_eager(sdpa, nbuf) * 1e6
+            except Exception as e:  # backend unavailable for this shape
+                row[name + "_us"] = None
+                row[name + "_err"] = str(e).splitlines()[0][:160]
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        write_variants_report(rows, dev, copy_bw)
+        del bufs, q, k, v, o, outs
+        torch.cuda.empty_cache()
+    print(write_variants_report(rows, dev, copy_bw))
+
+
+def write_variants_report(rows, dev, copy_bw):
+    commit = os.environ.get("BLASST_COMMIT", "unknown")
+    date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    with open(os.path.join(OUT, "decode_variants.json"), "w") as f:
+        json.dump({"date": date, "commit": commit, "gpu": dev, "copy_tbs": copy_bw / 1e12, "rows": rows}, f, indent=1)
+
+    def f1(x):
+        return "n/a" if x is None else f"{x:.1f}"
+
+    def f2(x):
+        return "n/a" if x is None else f"{x:.2f}"
+
+    def sk(x):
+        return "n/a" if not x else f"{x['achieved']:.2f}, {x['speedup']:.2f}x, {100 * x['speedup'] / x['bound']:.0f}%"
+    lines = [f"# decode instance families {date} commit {commit} on {dev}; copy {copy_bw / 1e12:.2f} TB/s; "
+             "GQA 32/8, d = 128, bf16, cold L2", "",
+             "Dense, CUDA-graph replays (TB/s = K+V bytes / time); lib = the family the library's rule picks; "
+             "x cuDNN = TB/s over cuDNN's", "",
+             "| B | L | lib | 8w us | 8w TB/s | 4w us | 4w TB/s | 4w/8w | cuDNN TB/s | flash TB/s | 8w x cuDNN | "
+             "4w x cuDNN | 4w-8w max diff |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        t8, t4, cu = r.get("w8_dense_tbs"), r.get("w4_dense_tbs"), r.get("cudnn_tbs")
+        lines.append(f"| {r['B']} | {r['L'] // 1024}k | {r.get('library_warps_dense')}w | {f1(r.get('w8_dense_us'))} | "
+                     f"{f2(t8)} | {f1(r.get('w4_dense_us'))} | {f2(t4)} | {f2(t4 / t8 if t4 and t8 else None)} | "
+                     f"{f2(cu)} | {f2(r.get('flash_tbs'))} | {f2(t8 / cu if t8 and cu else None)} | "
+                     f"{f2(t4 / cu if t4 and cu else None)} | {r.get('w4_vs_w8_max_diff', float('nan')):.1e} |")
+    lines += ["", "Eager (one enqueue per call, us per call)", "", "| B | L | 8w | 4w | cuDNN | flash |",
+              "|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['B']} | {r['L'] // 1024}k | {f1(r.get('w8_eager_us'))} | {f1(r.get('w4_eager_us'))} | "
+                     f"{f1(r.get('cudnn_eager_us'))} | {f1(r.get('flash_eager_us'))} |")
+    lines += ["", "Skip, natural order, each family at the lambda of its own one-pass curve: (achieved sparsity, "
+              "speedup over the same family's dense, % of the V-skip bound 1 / (1 - s/2))", "",
+              "| B | L | 8w skip50 | 4w skip50 | 8w skip70 | 4w skip70 | 4w skip70 us vs cuDNN dense us |",
+              "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        s70 = r.get("w4_skip70")
+        vs = f"{s70['us']:.1f} / {r['cudnn_us']:.1f}" if s70 and r.get("cudnn_us") else "n/a"
+        lines.append(f"| {r['B']} | {r['L'] // 1024}k | {sk(r.get('w8_skip50'))} | {sk(r.get('w4_skip50'))} | "
+                     f"{sk(r.get('w8_skip70'))} | {sk(r.get('w4_skip70'))} | {vs} |")
+    errs = [f"B={r['B']} L={r['L']}: " + "; ".join(f"{k}: {v}" for k, v in r.items() if k.endswith("_error") or k.endswith("_err"))
+            for r in rows if any(k.endswith("_error") or k.endswith("_err") for k in r)]
+    if errs:
+        lines += ["", "Errors:", ""] + ["- " + e for e in errs]
+    table = "\n".join(lines) + "\n"
+    with open(os.path.join(OUT, "decode_variants.md"), "w") as f:
+        f.write(table)
+    return table
 
 
 def copy_bandwidth():
@@ -349,4 +526,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    variants_main() if VARIANTS else main()

@@ -55,13 +55,18 @@ class DeviceBuffer {
 // cudaFuncSetAttribute(kernel, MaxDynamicSharedMemorySize, bytes) once per device and kernel
 // (it is a property of the kernel in the device's context; asking again on every launch costs host
 // time). Kernel: the __global__ function itself, e.g. set_max_dynamic_smem<&my_kernel<T>>(bytes).
+// max_carveout: also prefer the largest shared-memory carveout (kernels that need it to fit two
+// CTAs per SM).
 template <auto Kernel>
-void set_max_dynamic_smem(int bytes) {
+void set_max_dynamic_smem(int bytes, bool max_carveout = false) {
   static std::atomic<std::uint64_t> done{0};  // bit d: set on device d (devices 0..63)
   int dev = 0;
   BLASST_CUDA_CHECK(cudaGetDevice(&dev));
   const std::uint64_t bit = dev < 64 ? std::uint64_t{1} << dev : 0;
   if (bit != 0 && (done.load(std::memory_order_acquire) & bit) != 0) return;
+  if (max_carveout)
+    BLASST_CUDA_CHECK(cudaFuncSetAttribute(Kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                           cudaSharedmemCarveoutMaxShared));
   BLASST_CUDA_CHECK(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
   done.fetch_or(bit, std::memory_order_release);
 }

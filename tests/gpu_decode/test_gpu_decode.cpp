@@ -45,10 +45,41 @@ blasst::sm90::decode::LoadPath test_loads() {
   return blasst::sm90::decode::LoadPath::automatic;
 }
 
-// blasst::decode on the CUDA path with the load path under test.
+// The instance family under test: the library's rule, or, with BLASST_TEST_DECODE_WARPS=4 (or 8),
+// the 4-warp instances (two CTAs per SM; d = 128 with g * q_len <= 16, the 8-warp ones elsewhere)
+// or the 8-warp ones for every GPU call, so that one suite covers every instance the library may
+// pick (scripts/device_decode.sh runs it both ways; EveryInstantiationMatchesReference runs both
+// families in any case). Like the load path, a variable of the test, not of the library.
+// A test may force a family for its own calls (ForceWarps), whatever the variable says.
+blasst::sm90::decode::Warps* g_forced_warps = nullptr;
+blasst::sm90::decode::Warps test_warps() {
+  if (g_forced_warps != nullptr) return *g_forced_warps;
+  const char* e = std::getenv("BLASST_TEST_DECODE_WARPS");
+  const std::string v = e ? e : "";
+  if (v == "4") return blasst::sm90::decode::Warps::four;
+  if (v == "8") return blasst::sm90::decode::Warps::eight;
+  if (!v.empty() && v != "auto") ADD_FAILURE() << "BLASST_TEST_DECODE_WARPS: expected 4, 8 or auto, got '" << v << "'";
+  return blasst::sm90::decode::Warps::automatic;
+}
+
+struct ForceWarps {
+  blasst::sm90::decode::Warps w;
+  explicit ForceWarps(blasst::sm90::decode::Warps x) : w(x) { g_forced_warps = &w; }
+  ~ForceWarps() { g_forced_warps = nullptr; }
+  ForceWarps(const ForceWarps&) = delete;
+  ForceWarps& operator=(const ForceWarps&) = delete;
+};
+
+// blasst::decode on the CUDA path with the load path and the instance family under test.
 void gpu_decode(const blasst::DecodeProblem& p, const blasst::SkipConfig& s, const blasst::RunOptions& o,
                 blasst::SkipStats* st = nullptr) {
-  blasst::sm90::decode::run(p, s, o, st, test_loads());
+  blasst::sm90::decode::run(p, s, o, st, test_loads(), test_warps());
+}
+// blasst::decode_workspace_bytes of that call (the family changes the split layout).
+std::size_t gpu_workspace_bytes(const blasst::DecodeProblem& p, const blasst::SkipConfig& s, const blasst::RunOptions& o) {
+  if (test_warps() == blasst::sm90::decode::Warps::automatic) return blasst::decode_workspace_bytes(p, s, o);
+  return blasst::sm90::decode::workspace_bytes(p, s, o, o.collect_stats || o.collect_histogram || o.record_deltas,
+                                               test_warps());
 }
 
 // The fixed seed of a case: FNV-1a of its description, so a case keeps its data whatever runs
@@ -645,13 +676,19 @@ TEST(GpuDecode, HeadMajorCacheView) {
   expect_close(gpu, ref, 1e-2, "head-major view");
 }
 
-// Every instantiation (dtype x head dim x dense/skip x m-tiles): g * q_len <= 16 rows run the
-// one-m-tile kernels, 17..64 rows the four-m-tile ones; paged with splits, ragged tails.
+// Every instantiation (dtype x head dim x dense/skip x m-tiles x warps): g * q_len <= 16 rows run
+// the one-m-tile kernels, 17..64 rows the four-m-tile ones, and d = 128 with one m-tile also the
+// 4-warp ones (forced: the library picks them for large grids only); paged with splits, ragged tails.
 TEST(GpuDecode, EveryInstantiationMatchesReference) {
   SKIP_WITHOUT_GPU();
+  using blasst::sm90::decode::Warps;
+  for (Warps family : {Warps::eight, Warps::four})
   for (DType dt : {DType::bf16, DType::f16})
     for (int d : {64, 128})
       for (int ql : {2, 4}) {  // hq 16 / hk 2: 16 rows (one m-tile) or 32 rows (four)
+        if (family == Warps::four && (d != 128 || ql != 2)) continue;  // no 4-warp instance
+        ForceWarps force(family);
+        SCOPED_TRACE(family == Warps::four ? "4 warps" : "8 warps");
         Case c;
         c.dt = dt;
         c.d = d;
@@ -681,6 +718,64 @@ TEST(GpuDecode, EveryInstantiationMatchesReference) {
   sk.q_len = 4;
   sk.lens = {9000, 129, 3000};
   check_skip(sk, blasst::SkipConfig::from_threshold(0.5).with_order(blasst::VisitOrder::natural), 0, 0.3);
+}
+
+// The 4-warp instances (two CTAs per SM): K comes in 64-key half tiles, two per 128-key vote, so
+// the lengths here end in either half of a tile (and exactly at its middle), pages are smaller
+// and larger than a half tile (boxes of page_size rows), a tile's second half may lie wholly past
+// the sequence's end, splits are forced to 1-3 tiles (K parts wrap the 3-slot ring at every phase)
+// and seeded splits score their seed tiles from the V slots. Asserts that the plan picks them.
+TEST(GpuDecode, FourWarpInstances) {
+  SKIP_WITHOUT_GPU();
+  using blasst::sm90::decode::Warps;
+  ForceWarps force(Warps::four);
+  {
+    Case c;
+    c.lens = {64, 65};
+    HostProblem hp(c, 1);
+    std::vector<float> o(hp.out_elems());
+    auto p = hp.problem(hp.q.data(), hp.k.data(), hp.v.data(), nullptr, hp.seqlens.data(), o.data(), nullptr,
+                        blasst::DeviceKind::cpu);
+    EXPECT_EQ(blasst::sm90::decode::planned_warps(p, {}, Warps::four), 4);
+    EXPECT_EQ(blasst::sm90::decode::planned_warps(p, {}, Warps::eight), 8);
+    c.hq = 32;
+    c.hk = 2;
+    c.q_len = 2;  // g 16 x 2 tokens = 32 rows: four m-tiles, no 4-warp instance
+    HostProblem hw(c, 1);
+    std::vector<float> ow(hw.out_elems());
+    auto pw = hw.problem(hw.q.data(), hw.k.data(), hw.v.data(), nullptr, hw.seqlens.data(), ow.data(), nullptr,
+                         blasst::DeviceKind::cpu);
+    EXPECT_EQ(blasst::sm90::decode::planned_warps(pw, {}, Warps::four), 8);
+  }
+  for (DType dt : {DType::bf16, DType::f16}) {
+    Case c;
+    c.dt = dt;
+    c.lens = {1, 63, 64, 65, 127, 128, 129, 191, 192, 193, 300, 0, 2000};
+    check_dense(c);
+    check_dense(c, 1);
+    check_dense(c, 2);
+    check_dense(c, 3);
+    c.mask = blasst::MaskKind::full;
+    c.q_len = 4;  // g 4 x 4 tokens = 16 rows
+    check_dense(c, 2);
+  }
+  for (int ps : {16, 32, 64, 128, 256}) {
+    Case c;
+    c.page = ps;
+    c.lens = {1, 64, 65, 129, 1000, 4000, 77};
+    check_dense(c, ps == 64 ? 1 : 3);
+  }
+  Case sk;
+  sk.structured = true;
+  sk.lens = {20000, 7001};
+  check_skip(sk, blasst::SkipConfig::from_threshold(0.5).with_order(blasst::VisitOrder::natural), 0, 0.3);
+  check_skip(sk, blasst::SkipConfig::from_threshold(0.5).with_order(blasst::VisitOrder::natural), 5, 0.3);
+  blasst::SkipConfig seeded = blasst::SkipConfig::from_threshold(0.5).with_order(blasst::VisitOrder::max_first);
+  check_skip(sk, seeded, 0, 0.3);
+  sk.page = 32;
+  sk.q_len = 4;
+  sk.lens = {9000, 129, 3000};
+  check_skip(sk, seeded, 3, 0.3);
 }
 
 // Max-first order in decode = seeded splits (SPEC §2a): every split starts from the scores of the
@@ -755,7 +850,7 @@ TEST(GpuDecode, CallerWorkspace) {
                                  host_out.data(), host_lse.data(), blasst::DeviceKind::cpu);
   blasst::RunOptions size_opt = opt;
   size_opt.device = blasst::DeviceKind::cuda;
-  const std::size_t bytes = blasst::decode_workspace_bytes(host_problem, skip, size_opt);
+  const std::size_t bytes = gpu_workspace_bytes(host_problem, skip, size_opt);
   ASSERT_GT(bytes, 0u);
   EXPECT_EQ(blasst::decode_workspace_bytes(host_problem, skip, blasst::RunOptions{}), 0u) << "the CPU reference";
   void* ws = nullptr;
@@ -823,7 +918,7 @@ TEST(GpuDecode, InKernelMergeAcrossCallsAndGraphReplays) {
   CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   blasst::RunOptions pool_opt;
   pool_opt.stream = stream;
-  const std::size_t ws_bytes = blasst::decode_workspace_bytes(p, skip, pool_opt);
+  const std::size_t ws_bytes = gpu_workspace_bytes(p, skip, pool_opt);
   void* ws = device_copy(nullptr, ws_bytes);
   CK(cudaMemset(ws, 0xff, ws_bytes));  // garbage: every flag all ones
   blasst::RunOptions given = pool_opt;
@@ -848,7 +943,7 @@ TEST(GpuDecode, InKernelMergeAcrossCallsAndGraphReplays) {
     EXPECT_EQ(std::memcmp(a.lse.data(), b.lse.data(), a.lse.size() * 4), 0) << what << ": LSE differs";
   };
 
-  const auto region = blasst::sm90::decode::split_flags_region(p, skip);
+  const auto region = blasst::sm90::decode::split_flags_region(p, skip, test_warps());
   ASSERT_GT(region.bytes, 0u) << "one split: no flags under test";
   ASSERT_LE(region.offset + region.bytes, ws_bytes);
   auto flags_lowered = [&](const std::string& what) {

@@ -21,7 +21,7 @@ PrefillLaunchFn find_prefill_kernel(DType dtype, int head_dim, KernelVariant v) 
 #define BLASST_PREFILL_KERNEL(E, D, V)                                          \
   if (dtype == DType::E && head_dim == D && v == KernelVariant::V)              \
     return &prefill::launch<DType::E, D, KernelVariant::V>;
-#define BLASST_DECODE_KERNEL(E, D, V, MT)
+#define BLASST_DECODE_KERNEL(E, D, V, MT, W)
 #define BLASST_BACKWARD_KERNEL(E, D, K)
 #include "cuda/sm90/kernel_table.inc"
 #undef BLASST_PREFILL_KERNEL
@@ -30,13 +30,14 @@ PrefillLaunchFn find_prefill_kernel(DType dtype, int head_dim, KernelVariant v) 
   return nullptr;
 }
 
-DecodeKernel find_decode_kernel(DType dtype, int head_dim, KernelVariant v, int m_tiles) {
+DecodeKernel find_decode_kernel(DType dtype, int head_dim, KernelVariant v, int m_tiles, int warps) {
 #define BLASST_PREFILL_KERNEL(E, D, V)
 #define BLASST_BACKWARD_KERNEL(E, D, K)
-#define BLASST_DECODE_KERNEL(E, D, V, MT)                                                       \
-  if (dtype == DType::E && head_dim == D && v == KernelVariant::V && m_tiles == MT)             \
-    return DecodeKernel{&decode::launch<DType::E, D, KernelVariant::V, MT>,                     \
-                        &decode::occupancy<DType::E, D, KernelVariant::V, MT>};
+#define BLASST_DECODE_KERNEL(E, D, V, MT, W)                                                            \
+  if (dtype == DType::E && head_dim == D && v == KernelVariant::V && m_tiles == MT && warps == W)       \
+    return DecodeKernel{&decode::launch<DType::E, D, KernelVariant::V, MT, W>,                          \
+                        &decode::occupancy<DType::E, D, KernelVariant::V, MT, W>,                       \
+                        &decode::load_box_keys<DType::E, D, KernelVariant::V, MT, W>, W};
 #include "cuda/sm90/kernel_table.inc"
 #undef BLASST_PREFILL_KERNEL
 #undef BLASST_DECODE_KERNEL
@@ -54,7 +55,7 @@ const char* to_string(BackwardKernel k) {
 
 BackwardLaunchFn find_backward_kernel(DType dtype, int head_dim, BackwardKernel kernel) {
 #define BLASST_PREFILL_KERNEL(E, D, V)
-#define BLASST_DECODE_KERNEL(E, D, V, MT)
+#define BLASST_DECODE_KERNEL(E, D, V, MT, W)
 #define BLASST_BACKWARD_KERNEL(E, D, K)                                                 \
   if (dtype == DType::E && head_dim == D && kernel == BackwardKernel::K)                \
     return &backward::launch<DType::E, D, BackwardKernel::K>;
@@ -76,7 +77,7 @@ struct Entry {
 const std::vector<Entry>& entries() {
   static const std::vector<Entry> e = {
 #define BLASST_PREFILL_KERNEL(E, D, V) {Kind::prefill, DType::E, D},
-#define BLASST_DECODE_KERNEL(E, D, V, MT) {Kind::decode, DType::E, D},
+#define BLASST_DECODE_KERNEL(E, D, V, MT, W) {Kind::decode, DType::E, D},
 #define BLASST_BACKWARD_KERNEL(E, D, K) {Kind::backward, DType::E, D},
 #include "cuda/sm90/kernel_table.inc"
 #undef BLASST_PREFILL_KERNEL

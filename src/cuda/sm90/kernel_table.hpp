@@ -28,11 +28,14 @@ void launch(const PrefillParams& p, cudaStream_t stream);
 namespace decode {
 struct Params;
 // The instance sets its own dynamic shared memory (DecodeTraits::kSmemBytes).
-template <DType E, int kHeadDim, KernelVariant V, int kMTiles>
+template <DType E, int kHeadDim, KernelVariant V, int kMTiles, int kWarps>
 void launch(const Params& p, dim3 grid, cudaStream_t stream);
 // CTAs per SM of the instance (0 on error).
-template <DType E, int kHeadDim, KernelVariant V, int kMTiles>
+template <DType E, int kHeadDim, KernelVariant V, int kMTiles, int kWarps>
 int occupancy();
+// The most rows one tensor-map box of the instance may have (its K slot's keys).
+template <DType E, int kHeadDim, KernelVariant V, int kMTiles, int kWarps>
+int load_box_keys();
 }  // namespace decode
 
 namespace backward {
@@ -44,10 +47,11 @@ void launch(const BackwardParams& p, cudaStream_t stream);
 
 #define BLASST_PREFILL_KERNEL(E, D, V) \
   extern template void prefill::launch<DType::E, D, KernelVariant::V>(const prefill::PrefillParams&, cudaStream_t);
-#define BLASST_DECODE_KERNEL(E, D, V, MT)                                                                   \
-  extern template void decode::launch<DType::E, D, KernelVariant::V, MT>(const decode::Params&, dim3,        \
-                                                                          cudaStream_t);                    \
-  extern template int decode::occupancy<DType::E, D, KernelVariant::V, MT>();
+#define BLASST_DECODE_KERNEL(E, D, V, MT, W)                                                                \
+  extern template void decode::launch<DType::E, D, KernelVariant::V, MT, W>(const decode::Params&, dim3,     \
+                                                                             cudaStream_t);                 \
+  extern template int decode::occupancy<DType::E, D, KernelVariant::V, MT, W>();                             \
+  extern template int decode::load_box_keys<DType::E, D, KernelVariant::V, MT, W>();
 #define BLASST_BACKWARD_KERNEL(E, D, K) \
   extern template void backward::launch<DType::E, D, BackwardKernel::K>(const backward::BackwardParams&, cudaStream_t);
 #include "cuda/sm90/kernel_table.inc"
@@ -59,11 +63,13 @@ using PrefillLaunchFn = void (*)(const prefill::PrefillParams&, cudaStream_t);
 struct DecodeKernel {
   void (*launch)(const decode::Params&, dim3, cudaStream_t) = nullptr;
   int (*occupancy)() = nullptr;
+  int (*load_box_keys)() = nullptr;
+  int warps = 0;
 };
 
 // nullptr / empty when the table has no such instance.
 PrefillLaunchFn find_prefill_kernel(DType dtype, int head_dim, KernelVariant v);
-DecodeKernel find_decode_kernel(DType dtype, int head_dim, KernelVariant v, int m_tiles);
+DecodeKernel find_decode_kernel(DType dtype, int head_dim, KernelVariant v, int m_tiles, int warps);
 using BackwardLaunchFn = void (*)(const backward::BackwardParams&, cudaStream_t);
 BackwardLaunchFn find_backward_kernel(DType dtype, int head_dim, BackwardKernel kernel);
 

@@ -103,7 +103,7 @@ struct Plan {
   std::int64_t rows = 0, split_tiles = 1, num_splits = 1;
 };
 
-Plan plan(const ResolvedDecode& r, const SkipConfig& skip) {
+Plan plan(const ResolvedDecode& r, const SkipConfig& skip, Warps warps) {
   Plan pl;
   pl.rows = r.group * r.q_len;
   pl.threshold = make_skip_threshold(skip);
@@ -113,14 +113,26 @@ Plan plan(const ResolvedDecode& r, const SkipConfig& skip) {
   const bool use_skip = pl.threshold.can_skip(r.max_k_len) || pl.seeded;
   pl.mtiles = pl.rows <= 16 ? 1 : 4;
   const KernelVariant v = use_skip ? KernelVariant::skip : KernelVariant::dense;
-  pl.kernel = find_decode_kernel(r.dtype, static_cast<int>(r.d), v, pl.mtiles);
+  int dev = 0;
+  BLASST_CUDA_CHECK(cudaGetDevice(&dev));
+  const std::int64_t max_tiles = (r.max_k_len + kTileKeys - 1) / kTileKeys;
+  // The instance family: the 4-warp kernel (two CTAs per SM, d = 128 and one m-tile) when the
+  // table has it and the call has at least kFourWarpMinTilesPerCta tiles for each of 2 x SMs
+  // CTAs (then a second resident CTA has a run of its own, long against its pipeline fill and
+  // the merge); else the 8-warp one. At 132 SMs and Hk = 8: B = 8 from 8448 keys, B = 1 from 66k.
+  // (The threshold is a first guess, to be set from bench_decode.py --variants.)
+  const DecodeKernel four = find_decode_kernel(r.dtype, static_cast<int>(r.d), v, pl.mtiles, 4);
+  bool use_four = false;
+  if (four.launch != nullptr) {
+    if (warps == Warps::four) use_four = true;
+    else if (warps == Warps::automatic)
+      use_four = r.batch * r.hk * max_tiles >= std::int64_t{2} * sm_count(dev) * kFourWarpMinTilesPerCta;
+  }
+  pl.kernel = use_four ? four : find_decode_kernel(r.dtype, static_cast<int>(r.d), v, pl.mtiles, 8);
   if (pl.kernel.launch == nullptr)
     throw Error(std::string("no CUDA decode kernel instance for ") + to_string(r.dtype) + ", d = " +
                 std::to_string(r.d) + ", " + to_string(v) + ", " + std::to_string(pl.mtiles) +
                 " m-tiles (src/cuda/sm90/kernel_table.inc)");
-  int dev = 0;
-  BLASST_CUDA_CHECK(cudaGetDevice(&dev));
-  const std::int64_t max_tiles = (r.max_k_len + kTileKeys - 1) / kTileKeys;
   pl.split_tiles = skip.vote.split_tiles;
   if (pl.split_tiles == 0)
     pl.split_tiles = detail::decode_split_tiles(r.batch, r.hk, max_tiles, sm_count(dev), ctas_per_sm(pl.kernel, dev));
@@ -238,7 +250,7 @@ void append_trace(const char* file, const unsigned long long* dev, std::size_t n
 // Host tensors with opt.device == cuda: every input's span copied to the device (strides kept),
 // run, out/lse copied back, synchronised.
 void run_staged(const DecodeProblem& p, const SkipConfig& skip, const RunOptions& opt, SkipStats* stats,
-                LoadPath loads) {
+                LoadPath loads, Warps warps) {
   const ResolvedDecode r = detail::validate_decode(p, DeviceKind::cpu);  // checks the host problem itself
   can_implement(p, r, skip);
   detail::DeviceStaging staging(static_cast<cudaStream_t>(opt.stream));
@@ -255,7 +267,7 @@ void run_staged(const DecodeProblem& p, const SkipConfig& skip, const RunOptions
   }
   RunOptions o = opt;
   o.device = DeviceKind::cuda;
-  run(d, skip, o, stats, loads);
+  run(d, skip, o, stats, loads, warps);
   staging.download(p.out, d.out);
   staging.download(p.lse, d.lse);
   staging.synchronize();
@@ -263,15 +275,17 @@ void run_staged(const DecodeProblem& p, const SkipConfig& skip, const RunOptions
 
 }  // namespace
 
-void run(const DecodeProblem& p, const SkipConfig& skip, const RunOptions& opt, SkipStats* stats, LoadPath loads) {
-  if (p.q.device == DeviceKind::cpu && opt.device == DeviceKind::cuda) return run_staged(p, skip, opt, stats, loads);
+void run(const DecodeProblem& p, const SkipConfig& skip, const RunOptions& opt, SkipStats* stats, LoadPath loads,
+         Warps warps) {
+  if (p.q.device == DeviceKind::cpu && opt.device == DeviceKind::cuda)
+    return run_staged(p, skip, opt, stats, loads, warps);
   const ResolvedDecode r = detail::validate_decode(p, DeviceKind::cuda);
   auto stream = static_cast<cudaStream_t>(opt.stream);
   can_implement(p, r, skip);
   detail::check_aligned16(p.q, "q", kKernel);
   detail::check_aligned16(p.k_cache, "k_cache", kKernel);
   detail::check_aligned16(p.v_cache, "v_cache", kKernel);
-  const Plan pl = plan(r, skip);
+  const Plan pl = plan(r, skip, warps);
 
   const bool want_stats = wants_stats(stats, opt);
   const bool want_hist = stats != nullptr && opt.collect_histogram;
@@ -333,7 +347,10 @@ void run(const DecodeProblem& p, const SkipConfig& skip, const RunOptions& opt, 
   // when asked) 16-byte cp.async per thread.
   kp.tma = 0;
   if (loads == LoadPath::automatic) {
-    const int box_rows = static_cast<int>(r.paged ? std::min<std::int64_t>(r.page_size, kTileKeys) : kTileKeys);
+    // At most the instance's K slot (4 warps: 64-key half tiles; its V tiles take two boxes).
+    const int box_rows = static_cast<int>(std::min<std::int64_t>(r.paged ? std::min<std::int64_t>(r.page_size, kTileKeys)
+                                                                         : kTileKeys,
+                                                                 pl.kernel.load_box_keys()));
     if (box_rows >= 8 && make_kv_map(&kp.tmk, p.k_cache, box_rows) && make_kv_map(&kp.tmv, p.v_cache, box_rows)) {
       kp.tma = 1;
       kp.tma_box_rows = box_rows;
@@ -366,22 +383,29 @@ void run(const DecodeProblem& p, const SkipConfig& skip, const RunOptions& opt, 
   }
 }
 
-std::size_t workspace_bytes(const DecodeProblem& p, const SkipConfig& skip, const RunOptions& opt, bool stats) {
+std::size_t workspace_bytes(const DecodeProblem& p, const SkipConfig& skip, const RunOptions& opt, bool stats,
+                            Warps warps) {
   const bool host = p.q.device == DeviceKind::cpu;
   if (host && opt.device != DeviceKind::cuda)
     throw Error("q: host tensor on the CUDA path; set RunOptions::device = cuda to stage it");
   const ResolvedDecode r = detail::validate_decode(p, host ? DeviceKind::cpu : DeviceKind::cuda);
   can_implement(p, r, skip);
-  return workspace_need(r, plan(r, skip), stats, opt.collect_histogram);
+  return workspace_need(r, plan(r, skip, warps), stats, opt.collect_histogram);
 }
 
-FlagsRegion split_flags_region(const DecodeProblem& p, const SkipConfig& skip) {
+FlagsRegion split_flags_region(const DecodeProblem& p, const SkipConfig& skip, Warps warps) {
   const ResolvedDecode r = detail::validate_decode(p, p.q.device);
   can_implement(p, r, skip);
-  const Plan pl = plan(r, skip);
+  const Plan pl = plan(r, skip, warps);
   if (pl.num_splits == 1) return {};
   const auto b = workspace_blocks(r, pl, false, false);
   return {detail::Workspace::bytes_for({b[0], b[1]}), b[2]};
+}
+
+int planned_warps(const DecodeProblem& p, const SkipConfig& skip, Warps warps) {
+  const ResolvedDecode r = detail::validate_decode(p, p.q.device);
+  can_implement(p, r, skip);
+  return plan(r, skip, warps).kernel.warps;
 }
 
 }  // namespace blasst::sm90::decode

@@ -61,7 +61,9 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas) decode_ker
   constexpr int kLag = Traits::kLag;
   constexpr int kRows = Traits::kRows;
   constexpr int CH = Traits::CH;
-  constexpr int kKW = Traits::kKW, kSN = Traits::kSN, kON = Traits::kON;
+  constexpr int kKW = Traits::kKW, kSN = Traits::kSN, kSNT = Traits::kSNT, kON = Traits::kON;
+  constexpr int G = Traits::kKeyGroups;  // key groups per tile (4 warps: 2, each a half-tile K slot)
+  constexpr int kKSlotBytes = Traits::kKSlotBytes;
   constexpr int kSlotBytes = Traits::kSlotBytes;
   constexpr int kPStage = Traits::kPStageBytes;
   using T = typename Traits::T;
@@ -124,13 +126,18 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas) decode_ker
     // maxima go where nothing is written before the first vote (MT = 1: the back half of the
     // last V slot, whose front half staged Q; MT = 4: P stage 0), so one barrier suffices: the
     // first vote's barrier orders these reads before any reuse of that memory or the seed slots.
-    float* seed_red = MT == 1 ? reinterpret_cast<float*>(sm.sV + (NV - 1) * kSlotBytes + kSlotBytes / 2)
-                              : reinterpret_cast<float*>(sm.sP);  // [2][W][kRows]
-    static_assert(MT != 1 || kRows * D * 2 <= kSlotBytes / 2, "Q staging and the seed maxima share a slot");
-    static_assert(2 * W * kRows * 4 <= (MT == 1 ? kSlotBytes / 2 : kPStage), "seed maxima fit");
-    // Probe 3 scores the split's first ring tile twice instead of the seed tiles.
+    // (4 warps: the back half of the last K slot, whose front half staged Q; it is loaded after
+    // the prologue.)
+    float* seed_red = MT != 1  ? reinterpret_cast<float*>(sm.sP)  // [2][W][kRows]
+                      : G == 1 ? reinterpret_cast<float*>(sm.sV + (NV - 1) * kSlotBytes + kSlotBytes / 2)
+                               : reinterpret_cast<float*>(sm.sK + (NK - 1) * kKSlotBytes + kKSlotBytes / 2);
+    static_assert(MT != 1 || kRows * D * 2 <= (G == 1 ? kSlotBytes : kKSlotBytes) / 2,
+                  "Q staging and the seed maxima share a slot");
+    static_assert(2 * W * kRows * 4 <= (MT == 1 ? (G == 1 ? kSlotBytes : kKSlotBytes) / 2 : kPStage), "seed maxima fit");
+    // Probe 3 scores the split's first ring tile twice instead of the seed tiles (8 warps only:
+    // 4 warps' K slots hold half tiles).
     const unsigned char* seed_slot[2] = {sm.sV, sm.sV + kSlotBytes};
-    if (ml.seed_loads) {
+    if (G != 1 || ml.seed_loads) {
       mbar_wait(ml.barS0, 0);
       mbar_wait(ml.barS0 + 8, 0);
     } else {
@@ -138,34 +145,38 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas) decode_ker
       seed_slot[0] = seed_slot[1] = sm.sK;
     }
     if (ml.seed_scores) {
-      float acc[2][MT][kSN][4];
+      float acc[2][MT][kSNT][4];
 #pragma unroll
       for (int j = 0; j < 2; ++j)
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-          for (int nt = 0; nt < kSN; ++nt)
+          for (int nt = 0; nt < kSNT; ++nt)
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[j][mt][nt][e] = 0.f;
 #pragma unroll
       for (int ks = 0; ks < D / 16; ++ks) {
-        std::uint32_t r[2][4];
-        const int key = warp * kKW + (lane & 7) + (lane >> 4) * 8;
+        // The seed tiles are whole tiles in V slots: key group g at keys g * W * kKW (G = 1: 0).
 #pragma unroll
-        for (int j = 0; j < 2; ++j) ldsm_x4(smem_u32(seed_slot[j]) + kv_off(key, ks * 2 + ((lane >> 3) & 1)), r[j]);
+        for (int g = 0; g < G; ++g) {
+          std::uint32_t r[2][4];
+          const int key = g * W * kKW + warp * kKW + (lane & 7) + (lane >> 4) * 8;
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          std::uint32_t a[4];
-          if constexpr (MT == 1) {
+          for (int j = 0; j < 2; ++j) ldsm_x4(smem_u32(seed_slot[j]) + kv_off(key, ks * 2 + ((lane >> 3) & 1)), r[j]);
 #pragma unroll
-            for (int e = 0; e < 4; ++e) a[e] = qa[ks][e];
-          } else {
-            ldsm_x4(smem_u32(sm.sQ + swz(mt * 16 + (lane & 15), ks * 2 + (lane >> 4), CH)), a);
-          }
+          for (int mt = 0; mt < MT; ++mt) {
+            std::uint32_t a[4];
+            if constexpr (MT == 1) {
 #pragma unroll
-          for (int j = 0; j < 2; ++j) {
-            mma16816<T>(acc[j][mt][0], a, r[j][0], r[j][1]);
-            mma16816<T>(acc[j][mt][1], a, r[j][2], r[j][3]);
+              for (int e = 0; e < 4; ++e) a[e] = qa[ks][e];
+            } else {
+              ldsm_x4(smem_u32(sm.sQ + swz(mt * 16 + (lane & 15), ks * 2 + (lane >> 4), CH)), a);
+            }
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+              mma16816<T>(acc[j][mt][g * kSN], a, r[j][0], r[j][1]);
+              mma16816<T>(acc[j][mt][g * kSN + 1], a, r[j][2], r[j][3]);
+            }
           }
         }
       }
@@ -180,6 +191,11 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas) decode_ker
         if (ml.seed_scores) m_run[mt][hf] = running_max(ml.tile_max(seed_red, mt, hf), ml.tile_max(seed_red + W * kRows, mt, hf));
   }
 
+  if constexpr (G != 1) {
+    // 4 warps: the last K slot staged Q (and the seed maxima); every warp has read them.
+    __syncthreads();
+    if (NK - 1 < w.n * G) ml.load_k_part(NK - 1);
+  }
   trace_point(p, 3);  // prologue done
   // One m-tile: P and alpha of the pending survivors in registers, a FIFO whose oldest entry sits at
   // index pending - 1 (a push shifts every entry up by one, so the indices stay static). The tile
@@ -196,9 +212,18 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas) decode_ker
   for (int i = 0; i < w.n; ++i) {
     const int kslot = i % NK;
     const std::int64_t t = w.t_begin + i;
-    mbar_wait(ml.barK0 + 8 * kslot, static_cast<std::uint32_t>((i / NK) & 1));
+    // 4 warps: the tile's two halves are K parts 2i and 2i + 1 of the split, in slots h % NK.
+    // (The order of the statements for G = 1 is the 8-warp kernels': see the top of this file.)
+    const int h0 = i * G, h1 = i * G + 1;
+    if constexpr (G == 1) {
+      mbar_wait(ml.barK0 + 8 * kslot, static_cast<std::uint32_t>((i / NK) & 1));
+    } else {
+      mbar_wait(ml.barK0 + 8 * (h0 % NK), static_cast<std::uint32_t>((h0 / NK) & 1));
+      mbar_wait(ml.barK0 + 8 * (h1 % NK), static_cast<std::uint32_t>((h1 / NK) & 1));
+    }
     float* red = sm.sRed + (i & 1) * W * kRows;
-    ml.score(s, wmax, qa, row_lim, sm.sK + kslot * kSlotBytes, t, red);
+    if constexpr (G == 1) ml.score(s, wmax, qa, row_lim, sm.sK + kslot * kSlotBytes, t, red);
+    else ml.score(s, wmax, qa, row_lim, sm.sK + (h0 % NK) * kKSlotBytes, t, red, sm.sK + (h1 % NK) * kKSlotBytes);
 
     const bool keep = ml.vote(wmax, m_run, thr);
     if (i == 0) trace_point(p, 4);  // first vote
@@ -207,7 +232,15 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas) decode_ker
 
     // The K slot of tile i is free (every warp passed the vote): refill it first, so that no P.V
     // wait below delays the request.
-    if (i + NK < w.n) ml.load_tile(ml.kbase, p.k_s0, p.k_s1, p.k_sh, sm.sK + kslot * kSlotBytes, ml.barK0 + 8 * kslot, t + NK, false);
+    if constexpr (G == 1) {
+      if (i + NK < w.n) ml.load_tile(ml.kbase, p.k_s0, p.k_s1, p.k_sh, sm.sK + kslot * kSlotBytes, ml.barK0 + 8 * kslot, t + NK, false);
+    } else {
+      // The slots of parts 2i and 2i + 1 take parts 2i + NK and 2i + 1 + NK (half of tile i + 1
+      // and of tile i + 2 with NK = 3).
+#pragma unroll
+      for (int j = 0; j < G; ++j)
+        if (i * G + j + NK < w.n * G) ml.load_k_part(i * G + j + NK);
+    }
 
     if (keep) {
       // The tile's V load into V slot kept % NV (free: that slot's previous survivor had its P.V
@@ -260,30 +293,50 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas) decode_ker
 }
 
 // One instance of kernel_table.inc (declared in kernel_table.hpp); its dynamic shared memory is
-// DecodeTraits::kSmemBytes.
-template <DType E, int kHeadDim, KernelVariant V, int kMTiles>
+// DecodeTraits::kSmemBytes. Four warps: the largest shared-memory carveout is asked for, so that
+// two CTAs fit (the driver otherwise may configure an SM for one).
+template <DType E, int kHeadDim, KernelVariant V, int kMTiles, int kWarps>
 void launch(const Params& p, dim3 grid, cudaStream_t stream) {
-  using Traits = DecodeTraits<E, kHeadDim, V, kMTiles>;
+  using Traits = DecodeTraits<E, kHeadDim, V, kMTiles, kWarps>;
   auto* fn = &decode_kernel<Traits>;
   constexpr int smem = static_cast<int>(Traits::kSmemBytes);
+  if constexpr (kWarps == 4) {
+    // Once per process: the attribute holds for every device's context of the function, and a
+    // repeat only costs host time.
+    static const bool carveout = [fn] {
+      BLASST_CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                             cudaSharedmemCarveoutMaxShared));
+      return true;
+    }();
+    (void)carveout;
+  }
   ::blasst::detail::set_max_dynamic_smem<&decode_kernel<Traits>>(smem);
   fn<<<grid, Traits::kThreads, smem, stream>>>(p);
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) ::blasst::detail::throw_cuda(e, "decode_kernel launch", __FILE__, __LINE__);
 }
 
-template <DType E, int kHeadDim, KernelVariant V, int kMTiles>
+template <DType E, int kHeadDim, KernelVariant V, int kMTiles, int kWarps>
 int occupancy() {
-  using Traits = DecodeTraits<E, kHeadDim, V, kMTiles>;
+  using Traits = DecodeTraits<E, kHeadDim, V, kMTiles, kWarps>;
   auto* fn = &decode_kernel<Traits>;
   constexpr int smem = static_cast<int>(Traits::kSmemBytes);
   int n = 0;
-  if (cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess ||
+  if ((kWarps == 4 && cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                           cudaSharedmemCarveoutMaxShared) != cudaSuccess) ||
+      cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess ||
       cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, fn, Traits::kThreads, smem) != cudaSuccess) {
     cudaGetLastError();
     return 0;
   }
   return n;
+}
+
+// Rows of the instance's largest load box: its K slot's keys (the host's tensor-map boxes hold at
+// most this many rows).
+template <DType E, int kHeadDim, KernelVariant V, int kMTiles, int kWarps>
+int load_box_keys() {
+  return DecodeTraits<E, kHeadDim, V, kMTiles, kWarps>::kKSlotKeys;
 }
 
 }  // namespace blasst::sm90::decode

@@ -48,6 +48,15 @@ __device__ __forceinline__ std::uint32_t swz(int row, int chunk, int chunks_per_
 __device__ __forceinline__ std::uint32_t kv_off(int key, int chunk) {
   return static_cast<std::uint32_t>(((chunk >> 3) << 14) + key * 128 + (((chunk & 7) ^ (key & 7)) << 4));
 }
+// The same for a slot of kKeys keys (64-column halves of [kKeys][128 B]): kv_off is kKeys = 128.
+template <int kKeys>
+__device__ __forceinline__ std::uint32_t kv_off_keys(int key, int chunk) {
+  if constexpr (kKeys == 128) {
+    return kv_off(key, chunk);
+  } else {
+    return static_cast<std::uint32_t>((chunk >> 3) * (kKeys * 128) + key * 128 + (((chunk & 7) ^ (key & 7)) << 4));
+  }
+}
 
 // The CTA's dynamic shared memory, DecodeTraits::SharedStorage, as the pointers the kernel uses
 // (each from its member; the mbarriers' address is rounded up at run time as the one-function
@@ -62,7 +71,7 @@ struct DecodeSmem {
   static_assert(offsetof(SS, bar) == ((offsetof(SS, v_tile) + sizeof(int) * NV + 7) & ~std::size_t{7}),
                 "sBar (v_tile's end rounded up to 8 bytes) is SharedStorage::bar");
 
-  unsigned char* sK;         // [NK][kSlotBytes]
+  unsigned char* sK;         // [NK][kKSlotBytes]
   unsigned char* sV;         // [NV][kSlotBytes]
   unsigned char* sP;         // [NV][kPStageBytes], MT = 4
   unsigned char* sQ;         // MT = 4: [kRows][D]; MT = 1: staging in the last V slot
@@ -78,7 +87,9 @@ struct DecodeSmem {
     sRed = &ss.red[0][0][0];
     if constexpr (Traits::MT == 1) {
       sP = reinterpret_cast<unsigned char*>(sRed);
-      sQ = &ss.v[NV - 1][0];
+      // 4 warps: the last V slot holds a seed tile (NV = 2); the last K slot stages Q instead, and
+      // its first load waits until Q is in registers (decode_kernel.cuh).
+      sQ = Traits::kKeyGroups == 1 ? &ss.v[NV - 1][0] : &ss.k[Traits::NK - 1][0];
       sAlpha = sRed;
     } else {
       sP = &ss.p[0][0];
@@ -118,6 +129,12 @@ struct DecodeMainloop {
   static constexpr int kRows = Traits::kRows;
   static constexpr int CH = Traits::CH;
   static constexpr int kKW = Traits::kKW, kSN = Traits::kSN, kDN = Traits::kDN, kNT = Traits::kNT;
+  static constexpr int kSNT = Traits::kSNT;
+  // Key groups per tile: warp w scores (and, one m-tile, multiplies by V) keys g * W * 16 + 16 w ..
+  // + 15 of each group g; 1 with 8 warps, 2 with 4 (each group then one half-tile K slot).
+  static constexpr int G = Traits::kKeyGroups;
+  static constexpr int kKSlotKeys = Traits::kKSlotKeys;
+  static constexpr int kKSlotBytes = Traits::kKSlotBytes;
   static constexpr int kON = Traits::kON, kQPer = Traits::kQPer, kLag = Traits::kLag;
   static constexpr int kRowsPerPass = kThr / CH;    // cp.async: key rows per pass of the CTA
   static constexpr int kPasses = kTileKeys / kRowsPerPass;
@@ -128,9 +145,9 @@ struct DecodeMainloop {
   using QFrags = std::uint32_t[MT == 1 ? D / 16 : 1][4];  // one m-tile: Q's A fragments for the split
   using RowVals = float[MT][2];                           // m (log2 units), l (this thread's part), ...
   using RowLims = int[MT][2];                             // keys < row_lim are visible to the row
-  using Scores = float[MT][kSN][4];                       // S, then P, of this warp's 16 keys
+  using Scores = float[MT][kSNT][4];                      // S, then P, of this warp's 16 keys per group
   using OutAcc = float[MT][kON][4];                       // O: one m-tile: this warp's keys' share
-  using PFifo = std::uint32_t[MT == 1 ? kLag : 1][4];     // one m-tile: pending survivors' P
+  using PFifo = std::uint32_t[MT == 1 ? kLag : 1][4 * G]; // one m-tile: pending survivors' P
   using AlphaFifo = float[MT == 1 ? kLag : 1][2];         // ... their alpha
   using TileFifo = int[MT == 1 ? kLag : 1];               // ... their tile index
 
@@ -221,6 +238,65 @@ struct DecodeMainloop {
     cp_async_arrive(bar);
   }
 
+  // 4 warps: part `part` of tile t (keys part * kKeys .. + kKeys - 1) into a K slot of kKeys keys
+  // (load_tile's code for a part of a tile; a part wholly past the sequence's end loads nothing
+  // and completes its barrier at once). Kept apart from load_tile, whose code for whole tiles
+  // stays the 8-warp kernels' (one function for both changed their PTX's register numbering).
+  template <int kKeys>
+  __device__ __forceinline__ void load_part(const T* base, std::int64_t s0, std::int64_t s1, std::int64_t sh,
+                                            unsigned char* slot, std::uint32_t bar, std::int64_t t, bool is_v,
+                                            int part) const {
+    const std::int64_t key_begin = t * kTileKeys + static_cast<std::int64_t>(part) * kKeys;
+    if (tma) {
+      // A few large boxes per tile (rows of up to one page, 64 columns each) issued by one thread.
+      if (tid == 0) {
+        const int sub = p.tma_box_rows;
+        const std::int64_t left = w.Lk - key_begin;
+        const int valid = left < kKeys ? (left > 0 ? static_cast<int>(left) : 0) : kKeys;
+        const int nreq = (valid + sub - 1) / sub;
+        constexpr int kHalves = D / 64;
+        mbar_arrive_expect_tx(bar, nreq * kHalves * sub * 128);
+        const CUtensorMap* map = is_v ? &p.tmv : &p.tmk;
+        for (int j = 0; j < nreq; ++j) {
+          const std::int64_t key = key_begin + j * sub;
+          int c1, c3;  // key within the sequence (or slot within the page), sequence (or page)
+          if (p.page_table) {
+            c3 = __ldg(p.page_table + w.b * p.pt_stride + (key >> p.log2_page));
+            c1 = static_cast<int>(key & ((1 << p.log2_page) - 1));
+          } else {
+            c3 = w.b;
+            c1 = static_cast<int>(key);
+          }
+#pragma unroll
+          for (int hf = 0; hf < kHalves; ++hf)
+            tma_load_4d(smem_u32(slot + hf * kKeys * 128 + j * sub * 128), map, hf * 64, c1, w.h, c3, bar);
+        }
+      }
+      return;
+    }
+    // 16 bytes per thread per request into the same swizzled image; keys past the end zero-filled.
+#pragma unroll
+    for (int pass = 0; pass < kKeys / kRowsPerPass; ++pass) {
+      const int row = ld_row + pass * kRowsPerPass;
+      const std::int64_t key = key_begin + row;
+      const T* src = base;
+      int bytes = 0;
+      if (key < w.Lk) {
+        std::int64_t off;
+        if (p.page_table) {
+          const std::int32_t page = __ldg(p.page_table + w.b * p.pt_stride + (key >> p.log2_page));
+          off = page * s0 + (key & ((1 << p.log2_page) - 1)) * s1;
+        } else {
+          off = w.b * s0 + key * s1;
+        }
+        src = base + off + w.h * sh + ld_chunk * 8;
+        bytes = 16;
+      }
+      cp_async16(smem_u32(slot + kv_off_keys<kKeys>(row, ld_chunk)), src, bytes);
+    }
+    cp_async_arrive(bar);
+  }
+
   // The seed tiles' K (seeded splits) and the split's first NK tiles.
   __device__ __forceinline__ void first_loads() const {
     if (seed_loads) {
@@ -228,8 +304,19 @@ struct DecodeMainloop {
       for (int j = 0; j < 2; ++j)
         load_tile(kbase, p.k_s0, p.k_s1, p.k_sh, sm.sV + j * kSlotBytes, barS0 + 8 * j, w.seed_tile(j), false);
     }
-    for (int i = 0; i < NK && i < w.n; ++i)
-      load_tile(kbase, p.k_s0, p.k_s1, p.k_sh, sm.sK + i * kSlotBytes, barK0 + 8 * i, w.t_begin + i, false);
+    if constexpr (G == 1) {
+      for (int i = 0; i < NK && i < w.n; ++i)
+        load_tile(kbase, p.k_s0, p.k_s1, p.k_sh, sm.sK + i * kSlotBytes, barK0 + 8 * i, w.t_begin + i, false);
+    } else {
+      // Part NK - 1's slot stages Q (and the seed maxima): the kernel loads it after the prologue.
+      for (int h = 0; h < NK - 1 && h < w.n * G; ++h) load_k_part(h);
+    }
+  }
+  // 4 warps: K part h of the split (tile h / G, part h % G) into slot h % NK.
+  __device__ __forceinline__ void load_k_part(int h) const {
+    const int slot = h % NK;
+    load_part<kKSlotKeys>(kbase, p.k_s0, p.k_s1, p.k_sh, sm.sK + slot * kKSlotBytes, barK0 + 8 * slot,
+                          w.t_begin + h / G, false, h % G);
   }
   // ---- Q and the row state -------------------------------------------------------------------------
 
@@ -302,10 +389,14 @@ struct DecodeMainloop {
       for (int hf = 0; hf < 2; ++hf) {
         float mx = -INFINITY;
 #pragma unroll
-        for (int nt = 0; nt < kSN; ++nt)
+        for (int nt = 0; nt < kSNT; ++nt)
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
-            const int key = key0 + nt * 8 + e;
+            // n8 tile nt: key group nt / kSN, its n8 tile nt % kSN (G = 1: nt; spelled apart, as
+            // the one expression changed the 8-warp kernels' instruction schedule).
+            int key;
+            if constexpr (G == 1) key = key0 + nt * 8 + e;
+            else key = key0 + (nt / kSN) * (W * kKW) + (nt % kSN) * 8 + e;
             float v = sc[mt][nt][hf * 2 + e] * p.scale_log2;
             v = key < row_lim[mt][hf] ? v : -INFINITY;
             sc[mt][nt][hf * 2 + e] = v;
@@ -318,32 +409,50 @@ struct DecodeMainloop {
       }
     }
   }
-  // S of the tile in slot Ks into s, masked (mask_max).
+  // S of the tile in slot Ks into s, masked (mask_max). 4 warps: key group 1 (the tile's second
+  // half) is in slot Ks1, and S of both groups runs in one pass (two independent MMA chains).
   __device__ __forceinline__ void score(Scores& s, RowVals& wmax, const QFrags& qa, const RowLims& row_lim,
-                                        const unsigned char* Ks, std::int64_t t, float* red) const {
+                                        const unsigned char* Ks, std::int64_t t, float* red,
+                                        const unsigned char* Ks1 = nullptr) const {
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-      for (int nt = 0; nt < kSN; ++nt)
+      for (int nt = 0; nt < kSNT; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.f;
+    if constexpr (G != 1) {
+      static_assert(MT == 1 && G == 2, "4 warps: one m-tile, two key groups");
+      const unsigned char* slot[2] = {Ks, Ks1};
 #pragma unroll
-    for (int ks = 0; ks < D / 16; ++ks) {
-      std::uint32_t r[4];
-      {
+      for (int ks = 0; ks < D / 16; ++ks) {
         const int key = warp * kKW + (lane & 7) + (lane >> 4) * 8;
-        ldsm_x4(smem_u32(Ks) + kv_off(key, ks * 2 + ((lane >> 3) & 1)), r);
-      }
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        if constexpr (MT == 1) {
-          mma16816<T>(s[mt][0], qa[ks], r[0], r[1]);
-          mma16816<T>(s[mt][1], qa[ks], r[2], r[3]);
-        } else {
-          std::uint32_t a[4];
-          ldsm_x4(smem_u32(sm.sQ + swz(mt * 16 + (lane & 15), ks * 2 + (lane >> 4), CH)), a);
-          mma16816<T>(s[mt][0], a, r[0], r[1]);
-          mma16816<T>(s[mt][1], a, r[2], r[3]);
+        for (int g = 0; g < G; ++g) {
+          std::uint32_t r[4];
+          ldsm_x4(smem_u32(slot[g]) + kv_off_keys<kKSlotKeys>(key, ks * 2 + ((lane >> 3) & 1)), r);
+          mma16816<T>(s[0][g * kSN], qa[ks], r[0], r[1]);
+          mma16816<T>(s[0][g * kSN + 1], qa[ks], r[2], r[3]);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int ks = 0; ks < D / 16; ++ks) {
+        std::uint32_t r[4];
+        {
+          const int key = warp * kKW + (lane & 7) + (lane >> 4) * 8;
+          ldsm_x4(smem_u32(Ks) + kv_off(key, ks * 2 + ((lane >> 3) & 1)), r);
+        }
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          if constexpr (MT == 1) {
+            mma16816<T>(s[mt][0], qa[ks], r[0], r[1]);
+            mma16816<T>(s[mt][1], qa[ks], r[2], r[3]);
+          } else {
+            std::uint32_t a[4];
+            ldsm_x4(smem_u32(sm.sQ + swz(mt * 16 + (lane & 15), ks * 2 + (lane >> 4), CH)), a);
+            mma16816<T>(s[mt][0], a, r[0], r[1]);
+            mma16816<T>(s[mt][1], a, r[2], r[3]);
+          }
         }
       }
     }
@@ -417,7 +526,7 @@ struct DecodeMainloop {
         alpha_new[mt][hf] = alpha;
         float sum = 0.f;
 #pragma unroll
-        for (int nt = 0; nt < kSN; ++nt)
+        for (int nt = 0; nt < kSNT; ++nt)
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             const float pe = exp2f(s[mt][nt][hf * 2 + e] - m_use);
@@ -455,15 +564,18 @@ struct DecodeMainloop {
 #pragma unroll
     for (int j = kLag - 1; j > 0; --j) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) pa[j][e] = pa[j - 1][e];
+      for (int e = 0; e < 4 * G; ++e) pa[j][e] = pa[j - 1][e];
       pal[j][0] = pal[j - 1][0];
       pal[j][1] = pal[j - 1][1];
       ptile[j] = ptile[j - 1];
     }
-    pa[0][0] = pack2<T>(s[0][0][0], s[0][0][1]);
-    pa[0][1] = pack2<T>(s[0][0][2], s[0][0][3]);
-    pa[0][2] = pack2<T>(s[0][1][0], s[0][1][1]);
-    pa[0][3] = pack2<T>(s[0][1][2], s[0][1][3]);
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      pa[0][4 * g + 0] = pack2<T>(s[0][g * kSN][0], s[0][g * kSN][1]);
+      pa[0][4 * g + 1] = pack2<T>(s[0][g * kSN][2], s[0][g * kSN][3]);
+      pa[0][4 * g + 2] = pack2<T>(s[0][g * kSN + 1][0], s[0][g * kSN + 1][1]);
+      pa[0][4 * g + 3] = pack2<T>(s[0][g * kSN + 1][2], s[0][g * kSN + 1][3]);
+    }
     pal[0][0] = alpha_new[0][0];
     pal[0][1] = alpha_new[0][1];
     ptile[0] = static_cast<int>(t);
@@ -490,9 +602,48 @@ struct DecodeMainloop {
   }
 
   // P.V of survivor k for one m-tile: O (this warp's keys x all columns) = O * alpha + P V.
-  __device__ __forceinline__ void pv_reg(OutAcc& o_acc, int k, const std::uint32_t (&a)[4], const float (&al)[2],
+  __device__ __forceinline__ void pv_reg(OutAcc& o_acc, int k, const std::uint32_t (&a)[4 * G], const float (&al)[2],
                                          int tile) const {
-    const unsigned char* Vs = wait_v(k, tile, warp * kKW, warp * kKW + kKW, 0, CH);
+    if constexpr (G != 1) {
+      pv_reg_groups(o_acc, k, a, al, tile);
+    } else {
+      const unsigned char* Vs = wait_v(k, tile, warp * kKW, warp * kKW + kKW, 0, CH);
+#pragma unroll
+      for (int nt = 0; nt < kDN; ++nt) {
+        o_acc[0][nt][0] *= al[0];
+        o_acc[0][nt][1] *= al[0];
+        o_acc[0][nt][2] *= al[1];
+        o_acc[0][nt][3] *= al[1];
+      }
+      const int key = warp * kKW + (lane & 7) + ((lane >> 3) & 1) * 8;
+#pragma unroll
+      for (int np = 0; np < kDN / 2; ++np) {
+        std::uint32_t r[4];
+        ldsm_x4_t(smem_u32(Vs) + kv_off(key, np * 2 + (lane >> 4)), r);
+        mma16816<T>(o_acc[0][np * 2], a, r[0], r[1]);
+        mma16816<T>(o_acc[0][np * 2 + 1], a, r[2], r[3]);
+      }
+    }
+  }
+
+  // 4 warps: the same over this warp's keys of every key group (P of group g is a[4g .. 4g + 3]).
+  __device__ __forceinline__ void pv_reg_groups(OutAcc& o_acc, int k, const std::uint32_t (&a)[4 * G],
+                                                const float (&al)[2], int tile) const {
+    const int slot = k % NV;
+    mbar_wait(barV0 + 8 * slot, static_cast<std::uint32_t>((k / NV) & 1));
+    unsigned char* Vs = sm.sV + slot * kSlotBytes;
+    if (tma && (static_cast<std::int64_t>(tile) + 1) * kTileKeys > w.Lk) {
+      // Rows past the sequence's end that this warp reads (P = 0 there, but 0 * NaN is not 0).
+      const int valid = static_cast<int>(w.Lk - static_cast<std::int64_t>(tile) * kTileKeys);
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        const int key_lo = g * W * kKW + warp * kKW, key_hi = key_lo + kKW;
+        const int k0 = valid > key_lo ? valid : key_lo;
+        for (int idx = lane; idx < (key_hi - k0) * CH; idx += 32)
+          *reinterpret_cast<uint4*>(Vs + kv_off(k0 + idx / CH, idx % CH)) = make_uint4(0, 0, 0, 0);
+      }
+      __syncwarp();
+    }
 #pragma unroll
     for (int nt = 0; nt < kDN; ++nt) {
       o_acc[0][nt][0] *= al[0];
@@ -500,13 +651,17 @@ struct DecodeMainloop {
       o_acc[0][nt][2] *= al[1];
       o_acc[0][nt][3] *= al[1];
     }
-    const int key = warp * kKW + (lane & 7) + ((lane >> 3) & 1) * 8;
 #pragma unroll
-    for (int np = 0; np < kDN / 2; ++np) {
-      std::uint32_t r[4];
-      ldsm_x4_t(smem_u32(Vs) + kv_off(key, np * 2 + (lane >> 4)), r);
-      mma16816<T>(o_acc[0][np * 2], a, r[0], r[1]);
-      mma16816<T>(o_acc[0][np * 2 + 1], a, r[2], r[3]);
+    for (int g = 0; g < G; ++g) {
+      const int key = g * W * kKW + warp * kKW + (lane & 7) + ((lane >> 3) & 1) * 8;
+      const std::uint32_t ag[4] = {a[4 * g], a[4 * g + 1], a[4 * g + 2], a[4 * g + 3]};
+#pragma unroll
+      for (int np = 0; np < kDN / 2; ++np) {
+        std::uint32_t r[4];
+        ldsm_x4_t(smem_u32(Vs) + kv_off(key, np * 2 + (lane >> 4)), r);
+        mma16816<T>(o_acc[0][np * 2], ag, r[0], r[1]);
+        mma16816<T>(o_acc[0][np * 2 + 1], ag, r[2], r[3]);
+      }
     }
   }
 
