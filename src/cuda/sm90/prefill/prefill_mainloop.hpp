@@ -107,6 +107,22 @@ __device__ __forceinline__ void producer_run(KernelParams<Traits> const& kp, Pre
   }
 }
 
+// Writes one lane's part of a vote group's skip set: `bits` holds tiles [tile0, tile0 + 32) of
+// the group whose tile 0 is bit `set_row` of `words`; only visible tiles (< n_vis) count. The
+// 32 bits straddle two words unless set_row is a multiple of 32; a word may be shared with the
+// neighbouring groups, hence red.or. At most two per lane, once per CTA.
+__device__ __forceinline__ void record_set_bits(std::uint32_t* words, long long set_row, int tile0,
+                                                std::uint32_t bits, int n_vis) {
+  const int nv = n_vis - tile0;
+  if (nv < 32) bits = nv <= 0 ? 0u : bits & ((1u << nv) - 1u);
+  if (bits == 0u) return;
+  const long long i = set_row + tile0;
+  std::uint32_t* const word = words + (i >> 5);
+  const int s = int(i & 31);
+  atomicOr(word, bits << s);
+  if (s != 0 && (bits >> (32 - s)) != 0u) atomicOr(word + 1, bits >> (32 - s));
+}
+
 template <class Traits, class TensorO, class Softmax>
 __device__ __forceinline__ void consumer_mainloop(KernelParams<Traits> const& kp,
                                                   PrefillWork const& w,
@@ -177,12 +193,19 @@ __device__ __forceinline__ void consumer_mainloop(KernelParams<Traits> const& kp
   unsigned long long* const hist = Traits::kHist ? p.hist : nullptr;
   int n_skipped = 0;
   // Non-null: the skip set is recorded (SPEC §9; skip_record and skip_hist instances only, null
-  // elsewhere so its code folds away): the first thread of the warpgroup sets the bit of each
-  // visited tile its vote skipped. set_row: bit index of this vote group's tile 0.
+  // elsewhere so its code folds away). set_row: bit index of this vote group's tile 0. The bits
+  // of tiles [0, kSetWindowTiles) are gathered in one register spread over the warp (lane l holds
+  // tiles [32 l, 32 l + 32)): a skipped tile costs every thread one shift and one OR, with no
+  // memory access and no branch on the skipped-tile path, and warp 0 of the warpgroup writes
+  // the words once, after the loop (record_set_bits). Tiles past the window (sequences of more
+  // than 128K keys) are set one by one by the warpgroup's first thread, as before.
   std::uint32_t* const skip_set = Traits::kRecordSet ? p.skip_set : nullptr;
   const bool record_lane = skip_set != nullptr && mma_tid % 128 == 0;  // the warpgroup's first thread
   const long long set_row =
       (static_cast<long long>(w.b * p.hq + w.h) * p.set_groups + (row0 / 64 + cwg)) * p.set_tiles;
+  constexpr int kSetWindowTiles = 32 * 32;
+  [[maybe_unused]] std::uint32_t set_bits = 0;  // this lane's 32 tiles of the window
+  const int lane_tile0 = 32 * (threadIdx.x % 32);  // the first of them
 
   // Histogram (statistics), kept off the softmax's critical path and free of divergent branches:
   // in step n+1, while its S wgmma runs, each warp reduces its delta maximum of tile n and stores
@@ -311,9 +334,13 @@ __device__ __forceinline__ void consumer_mainloop(KernelParams<Traits> const& kp
       if (skip) {
         pipe_v.consumer_wait(st);
         pipe_v.consumer_release(st);
-        // The skip set's bit, after the V stages are released: off the vote -> release path,
-        // on the skipped-tile path only, and predicated (no branch around it).
-        if constexpr (Traits::kRecordSet) red_or_bit(skip_set, set_row + tile, record_lane && tile < n_vis);
+        // The skip set's bit, after the V stages are released (off the vote -> release path):
+        // into the lane that holds the tile (a shift past 31 gives 0 in the others); the window
+        // test is warp-uniform (tile is), so it is a uniform branch.
+        if constexpr (Traits::kRecordSet) {
+          set_bits |= shl_or_zero(1u, std::uint32_t(tile - lane_tile0));
+          if (tile >= kSetWindowTiles) red_or_bit(skip_set, set_row + tile, record_lane && tile < n_vis);
+        }
       }
     }
     float alpha[kRows];
@@ -362,6 +389,13 @@ __device__ __forceinline__ void consumer_mainloop(KernelParams<Traits> const& kp
     if (hist_warp) {
       if (w.n_max >= 2) hist_flush(w.n_max - 2, vis2);
       hist_flush(w.n_max - 1, vis1);
+    }
+  }
+  if constexpr (Traits::kRecordSet) {
+    // Every warp of the warpgroup holds the same bits; warp 0 writes them (invisible tiles, which
+    // the vote always skips, masked off here instead of on every skipped tile).
+    if (skip_set != nullptr && (mma_tid / 32) % 4 == 0) {
+      record_set_bits(skip_set, set_row, lane_tile0, set_bits, n_vis);
     }
   }
   // The walk visits every tile of [0, n_max) once, and [0, n_vis) are the visible ones: no
