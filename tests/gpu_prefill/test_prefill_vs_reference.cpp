@@ -353,6 +353,65 @@ TEST(GpuPrefillVsReference, SeededMaximaRagged) {
 // kernel's words against the float64 oracle's skipped pairs (natural order) away from near-ties;
 // a dense call and a lambda >= 1 call overwrite poisoned words with zeros; too few words are a
 // clear error.
+// The skip set of a sequence longer than the kernel's register window (1024 key tiles: bits of
+// later tiles are set one by one, earlier ones written once per CTA from a register): every
+// visited pair's bit against the oracle's decision, on both sides of tile 1024, with the words of
+// a short second sequence after it (vote groups that do not start on a word boundary).
+TEST(GpuPrefillVsReference, SkipSetPastTheRegisterWindow) {
+  BLASST_GPU_OR_SKIP("the sm_90a prefill kernel needs a Hopper device");
+  Case c;
+  c.lq = {64, 100};
+  c.lk = {1030 * 128 - 60, 300};  // 1030 tiles, the last one partial
+  c.hq = 2;
+  c.hk = 1;
+  c.d = 64;
+  c.causal = true;
+  const std::uint64_t seed = test_seed(690);
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  const Inputs in = random_inputs(c, seed);
+  const std::vector<double> dense_ln(c.lq.size(), -std::numeric_limits<double>::infinity());
+  const Oracle curve = oracle(c, in, dense_ln, false);
+  const double ln = ln_lambda_for(curve.all_deltas, 0.5);
+  ASSERT_TRUE(std::isfinite(ln)) << "target 0.5 unreachable at lambda < 1: the fixed data is inadequate";
+  SkipConfig sk = SkipConfig::from_threshold(std::exp(ln)).with_order(VisitOrder::natural);
+  std::vector<std::uint32_t> words;
+  SkipStats gs;
+  RunOptions gopt;
+  gopt.collect_stats = true;  // no histogram: the skip_record instance
+  (void)run_gpu(c, in, sk, gopt, &gs, &words);
+
+  VoteGranularity vote;
+  const auto tasks = vote_tasks(c.lq, c.lk, c.hk, c.hq / c.hk, vote, true, false);
+  const std::int64_t groups = (100 + 63) / 64, tiles = 1030;
+  ASSERT_EQ(std::int64_t(words.size()), (2 * c.hq * groups * tiles + 31) / 32);
+  std::size_t i = 0;
+  std::int64_t sure_past = 0, sure_before = 0, ties = 0, extra = 0;
+  std::vector<char> seen(std::size_t(2 * c.hq * groups * tiles), 0);
+  for (const auto& t : tasks)
+    for (const std::int64_t tile : t.tiles) {
+      ASSERT_LT(i, curve.all_deltas.size()) << "oracle deltas do not match the vote groups";
+      const double d = curve.all_deltas[i++];
+      const std::int64_t bit = ((t.b * c.hq + t.h0) * groups + t.r0 / 64) * tiles + tile;
+      seen[std::size_t(bit)] = 1;
+      const bool got = (words[std::size_t(bit / 32)] >> (bit % 32)) & 1u;
+      if (std::abs(d - ln) < kTieEps) { ++ties; continue; }
+      const bool want = d < ln;
+      (tile >= 1024 ? sure_past : sure_before) += want;
+      EXPECT_EQ(got, want) << "sequence " << t.b << " head " << t.h0 << " rows " << t.r0 << " tile " << tile
+                           << ": delta " << d << ", ln lambda " << ln;
+    }
+  ASSERT_EQ(i, curve.all_deltas.size());
+  for (std::size_t b = 0; b < seen.size(); ++b)
+    if (!seen[b]) extra += (words[b / 32] >> (b % 32)) & 1u;
+  for (std::size_t b = seen.size(); b < words.size() * 32; ++b) extra += (words[b / 32] >> (b % 32)) & 1u;
+  EXPECT_EQ(extra, 0) << "bits set for pairs that are not visited";
+  EXPECT_GT(sure_before, 0) << "nothing skipped inside the window";
+  EXPECT_GT(sure_past, 0) << "nothing skipped past tile 1024: the case does not test that path";
+  EXPECT_LE(double(ties), kMaxTieShare * double(curve.all_deltas.size()));
+  std::printf("[skip set] past the window: %lld / %lld sure skipped pairs before / past tile 1024, %lld near-ties\n",
+              (long long)sure_before, (long long)sure_past, (long long)ties);
+}
+
 TEST(GpuPrefillVsReference, SkipSetRaggedDenseAndErrors) {
   BLASST_GPU_OR_SKIP("the sm_90a prefill kernel needs a Hopper device");
   Case c;

@@ -38,6 +38,14 @@ __device__ __forceinline__ void red_or_bit(std::uint32_t* words, long long i, bo
       "r"(1u << (i & 31)), "r"(int(pred)));
 }
 
+// x << n for n < 32, else 0 (PTX clamps shift amounts to the register width; C++ `<<` by 32 or
+// more is undefined): one SHF, so a bit can be set in a word only when n falls inside it.
+__device__ __forceinline__ std::uint32_t shl_or_zero(std::uint32_t x, std::uint32_t n) {
+  std::uint32_t r;
+  asm("shl.b32 %0, %1, %2;" : "=r"(r) : "r"(x), "r"(n));
+  return r;
+}
+
 // ---- mbarriers -----------------------------------------------------------------------------
 
 __device__ __forceinline__ void mbar_init(std::uint32_t bar, int count) {

@@ -93,6 +93,14 @@ BLASST_SKIP_D float row_delta(float tile_max, float m, float scale) {
   const float d = m == -INFINITY ? INFINITY : (tile_max - m) * scale;
   return tile_max == -INFINITY ? -INFINITY : d;
 }
+// row_delta as the histogram sees it: the same bin (hist_bin) for every input, without the
+// m = -inf select: there (tile_max - m) * scale is +inf (NaN for a NaN tile max or a zero scale),
+// the top bin like row_delta's +inf; everything else is row_delta's value. The product and the
+// tile_max test are row_keeps' own, so a kernel that votes and bins computes them once.
+BLASST_SKIP_D float row_delta_for_bin(float tile_max, float m, float scale) {
+  const float d = (tile_max - m) * scale;
+  return tile_max != -INFINITY ? d : -INFINITY;
+}
 // Bitwise & on purpose: the vote sits on the softmax's critical path, and a short-circuit && made
 // ptxas branch around it (BRA + BSYNC before the BAR.RED in the prefill skip kernel; +2-3 % at
 // 50-70 % sparsity on the H200, 9a59ea1) where selects are enough. No select for m = -inf either

@@ -47,7 +47,14 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
 
   if (wg_idx == 0) {
     cutlass::arch::warpgroup_reg_dealloc<Traits::kRegProducer>();
-    if (threadIdx.x == 0 && w.n_max > 0) producer_run<Traits>(kp, w, ss, pipe_k, pipe_v);
+    // skip_hist: warps 1 and 2 bin the delta histogram of consumer warpgroups 0 and 1 (one branch
+    // or the other: nothing of one stays live across the other in the 24 registers).
+    const int hist_cwg = int(threadIdx.x / 32) - 1;
+    if (Traits::kHist && hist_cwg >= 0 && hist_cwg < Traits::kNumMmaWG) {
+      if (w.n_max > 0) hist_warp_run<Traits>(kp, w, ss, hist_cwg);
+    } else if (threadIdx.x == 0 && w.n_max > 0) {
+      producer_run<Traits>(kp, w, ss, pipe_k, pipe_v);
+    }
   } else {
     cutlass::arch::warpgroup_reg_alloc<Traits::kRegConsumer>();
     const int mma_tid = int(threadIdx.x) - 128;

@@ -107,6 +107,58 @@ __device__ __forceinline__ void producer_run(KernelParams<Traits> const& kp, Pre
   }
 }
 
+// The delta histogram (SPEC §5) of consumer warpgroup cwg, binned by one warp of the producer
+// warpgroup (warp 1 + cwg; skip_hist only). It joins the warpgroup's vote barrier of every tile
+// (voting keep = false, so the vote is unchanged) and, after the barrier of tile n, reads the 32
+// quad deltas of tile n-1 that the barrier orders, reduces them to delta_G (running_max: NaN
+// stays NaN, the top bin), bins it with the policy's rule and counts it once when the tile is
+// visible to the group. The last tile comes through kBarHistLast0 + cwg. Its work overlaps the
+// consumers' next tile, so the vote barrier never waits for it; it holds the producer
+// warpgroup's 24 registers.
+template <class Traits>
+__device__ __forceinline__ void hist_warp_run(KernelParams<Traits> const& kp, PrefillWork const& w,
+                                              typename Traits::SharedStorage& ss, int cwg) {
+  const PrefillParams& p = kp.p;
+  const int lane = threadIdx.x % 32;
+  const int n_vis = visible_tiles(w.m_block * Traits::kBlockM + cwg * 64, 64, w.q_len, w.k_len,
+                                  p.causal, Traits::kBlockN);
+  unsigned long long* const head_hist = p.hist + std::size_t(w.h) * kHistSlots;
+  const float* const slots = &ss.hist_delta[cwg][0][0];
+  auto bin_tile = [&](int n, int tile) {
+    float d = slots[(n & 1) * Traits::kHistDeltaSlots + lane];
+    d = running_max(d, __shfl_xor_sync(0xffffffffu, d, 1));
+    d = running_max(d, __shfl_xor_sync(0xffffffffu, d, 2));
+    d = warp_delta(d);
+    if (lane == 0 && tile < n_vis && p.hist != nullptr) atomicAdd(head_hist + hist_bin(d), 1ull);
+  };
+  TileWalk<Traits> walk(w);
+  int prev_tile = 0;
+  for (int n = 0; n < w.n_max; ++n) {
+    named_sync_or(kBarVote0 + cwg, Traits::kVoteThreads, false);
+    if (n > 0) bin_tile(n - 1, prev_tile);
+    prev_tile = walk.tile();
+    walk.advance();
+  }
+  named_sync(kBarHistLast0 + cwg, Traits::kVoteThreads);
+  bin_tile(w.n_max - 1, prev_tile);
+}
+
+// Writes one lane's part of a vote group's skip set: `bits` holds tiles [tile0, tile0 + 32) of
+// the group whose tile 0 is bit `set_row` of `words`; only visible tiles (< n_vis) count. The
+// 32 bits straddle two words unless set_row is a multiple of 32; a word may be shared with the
+// neighbouring groups, hence red.or. At most two per lane, once per CTA.
+__device__ __forceinline__ void record_set_bits(std::uint32_t* words, long long set_row, int tile0,
+                                                std::uint32_t bits, int n_vis) {
+  const int nv = n_vis - tile0;
+  if (nv < 32) bits = nv <= 0 ? 0u : bits & ((1u << nv) - 1u);
+  if (bits == 0u) return;
+  const long long i = set_row + tile0;
+  std::uint32_t* const word = words + (i >> 5);
+  const int s = int(i & 31);
+  atomicOr(word, bits << s);
+  if (s != 0 && (bits >> (32 - s)) != 0u) atomicOr(word + 1, bits >> (32 - s));
+}
+
 template <class Traits, class TensorO, class Softmax>
 __device__ __forceinline__ void consumer_mainloop(KernelParams<Traits> const& kp,
                                                   PrefillWork const& w,
@@ -173,48 +225,34 @@ __device__ __forceinline__ void consumer_mainloop(KernelParams<Traits> const& kp
   // ln(lambda) = -inf never skips; the vote still runs (statistics, and no shortcut that would
   // make the 0 %-sparsity cost look smaller than with a real lambda).
   const bool can_skip = ln_lambda > -INFINITY;
-  // Non-null: histogram on (skip_hist instance only; null elsewhere, so all its code folds away).
-  unsigned long long* const hist = Traits::kHist ? p.hist : nullptr;
   int n_skipped = 0;
   // Non-null: the skip set is recorded (SPEC §9; skip_record and skip_hist instances only, null
-  // elsewhere so its code folds away): the first thread of the warpgroup sets the bit of each
-  // visited tile its vote skipped. set_row: bit index of this vote group's tile 0.
+  // elsewhere so its code folds away). set_row: bit index of this vote group's tile 0. For tiles
+  // [0, kSetWindowTiles) the bits are gathered in one register spread over the warp (lane l holds
+  // tiles [32 l, 32 l + 32)): one shift and one OR per thread, no memory access, no branch;
+  // skip_record gathers the KEPT tiles, on the kept-tile path, whose exponentials leave issue
+  // slots free, so the short skipped-tile path carries only the window test (warp-uniform);
+  // skip_hist gathers the skipped ones on the skipped path (Traits::kRecordKept). Warp 0 of the
+  // warpgroup writes the skipped visible tiles once, after the loop (record_set_bits). Tiles past
+  // the window (sequences of more than 128K keys) are set one by one when skipped, by the
+  // warpgroup's first thread, as before (the branch is in the plain skip kernel's place).
   std::uint32_t* const skip_set = Traits::kRecordSet ? p.skip_set : nullptr;
   const bool record_lane = skip_set != nullptr && mma_tid % 128 == 0;  // the warpgroup's first thread
   const long long set_row =
       (static_cast<long long>(w.b * p.hq + w.h) * p.set_groups + (row0 / 64 + cwg)) * p.set_tiles;
+  constexpr int kSetWindowTiles = 32 * 32;
+  [[maybe_unused]] std::uint32_t set_bits = 0;  // this lane's 32 tiles of the window
+  const int lane_tile0 = 32 * (threadIdx.x % 32);  // the first of them
 
-  // Histogram (statistics), kept off the softmax's critical path and free of divergent branches:
-  // in step n+1, while its S wgmma runs, each warp reduces its delta maximum of tile n and stores
-  // it in its own smem slot; in step n+2 (after tile n+1's vote barrier, which orders those
-  // stores) warp 0 of the warpgroup reads the four slots at once, all its lanes bin the maximum
-  // alike and lane 0 counts it. The last two tiles are binned after one extra barrier. Whatever
-  // warp 0 does here delays the next vote barrier if it outlasts the S wgmma (ncu, H200, 78202c4:
-  // barrier stalls 0.25 -> 0.76 per instruction), so the chain is kept short: one 16-byte smem
-  // read, float binning, the tiles' visibility carried in registers.
-  float* const hslot = &ss.hist_delta[cwg][0][0];  // [tile parity][warp]
-  const int wg_warp = (mma_tid / 32) % 4;
-  const int lane = threadIdx.x % 32;
-  const bool hist_warp = hist != nullptr && wg_warp == 0;
-  bool vis1 = false, vis2 = false;  // tiles of the previous two steps visible to this warpgroup
-  // The tile of step n into the histogram (warp 0 of the warpgroup), when visible.
-  auto hist_flush = [&](int n, bool visible) {
-    const float4 v = *reinterpret_cast<const float4*>(hslot + (n & 1) * 4);
-    const int bin = hist_bin(running_max(running_max(v.x, v.y), running_max(v.z, v.w)));
-    if (lane == 0 && visible) atomicAdd(hist + std::size_t(w.h) * kHistSlots + bin, 1ull);
-  };
-  float d_prev = -INFINITY;  // this thread's delta of the previous tile (histogram only)
-  // This warp's maximum of step n's tile into its slot (NaN when a row's delta is NaN: the top
-  // bin, as on the host).
-  auto hist_store = [&](int n) {
-    const float d = warp_delta(d_prev);
-    if (lane == 0) hslot[(n & 1) * 4 + wg_warp] = d;
-  };
-  // In step n's wgmma gap: tile n-1 into this warp's slot; warp 0 bins tile n-2.
-  auto hist_gap = [&](int n) {
-    hist_store(n - 1);
-    if (hist_warp && n >= 2) hist_flush(n - 2, vis2);
-  };
+  // Histogram (skip_hist): the consumer's whole part is one thread_delta and one shared store per
+  // quad right after the vote (off the vote's path, while the P V product of the tile before
+  // runs); the warpgroup's histogram warp (hist_warp_run, in the producer warpgroup) reads the
+  // slots of tile n after the vote barrier of tile n+1, which it joins, and bins them. Before:
+  // shuffles and a store in every warp, and warp 0 binning and counting in the S wgmma's wait
+  // (+10-13 % over the skip kernel on the H200; the vote barrier waited for warp 0).
+  [[maybe_unused]] float* const hist_slot =
+      &ss.hist_delta[cwg][0][((mma_tid / 32) % 4) * 8 + (threadIdx.x % 32) / 4];  // [parity][quad]
+  [[maybe_unused]] const bool quad_leader = threadIdx.x % 4 == 0;
 
   cutlass::arch::ClusterTransactionBarrier::wait(&ss.barrier_q, 0);
 
@@ -252,9 +290,6 @@ __device__ __forceinline__ void consumer_mainloop(KernelParams<Traits> const& kp
       }
     }
     if constexpr (Traits::kPingPong) named_arrive(kBarSched0 + other, Traits::kNumMmaThreads);
-    if constexpr (!kFirst) {
-      if (hist != nullptr) hist_gap(n);
-    }
     if constexpr (kPV != 0) warpgroup_wait<1>(); else warpgroup_wait<0>();
     warpgroup_fence_operand(tSrS);
     pipe_k.consumer_release(st);
@@ -268,13 +303,18 @@ __device__ __forceinline__ void consumer_mainloop(KernelParams<Traits> const& kp
     sm.template tile_max<Traits::kTreeMax>(tSrS_rc, tmax);
 
     bool skip = false;
-    [[maybe_unused]] float d_thread = -INFINITY;  // histogram only
     if constexpr (Traits::kSkip) {
       // One BAR.RED of per-thread predicates decides (no warpgroup max on the softmax's path;
       // bar.red also orders shared memory like bar.sync, which the histogram slots rely on).
       const bool keep = vote_keep(tmax, sm.m, row, w.q_len, p.scale, ln_lambda);
-      if (hist != nullptr) d_thread = thread_delta(tmax, sm.m, row, w.q_len, p.scale);
-      const bool any_keep = named_sync_or(kBarVote0 + cwg, 128, keep);
+      const bool any_keep = named_sync_or(kBarVote0 + cwg, Traits::kVoteThreads, keep);
+      if constexpr (Traits::kHist) {
+        // This quad's delta of tile n (m is still the maximum before the tile), for the
+        // histogram warp after the next vote barrier; the slot of this parity was read before
+        // the barrier just passed.
+        const float d = thread_delta(tmax, sm.m, row, w.q_len, p.scale);
+        if (quad_leader) hist_slot[(n & 1) * Traits::kHistDeltaSlots] = d;
+      }
       // The BAR.RED gives all 128 threads the same answer, but ptxas cannot know it: a branch
       // on it counts as divergent, and then the loop kept its loop-carried state (pipeline
       // stages, wgmma descriptors, the visit cursor) in vector registers, moved to uniform ones
@@ -311,22 +351,20 @@ __device__ __forceinline__ void consumer_mainloop(KernelParams<Traits> const& kp
       if (skip) {
         pipe_v.consumer_wait(st);
         pipe_v.consumer_release(st);
-        // The skip set's bit, after the V stages are released: off the vote -> release path,
-        // on the skipped-tile path only, and predicated (no branch around it).
-        if constexpr (Traits::kRecordSet) red_or_bit(skip_set, set_row + tile, record_lane && tile < n_vis);
+        // Past the window, the skip set's bit, after the V stages are released (off the vote ->
+        // release path); tile is warp-uniform, so the window test is a uniform branch.
+        if constexpr (Traits::kRecordSet) {
+          if constexpr (!Traits::kRecordKept) set_bits |= shl_or_zero(1u, std::uint32_t(tile - lane_tile0));
+          if (tile >= kSetWindowTiles) red_or_bit(skip_set, set_row + tile, record_lane && tile < n_vis);
+        }
       }
     }
     float alpha[kRows];
     if (!skip) sm.update(tSrS_rc, tmax, p.scale_log2, alpha);
-    if constexpr (Traits::kSkip) {
-      if (hist != nullptr) {
-        d_prev = d_thread;
-        vis2 = vis1;
-        vis1 = tile < n_vis;
-      }
-    }
     if constexpr (!Traits::kEarlyV) finish_v_prev();
     if (!skip) {
+      // A kept tile's bit, into the lane that holds it (a shift past 31 gives 0 in the others).
+      if constexpr (Traits::kRecordKept) set_bits |= shl_or_zero(1u, std::uint32_t(tile - lane_tile0));
       Softmax::rescale(tOrO_rc, alpha);
       Tensor p_lp = convert_frag<Element>(tSrS);
       CUTLASS_PRAGMA_UNROLL
@@ -356,12 +394,13 @@ __device__ __forceinline__ void consumer_mainloop(KernelParams<Traits> const& kp
     pipe_v.consumer_wait(stp);  // last tile skipped: its V stage is released unread
     pipe_v.consumer_release(stp);
   }
-  if (hist != nullptr) {
-    hist_store(w.n_max - 1);  // the last tile's warp maxima
-    named_sync(kBarVote0 + cwg, 128);  // orders every warp's stores before the flushes
-    if (hist_warp) {
-      if (w.n_max >= 2) hist_flush(w.n_max - 2, vis2);
-      hist_flush(w.n_max - 1, vis1);
+  // The last tile's deltas to the histogram warp (no wait: it is the only one that syncs).
+  if constexpr (Traits::kHist) named_arrive(kBarHistLast0 + cwg, Traits::kVoteThreads);
+  if constexpr (Traits::kRecordSet) {
+    // Every warp of the warpgroup holds the same bits; warp 0 writes the skipped ones (kept:
+    // the complement), visible only (< n_vis; the window ends at 1024 tiles, past the last lane).
+    if (skip_set != nullptr && (mma_tid / 32) % 4 == 0) {
+      record_set_bits(skip_set, set_row, lane_tile0, Traits::kRecordKept ? ~set_bits : set_bits, n_vis);
     }
   }
   // The walk visits every tile of [0, n_max) once, and [0, n_vis) are the visible ones: no

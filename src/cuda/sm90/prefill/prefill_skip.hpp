@@ -11,14 +11,15 @@ namespace blasst::sm90::prefill {
 // delta_G = max over the group's rows r of (tile_max_r - m_r) * scale, in natural-log units,
 // over this thread's voting rows (rows past the sequence end do not vote); -inf when none votes,
 // NaN when a voting row's delta is NaN (running_max: the histogram's top bin). m must be the
-// running max before the tile is folded in.
+// running max before the tile is folded in. For the histogram only: row_delta_for_bin's value,
+// which bins as row_delta's (it shares the vote's arithmetic: one select and one max per row).
 template <int kRows>
 __device__ __forceinline__ float thread_delta(float const (&tmax)[kRows], float const (&m)[kRows],
                                               int const (&row)[kRows], int q_len, float scale) {
   float d = -INFINITY;
   CUTLASS_PRAGMA_UNROLL
   for (int i = 0; i < kRows; ++i) {
-    d = running_max(d, row[i] < q_len ? row_delta(tmax[i], m[i], scale) : -INFINITY);
+    d = running_max(d, row[i] < q_len ? row_delta_for_bin(tmax[i], m[i], scale) : -INFINITY);
   }
   return d;
 }

@@ -27,7 +27,9 @@ using cute::Tensor;  // not blasst::Tensor
 //   - early V release: wait for P V of tile n-1 and release its V stage right after the vote
 //     (before the exponentials), a skipped tile's V stage in its own step;
 //   - K ahead: the producer issues K_{n+1} before V_n (V is first read one step after K);
-//   - skip_hist only: the SPEC §5 delta histogram (its code costs the plain skip kernel 4-9 %);
+//   - skip_hist only: the SPEC §5 delta histogram (its code costs the plain skip kernel 4-9 %),
+//     binned by two warps of the producer warpgroup (one per consumer warpgroup) that join the
+//     vote barrier (prefill_mainloop.hpp, hist_warp_run);
 //   - skip_record (and skip_hist): the SPEC §9 skip set for the backward (AttentionProblem::
 //     skip_set). Its code in the plain skip kernel, switched off at run time, cost skip50 / skip70
 //     2-6 % (H200, ed3a5b3 against d55992a), so it has its own instance. There the bit is set
@@ -43,6 +45,11 @@ struct PrefillTraits {
   static constexpr bool kSkip = kVariant_ != KernelVariant::dense;
   static constexpr bool kHist = kVariant_ == KernelVariant::skip_hist;
   static constexpr bool kRecordSet = kVariant_ == KernelVariant::skip_record || kHist;
+  // Where the skip set's register bits are gathered (prefill_mainloop.hpp): skip_record on the
+  // kept-tile path (its calls skip, and the kept path's exponentials leave issue slots free);
+  // skip_hist on the skipped-tile path (its statistics-only calls skip nothing, and most of them
+  // record no set).
+  static constexpr bool kRecordKept = kVariant_ == KernelVariant::skip_record;
   static constexpr bool kTreeMax = kSkip;
   static constexpr bool kEarlyV = kSkip;
   static constexpr bool kKAhead = kSkip;
@@ -61,6 +68,12 @@ struct PrefillTraits {
   static constexpr int kRegConsumer = 240;
   // Ping-pong the two consumer warpgroups' GEMM issue (one does softmax while the other's GEMMs run).
   static constexpr bool kPingPong = true;
+  // Threads at a consumer warpgroup's vote barrier: its 128, plus its histogram warp (skip_hist:
+  // producer-warpgroup warp 1 + cwg, which reads the deltas the barrier orders).
+  static constexpr int kVoteThreads = 128 + (kHist ? 32 : 0);
+  // Delta slots per consumer warpgroup and tile parity: one per quad (the four threads of a quad
+  // hold the same two rows). 4 in the other instances: their layout as before (unused there).
+  static constexpr int kHistDeltaSlots = kHist ? 32 : 4;
 
   using TileShapeQK = Shape<Int<kBlockM>, Int<kBlockN>, Int<kHeadDim>>;
   using TileShapePV = Shape<Int<kBlockM>, Int<kHeadDim>, Int<kBlockN>>;
@@ -112,9 +125,10 @@ struct PrefillTraits {
     typename Pipeline::SharedStorage pipe_k;
     typename Pipeline::SharedStorage pipe_v;
     cutlass::arch::ClusterTransactionBarrier::ValueType barrier_q;
-    // Delta histogram: per consumer warpgroup, double-buffered by tile parity, each warp's
-    // maximum delta of a tile (the mainloop's hist_gap).
-    alignas(16) float hist_delta[kNumMmaWG][2][4];
+    // Delta histogram: per consumer warpgroup, double-buffered by tile parity, each quad's
+    // maximum delta of a tile (written by the consumers after the vote, binned by the
+    // warpgroup's histogram warp after the next one).
+    alignas(16) float hist_delta[kNumMmaWG][2][kHistDeltaSlots];
   };
   static_assert(sizeof(SharedStorage) <= 227 * 1024, "prefill shared memory exceeds the sm_90 limit: fewer stages");
 };

@@ -14,9 +14,11 @@ namespace blasst::sm90::prefill {
 using namespace cute;
 
 // Named barrier ids (0 is __syncthreads; the barriers themselves are in common/ptx.hpp): one
-// skip-vote barrier per consumer warpgroup, and the ping-pong issue barriers.
+// skip-vote barrier per consumer warpgroup, the ping-pong issue barriers, and (skip_hist) the
+// hand-over of each warpgroup's last tile to its histogram warp.
 inline constexpr int kBarVote0 = 1;
 inline constexpr int kBarSched0 = 3;
+inline constexpr int kBarHistLast0 = 5;
 
 // The row maximum over the 4 threads of a quad, NaN propagating (running_max: the NaN rule).
 __device__ __forceinline__ float quad_max(float x) {
