@@ -59,6 +59,13 @@ BLASST_TEST_DECODE_LOADS=cpasync timeout ${CPASYNC_TIMEOUT:-120} "$BUILD/tests/g
   --gtest_brief=1 > "$OUT/decode_cpasync.log" 2>&1
 SUMMARY+=("decode tests, cp.async loads: rc=$? ($(( $(date +%s) - t0 )) s): $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/decode_cpasync.log" | tr '\n' ' ')")
 
+# The decode suite again with the 4-warp family forced (two CTAs per SM; the library picks it for
+# long caches only: tests/gpu_decode's BLASST_TEST_DECODE_WARPS hook).
+t0=$(date +%s)
+BLASST_TEST_DECODE_WARPS=4 timeout ${CPASYNC_TIMEOUT:-120} "$BUILD/tests/gpu_decode/test_gpu_decode" \
+  --gtest_brief=1 > "$OUT/decode_w4.log" 2>&1
+SUMMARY+=("decode tests, 4-warp family: rc=$? ($(( $(date +%s) - t0 )) s): $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/decode_w4.log" | tr '\n' ' ')")
+
 # compute-sanitizer on the small sanitizer suites of the kernels (SANITIZE=0 skips them).
 if [ "${SANITIZE:-1}" = 1 ]; then
   for tool in memcheck racecheck; do

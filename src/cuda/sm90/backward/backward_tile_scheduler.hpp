@@ -72,6 +72,49 @@ struct BackwardScheduler {
     return 0;
   }
 
+  // The CTA's steps as a bitmask in shared memory, read from the skip set once by the whole CTA
+  // (bit x: step (query head x / nm of the KV group, query block m_begin + x % nm) is kept), so
+  // that walking to the next kept step costs no global load per skipped step. Each warp fills
+  // whole 32-bit words with one ballot. Returns this thread's share of "some step is kept" (the
+  // caller ORs it over the CTA with __syncthreads_or, which also publishes the words). Only for
+  // a skip set whose steps fit: kept_words_needed(p, w) <= capacity (else kept_share / the
+  // global walk).
+  __device__ static int kept_words_needed(const BackwardParams& p, const BackwardWork& w) {
+    return (p.group * (w.m_end - w.m_begin) + 31) / 32;
+  }
+  __device__ static int load_kept_words(const BackwardParams& p, const BackwardWork& w, std::uint32_t* words,
+                                        int tid, int nthreads) {
+    const int nm = w.m_end - w.m_begin, n = p.group * nm, nwords = (n + 31) / 32;
+    const int lane = tid % 32;
+    int any = 0;
+    for (int wd = tid / 32; wd < nwords; wd += nthreads / 32) {  // the same trip count in a warp
+      const int x = wd * 32 + lane;
+      const bool kept = x < n && !skipped(p, w, w.kh * p.group + x / nm, w.m_begin + x % nm);
+      const std::uint32_t bits = __ballot_sync(0xffffffffu, kept);
+      if (lane == 0) words[wd] = bits;
+      any |= int(kept);
+    }
+    return any;
+  }
+  // next_kept over those words (nullptr: the skip set in global memory, below).
+  __device__ static bool next_kept(const BackwardParams& p, const BackwardWork& w, const std::uint32_t* words,
+                                   int& hh, int& m) {
+    if (words == nullptr) return next_kept(p, w, hh, m);
+    const int nm = w.m_end - w.m_begin, n = p.group * nm;
+    int x = hh * nm + (m - w.m_begin);  // m == m_end reads as the next head's first block
+    while (x < n) {
+      const std::uint32_t rest = words[x >> 5] >> (x & 31);
+      if (rest != 0) {
+        x += __ffs(int(rest)) - 1;  // bits past n are 0: x < n here
+        hh = x / nm;
+        m = w.m_begin + x % nm;
+        return true;
+      }
+      x = (x | 31) + 1;
+    }
+    return false;
+  }
+
   // The first step at or after (query head hh of the KV group, query block m), in that order,
   // that the skip set keeps; false when none is left. The same answer in every thread.
   __device__ static bool next_kept(const BackwardParams& p, const BackwardWork& w, int& hh, int& m) {

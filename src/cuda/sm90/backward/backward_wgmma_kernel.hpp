@@ -58,7 +58,8 @@ __device__ void zero_rows_from(TileT&& tile, int valid, int tid, int nthreads) {
 
 template <class Traits>
 __device__ void wg_producer(WgmmaParams<Traits> const& kp, BackwardWork const& w,
-                            typename Traits::SharedStorage& ss, typename Traits::Pipeline& pipe) {
+                            typename Traits::SharedStorage& ss, typename Traits::Pipeline& pipe,
+                            const std::uint32_t* kept_words) {
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kD = Traits::kHeadDim;
   const BackwardParams& p = kp.p;
   const bool ragged = p.cu_q != nullptr;
@@ -85,7 +86,7 @@ __device__ void wg_producer(WgmmaParams<Traits> const& kp, BackwardWork const& w
   // Q and dO of every kept step, in the consumers' order.
   auto st = cutlass::make_producer_start_state<typename Traits::Pipeline>();
   int hh = 0, m = w.m_begin;
-  while (BackwardScheduler::next_kept(p, w, hh, m)) {
+  while (BackwardScheduler::next_kept(p, w, kept_words, hh, m)) {
     const int h = w.kh * p.group + hh;
     Tensor gQ = local_tile(seq_view(mQ, h, w.b, w.q_start, ragged), Shape<Int<kBlockM>, Int<kD>>{},
                            make_coord(_, _0{}));  // (rows, d, query blocks)
@@ -148,7 +149,8 @@ __device__ void wg_store_dq(WgmmaParams<Traits> const& kp, const BackwardWork& w
 
 template <class Traits>
 __device__ void wg_consumer(WgmmaParams<Traits> const& kp, BackwardWork const& w,
-                            typename Traits::SharedStorage& ss, typename Traits::Pipeline& pipe, int mma_tid) {
+                            typename Traits::SharedStorage& ss, typename Traits::Pipeline& pipe, int mma_tid,
+                            const std::uint32_t* kept_words) {
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN;
   const BackwardParams& p = kp.p;
@@ -215,7 +217,7 @@ __device__ void wg_consumer(WgmmaParams<Traits> const& kp, BackwardWork const& w
   }
   typename Traits::PipelineState st;
   int hh = 0, m = w.m_begin;
-  while (BackwardScheduler::next_kept(p, w, hh, m)) {
+  while (BackwardScheduler::next_kept(p, w, kept_words, hh, m)) {
     const int h = w.kh * p.group + hh;
     const int m0 = m * kBlockM;
     pipe.consumer_wait(st);
@@ -323,7 +325,14 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
   const int tid = int(threadIdx.x);
   // SPEC §9: a key block whose steps the skip set removes for every query head of the CTA costs
   // no work, not even the K / V loads.
-  if (!__syncthreads_or(BackwardScheduler::kept_share(p, w, tid, Traits::kNumThreads))) {
+  // The CTA's kept steps into shared memory when there is a skip set and they fit (uniform).
+  const std::uint32_t* kept_words =
+      p.skip_bits != nullptr && BackwardScheduler::kept_words_needed(p, w) <= Traits::kKeptWords ? ss.kept.data()
+                                                                                                : nullptr;
+  const int kept_here = kept_words != nullptr
+                            ? BackwardScheduler::load_kept_words(p, w, ss.kept.data(), tid, Traits::kNumThreads)
+                            : BackwardScheduler::kept_share(p, w, tid, Traits::kNumThreads);
+  if (!__syncthreads_or(kept_here)) {
     write_dkdv_zero<Traits>(p, w, tid);
     return;
   }
@@ -348,10 +357,10 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
 
   if (wg_idx == 0) {
     cutlass::arch::warpgroup_reg_dealloc<Traits::kRegProducer>();
-    if (threadIdx.x == 0) wg_producer<Traits>(kp, w, ss, pipe);
+    if (threadIdx.x == 0) wg_producer<Traits>(kp, w, ss, pipe, kept_words);
   } else {
     cutlass::arch::warpgroup_reg_alloc<Traits::kRegConsumer>();
-    wg_consumer<Traits>(kp, w, ss, pipe, tid - 128);
+    wg_consumer<Traits>(kp, w, ss, pipe, tid - 128, kept_words);
   }
 #endif
 }

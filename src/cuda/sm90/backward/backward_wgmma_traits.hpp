@@ -116,6 +116,9 @@ struct BackwardWgmmaTraits {
                                       Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
   static constexpr uint32_t kTmaBytesQ = kBlockM * kHeadDim * sizeof(Element);
   static constexpr uint32_t kTmaBytesK = kBlockN * kHeadDim * sizeof(Element);
+  // Kept-step words in shared memory: 32768 steps (e.g. 8 query heads per KV head x 4096 query
+  // blocks = 256k tokens); a CTA with more walks the skip set in global memory.
+  static constexpr int kKeptWords = 1024;
   static constexpr uint32_t kBulkBytesRows = kBlockM * sizeof(float);  // one LSE or D run of a step
   static_assert(kBulkBytesRows % 16 == 0 && kBlockM == kLseRowAlign, "bulk copies of whole aligned 64-row runs");
 
@@ -132,6 +135,8 @@ struct BackwardWgmmaTraits {
     // LSE (log2) and D of each stage's 64 query rows: one bulk copy each, on the stage's barrier.
     cute::array_aligned<float, kStages * kBlockM, 128> lse;
     cute::array_aligned<float, kStages * kBlockM, 128> dsum;
+    // The CTA's kept steps (BackwardScheduler::load_kept_words), when the skip set's fit.
+    cute::array_aligned<std::uint32_t, kKeptWords, 16> kept;
     typename Pipeline::SharedStorage pipe_qdo;
     cutlass::arch::ClusterTransactionBarrier::ValueType barrier_kv;
   };
