@@ -13,6 +13,8 @@ const char* to_string(KernelVariant v) {
     case KernelVariant::skip: return "skip";
     case KernelVariant::skip_hist: return "skip_hist";
     case KernelVariant::skip_record: return "skip_record";
+    case KernelVariant::skip_screen: return "skip_screen";
+    case KernelVariant::skip_screen_check: return "skip_screen_check";
   }
   return "?";
 }

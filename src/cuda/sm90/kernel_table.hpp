@@ -15,8 +15,10 @@ namespace blasst::sm90 {
 
 // What a kernel instance computes beyond dense attention (prefill: the statistics histogram is its
 // own instance, because its code costs the plain skip kernel 4-9 % even when off; decode: one skip
-// instance, histogram by pointer).
-enum class KernelVariant : int { dense, skip, skip_hist, skip_record };
+// instance, histogram by pointer). skip_screen: the SPEC §2b FP8 screen before the exact test;
+// skip_screen_check: the same decisions, with the bf16 scores of screened tiles computed anyway to
+// count wrong screens (statistics calls). Their launch takes a PrefillScreenParams.
+enum class KernelVariant : int { dense, skip, skip_hist, skip_record, skip_screen, skip_screen_check };
 const char* to_string(KernelVariant v);
 
 namespace prefill {

@@ -10,6 +10,7 @@
 #include "blasst/blasst.hpp"
 #include "cuda/cuda_check.hpp"
 #include "cuda/sm90/prefill/prefill_epilogue.hpp"
+#include "cuda/sm90/prefill/prefill_screen.hpp"
 #include "cuda/sm90/common/element.hpp"
 #include "cuda/sm90/kernel_table.hpp"
 
@@ -33,6 +34,10 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     cute::prefetch_tma_descriptor(kp.tma_q.get_tma_descriptor());
     cute::prefetch_tma_descriptor(kp.tma_k.get_tma_descriptor());
     cute::prefetch_tma_descriptor(kp.tma_v.get_tma_descriptor());
+    if constexpr (Traits::kScreen) {
+      cute::prefetch_tma_descriptor(kp.tma_q8.get_tma_descriptor());
+      cute::prefetch_tma_descriptor(kp.tma_k8.get_tma_descriptor());
+    }
     cutlass::arch::ClusterTransactionBarrier::init(&ss.barrier_q, 1);
   }
 
@@ -41,7 +46,10 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
   pp.role = wg_idx == 0 ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
   pp.is_leader = threadIdx.x == 0;
   pp.num_consumers = Traits::kNumMmaThreads;
+  // The screen's K stage carries the K8 tile too (one barrier, both transactions).
+  if constexpr (Traits::kScreen) pp.transaction_bytes = Traits::kTmaBytesKV + Traits::kTmaBytesK8;
   Pipeline pipe_k(ss.pipe_k, pp, Shape<_1, _1, _1>{});
+  if constexpr (Traits::kScreen) pp.transaction_bytes = Traits::kTmaBytesKV;
   Pipeline pipe_v(ss.pipe_v, pp, Shape<_1, _1, _1>{});
   __syncthreads();  // barrier initialisation visible to every thread
 
@@ -53,7 +61,8 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     if (Traits::kHist && hist_cwg >= 0 && hist_cwg < Traits::kNumMmaWG) {
       if (w.n_max > 0) hist_warp_run<Traits>(kp, w, ss, hist_cwg);
     } else if (threadIdx.x == 0 && w.n_max > 0) {
-      producer_run<Traits>(kp, w, ss, pipe_k, pipe_v);
+      if constexpr (Traits::kScreen) producer_run_screen<Traits>(kp, w, ss, pipe_k, pipe_v);
+      else producer_run<Traits>(kp, w, ss, pipe_k, pipe_v);
     }
   } else {
     cutlass::arch::warpgroup_reg_alloc<Traits::kRegConsumer>();
@@ -68,6 +77,19 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
       // The first consumer warpgroup issues first.
       if (mma_tid >= 128) named_arrive(kBarSched0 + 0, Traits::kNumMmaThreads);
     }
+    if constexpr (Traits::kScreen) {
+      ScreenCounters scnt;
+      if (w.n_max > 0) consumer_mainloop_screen<Traits>(kp, w, ss, pipe_k, pipe_v, mma_tid, tOrO, sm, cnt, scnt);
+      epilogue<Traits>(kp, w, mma_tid, tOrO, sm);
+      if (mma_tid % 128 == 0) {
+        if (kp.p.visited != nullptr) {
+          atomicAdd(kp.p.visited + w.h, cnt.visited);
+          atomicAdd(kp.p.skipped + w.h, cnt.skipped);
+        }
+        if (kp.s.screened != nullptr) atomicAdd(kp.s.screened + w.h, scnt.screened);
+        if (Traits::kScreenCheck && kp.s.screen_wrong != nullptr) atomicAdd(kp.s.screen_wrong + w.h, scnt.wrong);
+      }
+    } else {
     if (w.n_max > 0) consumer_mainloop<Traits>(kp, w, ss, pipe_k, pipe_v, mma_tid, tOrO, sm, cnt);
     epilogue<Traits>(kp, w, mma_tid, tOrO, sm);
     if constexpr (Traits::kSkip) {
@@ -75,6 +97,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
         atomicAdd(kp.p.visited + w.h, cnt.visited);
         atomicAdd(kp.p.skipped + w.h, cnt.skipped);
       }
+    }
     }
   }
 #endif
@@ -107,6 +130,26 @@ void launch_prefill(const PrefillParams& p, cudaStream_t stream) {
   kp.tma_v = make_tma_copy(SM90_TMA_LOAD{}, gv, take<0, 2>(typename Traits::SmemLayoutV{}),
                            Shape<Int<Traits::kBlockN>, Int<Traits::kHeadDim>>{}, _1{});
 
+  if constexpr (Traits::kScreen) {
+    // The screen instances are called with a PrefillScreenParams (prefill_api.cu).
+    const ScreenArgs& s = static_cast<const PrefillScreenParams&>(p).screen;
+    kp.s = s;
+    auto layout8 = [&](int rows, int heads) {  // contiguous (nb, rows, heads, d) e4m3
+      const std::int64_t rs = std::int64_t(heads) * Traits::kHeadDim;
+      return typename Traits::GLayout8(
+          make_shape(int32_t(rows), Int<Traits::kHeadDim>{}, int32_t(heads), int32_t(nb)),
+          make_stride(rs, _1{}, std::int64_t(Traits::kHeadDim), rs * rows));
+    };
+    kp.layout_q8 = layout8(p.rows_q, p.hq);
+    kp.layout_k8 = layout8(p.rows_k, p.hk);
+    using E8 = typename Traits::Element8;
+    auto gq8 = make_tensor(make_gmem_ptr(static_cast<E8 const*>(s.q8)), kp.layout_q8);
+    auto gk8 = make_tensor(make_gmem_ptr(static_cast<E8 const*>(s.k8)), kp.layout_k8);
+    kp.tma_q8 = make_tma_copy(SM90_TMA_LOAD{}, gq8, typename Traits::SmemLayoutQ8{},
+                              Shape<Int<Traits::kBlockM>, Int<Traits::kHeadDim>>{}, _1{});
+    kp.tma_k8 = make_tma_copy(SM90_TMA_LOAD{}, gk8, take<0, 2>(typename Traits::SmemLayoutK8{}),
+                              Shape<Int<Traits::kBlockN>, Int<Traits::kHeadDim>>{}, _1{});
+  }
   const int smem = int(sizeof(typename Traits::SharedStorage));
   auto kernel = prefill_kernel<Traits>;
   ::blasst::detail::set_max_dynamic_smem<&prefill_kernel<Traits>>(smem);

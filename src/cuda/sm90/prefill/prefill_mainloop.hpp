@@ -12,7 +12,7 @@
 namespace blasst::sm90::prefill {
 
 template <class Traits>
-struct KernelParams {
+struct KernelParamsCore {
   PrefillParams p;
   typename Traits::TmaQ tma_q;
   typename Traits::TmaKV tma_k;
@@ -20,6 +20,18 @@ struct KernelParams {
   typename Traits::GLayout layout_q;
   typename Traits::GLayout layout_k;
   typename Traits::GLayout layout_v;
+};
+// The screen instances append the FP8 screen's arguments and TMA descriptors; every other
+// instance's parameters are KernelParamsCore's, byte for byte.
+template <class Traits, bool kScreen = Traits::kScreen>
+struct KernelParams : KernelParamsCore<Traits> {};
+template <class Traits>
+struct KernelParams<Traits, true> : KernelParamsCore<Traits> {
+  ScreenArgs s;
+  typename Traits::TmaQ8 tma_q8;
+  typename Traits::TmaK8 tma_k8;
+  typename Traits::GLayout8 layout_q8;
+  typename Traits::GLayout8 layout_k8;
 };
 
 // The key tiles of a CTA's steps, one step at a time: the skip kernel walks the visit order

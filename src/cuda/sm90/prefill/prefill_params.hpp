@@ -51,4 +51,40 @@ struct PrefillParams {
   int num_m_blocks = 0;  // query blocks of the longest sequence (grid size)
 };
 
+// SPEC §2b FP8 screen (skip_screen / skip_screen_check instances only): what the quantisation
+// pre-kernel (prefill_screen_quant.cu) wrote into the call's workspace, and the margin's
+// constants. Not a member of PrefillParams: that struct's size (5 x 64 bytes) fixes the TMA
+// descriptors' offsets in the other instances' kernel parameters, whose SASS must not change.
+struct ScreenArgs {
+  // e4m3 codes, contiguous (batch or 1, tokens, heads, d): row stride heads * d bytes.
+  const void* q8 = nullptr;
+  const void* k8 = nullptr;
+  // Per query row: {sq, |q|, |q~|, |eq|} (float4) at ((b * rows_q + token) * hq + h); ragged:
+  // token = the flattened row, b = 0.
+  const float* q_rows = nullptr;
+  // Per key: sk at (kh * sk_head + b * rows_k + token), padded by one tile (reads past the end
+  // of the last sequence stay inside; those keys are masked).
+  const float* k_scale = nullptr;
+  std::int64_t sk_head = 0;
+  // Per (sequence, KV head, key tile): {KN, KT, EK, 0} (float4) at ((b * hk + kh) * tiles + t);
+  // NaN when a key of the tile has a non-finite element (that tile is never screened).
+  const float* k_tiles = nullptr;
+  int tiles = 0;  // key tiles of the longest sequence
+  // Margin (raw-score units, SPEC §2b): strict (tight = false) or tight(z); gamma_{d+1}(u) of the
+  // exact scores and gamma_{d+3}(u8) of the FP8 accumulation (prefill_screen.hpp states the u's).
+  bool tight = false;
+  float z_over_sqrt_d = 0.f;
+  float gamma_exact = 0.f, gamma_fp8 = 0.f;
+  // Per query head (null: not counted): pairs the screen skipped, and those the exact test would
+  // have kept (skip_screen_check only).
+  unsigned long long* screened = nullptr;
+  unsigned long long* screen_wrong = nullptr;
+};
+
+// The parameters of a screen instance: the launch table passes every instance a PrefillParams;
+// the screen instances receive this derived object (prefill_api.cu builds it for them).
+struct PrefillScreenParams : PrefillParams {
+  ScreenArgs screen;
+};
+
 }  // namespace blasst::sm90::prefill

@@ -9,6 +9,8 @@
 #include <cute/atom/copy_traits_sm90_tma.hpp>
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
 #include <cutlass/numeric_types.h>
+#include <cutlass/float8.h>
+#include <type_traits>
 #include <cutlass/arch/barrier.h>
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
@@ -53,6 +55,13 @@ struct PrefillTraits {
   static constexpr bool kTreeMax = kSkip;
   static constexpr bool kEarlyV = kSkip;
   static constexpr bool kKAhead = kSkip;
+  // SPEC §2b FP8 screen (prefill_screen.hpp): an e4m3 copy of Q (once) and of each K tile (in
+  // K's pipeline stage, on K's barrier), S8 = Q8 K8^T by FP8 wgmma before the bf16 Q K^T, which
+  // runs only for tiles the screen does not skip (kScreenCheck: for every tile, to count wrong
+  // screens).
+  static constexpr bool kScreen =
+      kVariant_ == KernelVariant::skip_screen || kVariant_ == KernelVariant::skip_screen_check;
+  static constexpr bool kScreenCheck = kVariant_ == KernelVariant::skip_screen_check;
   static_assert(!kRecordSet || kEarlyV, "the skip set is recorded on the early-V skipped-tile path");
   // 128 query rows per CTA = two consumer warpgroups of 64 rows (the skip vote group);
   // 128 keys per tile = the SPEC tile.
@@ -62,7 +71,8 @@ struct PrefillTraits {
   static constexpr int kNumMmaWG = kBlockM / 64;
   static constexpr int kNumMmaThreads = kNumMmaWG * 128;
   static constexpr int kNumThreads = kNumMmaThreads + 128;  // + one producer warpgroup
-  static constexpr int kStages = kHeadDim_ == 128 ? 3 : 4;
+  // The screen's K8 tiles and Q8 take 3 x 16 KB + 16 KB at d = 128: two stages fit (208 KB).
+  static constexpr int kStages = kHeadDim_ == 128 ? (kScreen ? 2 : 3) : 4;
   // setmaxnreg budget: 24 + 2 * 240 registers per lane-slot of a 3-warpgroup CTA <= 64K.
   static constexpr int kRegProducer = 24;
   static constexpr int kRegConsumer = 240;
@@ -115,10 +125,33 @@ struct PrefillTraits {
   static constexpr uint32_t kTmaBytesQ = kBlockM * kHeadDim * sizeof(Element);
   static constexpr uint32_t kTmaBytesKV = kBlockN * kHeadDim * sizeof(Element);
 
+  // FP8 screen: S8 = Q8 K8^T, e4m3 x e4m3 -> f32, both operands K-major from shared memory; the
+  // accumulator has tSrS's layout (GMMA's 64 x N f32 C layout does not depend on the inputs).
+  using Element8 = cutlass::float_e4m3_t;
+  using TiledMmaQK8 = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element8, Element8, float, Shape<_64, Int<kBlockN>, Int<kHeadDim>>>(),
+      AtomLayoutMma{}));
+  // d e4m3 bytes per row: the 128-byte swizzle at d = 128, the 64-byte one at d = 64.
+  using SmemAtom8 = std::conditional_t<kHeadDim == 128, GMMA::Layout_K_SW128_Atom<Element8>,
+                                       GMMA::Layout_K_SW64_Atom<Element8>>;
+  using SmemLayoutQ8 = decltype(tile_to_shape(SmemAtom8{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+  using SmemLayoutK8 =
+      decltype(tile_to_shape(SmemAtom8{}, Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}));
+  using GLayout8 = Layout<GShape, GStride>;  // e4m3 copies: same (tokens, d, heads, batch) form
+  static auto dummy_gtensor8() {
+    return make_tensor(make_gmem_ptr(static_cast<Element8 const*>(nullptr)), GLayout8{});
+  }
+  using TmaQ8 = decltype(make_tma_copy(SM90_TMA_LOAD{}, dummy_gtensor8(), SmemLayoutQ8{},
+                                       Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{}));
+  using TmaK8 = decltype(make_tma_copy(SM90_TMA_LOAD{}, dummy_gtensor8(), take<0, 2>(SmemLayoutK8{}),
+                                       Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
+  static constexpr uint32_t kTmaBytesQ8 = kBlockM * kHeadDim;
+  static constexpr uint32_t kTmaBytesK8 = kBlockN * kHeadDim;
+
   using Pipeline = cutlass::PipelineTmaAsync<kStages>;
   using PipelineState = cutlass::PipelineState<kStages>;
 
-  struct SharedStorage {
+  struct SharedStorageBase {
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> q;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutK>, 1024> k;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutV>, 1024> v;
@@ -130,6 +163,12 @@ struct PrefillTraits {
     // warpgroup's histogram warp after the next one).
     alignas(16) float hist_delta[kNumMmaWG][2][kHistDeltaSlots];
   };
+  // The screen instances add the e4m3 copies (the other instances' layout stays as it was).
+  struct SharedStorageScreen : SharedStorageBase {
+    cute::array_aligned<Element8, cute::cosize_v<SmemLayoutQ8>, 1024> q8;
+    cute::array_aligned<Element8, cute::cosize_v<SmemLayoutK8>, 1024> k8;
+  };
+  using SharedStorage = std::conditional_t<kScreen, SharedStorageScreen, SharedStorageBase>;
   static_assert(sizeof(SharedStorage) <= 227 * 1024, "prefill shared memory exceeds the sm_90 limit: fewer stages");
 };
 
