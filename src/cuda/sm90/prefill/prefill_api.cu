@@ -5,6 +5,7 @@
 // shared host layer (src/cuda/host_launch.hpp).
 #include <cuda_runtime.h>
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -19,6 +20,7 @@
 #include "cuda/sm90/kernel_table.hpp"
 #include "cuda/sm90/prefill/prefill_api.hpp"
 #include "cuda/sm90/prefill/prefill_params.hpp"
+#include "cuda/sm90/prefill/prefill_screen_quant.hpp"
 
 namespace blasst::sm90::prefill {
 
@@ -64,9 +66,13 @@ void can_implement(const AttentionProblem& p, const detail::ResolvedAttention& r
   detail::check_aligned16(p.out, "out", kKernel);
   detail::check_strides_multiple(p.out, "out", 2, kKernel, "it writes column pairs");
   if (skip.enabled) validate(skip);
-  if (skip.screen.margin != ScreenMargin::off)  // SPEC §2b: modelled by the CPU reference only
-    throw Error(std::string("skip.screen.margin: ") + kKernel + " does not implement the FP8 screen, got " +
-                to_string(skip.screen.margin));
+  // SPEC §2b: the screen runs in the skip_screen instances; the delta histogram and the skip set
+  // have no screen instance yet.
+  if (skip.enabled && skip.screen.margin != ScreenMargin::off) {
+    if (p.skip_set != nullptr)
+      throw Error(std::string("skip.screen.margin: ") + kKernel +
+                  " does not record the skip set (skip_set) with the FP8 screen on yet");
+  }
   check_i32(r.hq * r.batch * ((r.max_q_len + kBlockM - 1) / kBlockM), "CTA count (heads x batch x query blocks)");
   check_i32(r.batch, "batch");
   check_i32(r.max_q_len, "max query length");
@@ -144,12 +150,38 @@ PrefillParams make_params(const AttentionProblem& p, const detail::ResolvedAtten
   return prm;
 }
 
+bool screen_on(const SkipConfig& skip) { return skip.enabled && skip.screen.margin != ScreenMargin::off; }
+
+// gamma_n(u) = n u / (1 - n u) (SPEC §2b), rounded upwards to float.
+float gamma_up(double n, double u) {
+  const double g = n * u / (1.0 - n * u);
+  float f = static_cast<float>(g);
+  if (static_cast<double>(f) < g) f = std::nextafter(f, INFINITY);
+  return f;
+}
+
+// The kernel's unit roundoffs (prefill_screen.hpp says why): u8 of the FP8 wgmma accumulation and
+// u of the bf16 wgmma's exact scores.
+constexpr double kScreenU8 = 0x1p-13;
+constexpr double kScreenU = 0x1p-22;
+
+std::int64_t max_k_tiles(const detail::ResolvedAttention& r) {
+  return (r.max_k_len + kTileKeys - 1) / kTileKeys;
+}
+
 }  // namespace
+
+std::size_t screen_workspace_bytes(const AttentionProblem& p, const SkipConfig& skip) {
+  if (!screen_on(skip)) return 0;
+  const detail::ResolvedAttention r = detail::validate_attention(p, p.q.device);
+  PrefillParams prm = make_params(p, r, skip, true);
+  return screen_layout(prm, static_cast<int>(r.d), max_k_tiles(r)).bytes;
+}
 
 std::vector<double> launch_attention(const AttentionProblem& p, const SkipConfig& skip_in, void* stream,
                                      bool force_skip_kernel, unsigned long long* visited,
                                      unsigned long long* skipped, unsigned long long* hist,
-                                     VisitOrder* order_used) {
+                                     VisitOrder* order_used, const ScreenRun* screen_ptr) {
   const detail::ResolvedAttention r = detail::validate_attention(p, DeviceKind::cuda);
   // SPEC §2a: the one rule the reference applies too (src/core/problem.hpp).
   const SkipConfig skip = detail::with_effective_order(skip_in, r);
@@ -187,15 +219,44 @@ std::vector<double> launch_attention(const AttentionProblem& p, const SkipConfig
   }
 
   // The skip set is recorded by the skip_record instance (and by skip_hist, which also bins).
+  // The FP8 screen (SPEC §2b) runs skip_screen, or skip_screen_check when wrong screens are counted;
+  // a histogram call runs skip_hist without the screen (its deltas are the exact ones anyway, and
+  // the decisions equal the screen's while there is no wrong screen).
+  const bool screen = screen_on(skip) && hist == nullptr;
+  const bool count_wrong = screen_ptr != nullptr && screen_ptr->screen_wrong != nullptr;
   const KernelVariant v = !skip_kernel        ? KernelVariant::dense
                           : hist != nullptr   ? KernelVariant::skip_hist
                           : prm.skip_set      ? KernelVariant::skip_record
+                          : screen            ? (count_wrong ? KernelVariant::skip_screen_check : KernelVariant::skip_screen)
                                               : KernelVariant::skip;
   const PrefillLaunchFn run = find_prefill_kernel(r.dtype, static_cast<int>(r.d), v);
   if (run == nullptr)
     throw Error(std::string("no CUDA prefill kernel instance for ") + to_string(r.dtype) + ", d = " +
                 std::to_string(r.d) + ", " + to_string(v) + " (src/cuda/sm90/kernel_table.inc)");
-  if (prm.num_m_blocks > 0 && r.batch > 0) run(prm, static_cast<cudaStream_t>(stream));
+  if (prm.num_m_blocks <= 0 || r.batch <= 0) return lambdas;
+  if (!screen) {
+    run(prm, static_cast<cudaStream_t>(stream));
+    return lambdas;
+  }
+  // SPEC §2b: quantise Q and K into the screen's workspace, then the screen instance.
+  const ScreenLayout L = screen_layout(prm, static_cast<int>(r.d), max_k_tiles(r));
+  if (screen_ptr == nullptr || screen_ptr->workspace == nullptr || screen_ptr->workspace_bytes < L.bytes)
+    throw Error("skip.screen: the FP8 screen needs " + std::to_string(L.bytes) +
+                " bytes of workspace (screen_workspace_bytes), got " +
+                std::to_string(screen_ptr != nullptr ? screen_ptr->workspace_bytes : 0));
+  if (reinterpret_cast<std::uintptr_t>(screen_ptr->workspace) % 256 != 0)
+    throw Error("skip.screen: the FP8 screen's workspace must be 256-byte aligned");
+  PrefillScreenParams sp;
+  static_cast<PrefillParams&>(sp) = prm;
+  screen_quantise(prm, r.dtype, L, screen_ptr->workspace, static_cast<cudaStream_t>(stream), sp.screen);
+  const double d = static_cast<double>(r.d);
+  sp.screen.tight = skip.screen.margin == ScreenMargin::tight;
+  sp.screen.z_over_sqrt_d = static_cast<float>(skip.screen.z / std::sqrt(d) * (1.0 + 0x1p-20));
+  sp.screen.gamma_exact = gamma_up(d + 1, kScreenU);
+  sp.screen.gamma_fp8 = gamma_up(d + 3, kScreenU8);
+  sp.screen.screened = screen_ptr->screened;
+  sp.screen.screen_wrong = screen_ptr->screen_wrong;
+  run(sp, static_cast<cudaStream_t>(stream));
   return lambdas;
 }
 
@@ -210,6 +271,13 @@ bool wants_stats(const SkipStats* stats, const RunOptions& opt) {
 }
 
 std::int64_t query_heads(const AttentionProblem& p) { return p.q.rank >= 2 ? p.q.shape[p.q.rank - 2] : 0; }
+
+// The screen's scratch memory of a call (SPEC §2b); 0 when the screen does not run (off, skipping
+// off, or a histogram call: skip_hist).
+std::size_t screen_bytes(const AttentionProblem& p, const SkipConfig& skip, const RunOptions& opt, bool stats) {
+  if (stats && opt.collect_histogram) return 0;
+  return sm90::prefill::screen_workspace_bytes(p, skip);
+}
 
 // Host tensors, opt.device == cuda: staged through device memory, run, copied back, synchronised.
 void run_staged(const AttentionProblem& hp, const SkipConfig& skip_in, const RunOptions& opt, SkipStats* stats) {
@@ -250,11 +318,14 @@ void run_staged(const AttentionProblem& hp, const SkipConfig& skip_in, const Run
 
 }  // namespace
 
-std::size_t cuda_attention_workspace_bytes(const AttentionProblem& p, const SkipConfig&, const RunOptions& opt,
+std::size_t cuda_attention_workspace_bytes(const AttentionProblem& p, const SkipConfig& skip, const RunOptions& opt,
                                            bool stats) {
   if (p.q.device == DeviceKind::cpu && opt.device != DeviceKind::cuda)
     throw Error("q: host tensor on the CUDA path; set RunOptions::device = cuda to stage it");
-  return stats ? Workspace::bytes_for({StatCounters::bytes(query_heads(p), opt.collect_histogram)}) : 0;
+  const std::size_t counters = stats ? StatCounters::bytes(query_heads(p), opt.collect_histogram) : 0;
+  const std::size_t screen = screen_bytes(p, skip, opt, stats);
+  const std::size_t screen_counters = screen > 0 && stats ? static_cast<std::size_t>(query_heads(p)) * 8 : 0;
+  return Workspace::bytes_for({counters, screen, screen_counters, screen_counters});
 }
 
 void cuda_attention(const AttentionProblem& p, const SkipConfig& skip, const RunOptions& opt, SkipStats* stats) {
@@ -269,9 +340,23 @@ void cuda_attention(const AttentionProblem& p, const SkipConfig& skip, const Run
   Workspace ws(opt, stream, "attention");
   StatCounters cnt;
   if (want_stats && hq > 0) cnt = StatCounters::take(ws, hq, opt.collect_histogram, stream);
+  // SPEC §2b: the screen's scratch memory and, with statistics, its two per-head counters.
+  sm90::prefill::ScreenRun screen;
+  const bool screen_on = skip.enabled && skip.screen.margin != ScreenMargin::off;
+  const std::size_t sbytes = screen_bytes(p, skip, opt, want_stats);
+  if (sbytes > 0) {
+    screen.workspace_bytes = sbytes;
+    screen.workspace = ws.take(sbytes);
+    if (want_stats && hq > 0) {
+      screen.screened = ws.take<unsigned long long>(static_cast<std::size_t>(hq));
+      screen.screen_wrong = ws.take<unsigned long long>(static_cast<std::size_t>(hq));
+      BLASST_CUDA_CHECK(cudaMemsetAsync(screen.screened, 0, static_cast<std::size_t>(hq) * 8, stream));
+      BLASST_CUDA_CHECK(cudaMemsetAsync(screen.screen_wrong, 0, static_cast<std::size_t>(hq) * 8, stream));
+    }
+  }
   VisitOrder order = VisitOrder::natural;  // the order used (SPEC §2a), from the launch
-  const std::vector<double> lambdas =
-      sm90::prefill::launch_attention(p, skip, opt.stream, false, cnt.visited, cnt.skipped, cnt.hist, &order);
+  const std::vector<double> lambdas = sm90::prefill::launch_attention(
+      p, skip, opt.stream, false, cnt.visited, cnt.skipped, cnt.hist, &order, sbytes > 0 ? &screen : nullptr);
 
   if (stats) {
     *stats = SkipStats{};
@@ -279,6 +364,16 @@ void cuda_attention(const AttentionProblem& p, const SkipConfig& skip, const Run
     stats->counted_at = prefill_counted_at(order);
     stats->lambda = lambdas;
     if (want_stats && hq > 0) cnt.read_into(*stats, stream);
+    if (want_stats && hq > 0 && screen_on) {  // SPEC §2b statistics, per head like visited
+      std::vector<unsigned long long> a(static_cast<std::size_t>(hq)), b(a.size());
+      if (screen.screened != nullptr) {
+        BLASST_CUDA_CHECK(cudaMemcpyAsync(a.data(), screen.screened, a.size() * 8, cudaMemcpyDeviceToHost, stream));
+        BLASST_CUDA_CHECK(cudaMemcpyAsync(b.data(), screen.screen_wrong, b.size() * 8, cudaMemcpyDeviceToHost, stream));
+        BLASST_CUDA_CHECK(cudaStreamSynchronize(stream));
+      }
+      stats->screened.assign(a.begin(), a.end());
+      stats->screen_wrong.assign(b.begin(), b.end());
+    }
   }
 }
 

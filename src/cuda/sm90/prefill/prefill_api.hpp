@@ -2,6 +2,7 @@
 // (prefill_api.cu: detail::cuda_attention) and for the benchmark's and tests' direct calls.
 #pragma once
 
+#include <cstddef>
 #include <vector>
 
 #include "blasst/blasst.hpp"
@@ -17,9 +18,22 @@ namespace blasst::sm90::prefill {
 // SPEC §2a (detail::effective_attention_order, src/core/problem.hpp: a defaulted max-first falls
 // back to natural where the kernel cannot do it; an explicit one there is an Error); *order_used,
 // when given, receives it.
+// SPEC §2b FP8 screen (skip.enabled and skip.screen.margin != off): its scratch memory (device,
+// 256-byte aligned, screen_workspace_bytes) and optional per-head counters (device, zeroed by the
+// caller). A non-null screen_wrong runs skip_screen_check, which computes the bf16 scores of
+// screened tiles too, to count the wrong screens; else skip_screen.
+struct ScreenRun {
+  void* workspace = nullptr;
+  std::size_t workspace_bytes = 0;
+  unsigned long long* screened = nullptr;
+  unsigned long long* screen_wrong = nullptr;
+};
+// Bytes of the screen's scratch memory for p (0 when the screen is off for this call).
+std::size_t screen_workspace_bytes(const AttentionProblem& p, const SkipConfig& skip);
+
 std::vector<double> launch_attention(const AttentionProblem& p, const SkipConfig& skip, void* stream,
                                      bool force_skip_kernel, unsigned long long* visited,
                                      unsigned long long* skipped, unsigned long long* hist,
-                                     VisitOrder* order_used = nullptr);
+                                     VisitOrder* order_used = nullptr, const ScreenRun* screen = nullptr);
 
 }  // namespace blasst::sm90::prefill

@@ -1,0 +1,214 @@
+// The SPEC §2b quantisation pre-kernel of the FP8 screen: one warp per query row or key, e4m3
+// codes exactly as the CPU reference's quantise (src/reference/reference.cpp: the scale
+// fp32(max|x| / 448), codes e4m3(fp32(x / scale)) by cvt.rn.satfinite, zero scale -> zero codes,
+// a non-finite element -> NaN codes, scale and norms), norms summed in double and rounded
+// upwards to float (the margin needs upper bounds). Keys: one CTA per (key tile, KV head,
+// sequence), which also writes the tile's maxima KN, KT, EK (NaN propagating).
+#include "cuda/sm90/prefill/prefill_screen_quant.hpp"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <cmath>
+
+#include "cuda/cuda_check.hpp"
+
+namespace blasst::sm90::prefill {
+
+namespace {
+
+constexpr int kWarps = 8;
+constexpr int kTileKeys = 128;
+
+std::size_t align256(std::size_t x) { return (x + 255) / 256 * 256; }
+
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+
+// NaN-propagating maximum of non-negative values (NaN wins).
+__device__ __forceinline__ float nan_max(float a, float b) { return (a != a || b != b) ? NAN : fmaxf(a, b); }
+
+struct VecNorms {
+  float scale, norm, qnorm, err;  // rounded upwards; NaN for a non-finite vector
+};
+
+// One warp quantises the d elements at src (contiguous) into d codes at dst; lane l holds
+// elements [l * kPer, l * kPer + kPer).
+template <class T, int kD>
+__device__ __forceinline__ VecNorms quantise_warp(const T* src, std::uint8_t* dst, int lane) {
+  constexpr int kPer = kD / 32;
+  float x[kPer];
+  bool finite = true;
+  float a = 0.f;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    x[i] = to_float(src[lane * kPer + i]);
+    finite = finite && isfinite(x[i]);
+    a = fmaxf(a, fabsf(x[i]));
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+  finite = __all_sync(0xffffffffu, finite);
+  VecNorms r;
+  std::uint8_t code[kPer];
+  if (!finite) {
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) code[i] = 0x7f;  // NaN
+    r.scale = r.norm = r.qnorm = r.err = NAN;
+  } else {
+    const float s = __fdiv_rn(a, 448.0f);
+    double nn = 0, nq = 0, ne = 0;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      code[i] = 0;
+      if (s > 0.f) code[i] = static_cast<std::uint8_t>(__nv_cvt_float_to_fp8(__fdiv_rn(x[i], s), __NV_SATFINITE, __NV_E4M3));
+      const float v = __half2float(__half(__nv_cvt_fp8_to_halfraw(code[i], __NV_E4M3)));  // exact
+      const double xd = x[i], xq = static_cast<double>(s) * v, e = xd - xq;
+      nn += xd * xd;
+      nq += xq * xq;
+      ne += e * e;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      nn += __shfl_xor_sync(0xffffffffu, nn, o);
+      nq += __shfl_xor_sync(0xffffffffu, nq, o);
+      ne += __shfl_xor_sync(0xffffffffu, ne, o);
+    }
+    r.scale = s;
+    r.norm = __double2float_ru(sqrt(nn));
+    r.qnorm = __double2float_ru(sqrt(nq));
+    r.err = __double2float_ru(sqrt(ne));
+  }
+  if constexpr (kPer == 4) {
+    const std::uint32_t w = code[0] | (code[1] << 8) | (code[2] << 16) | (std::uint32_t(code[3]) << 24);
+    reinterpret_cast<std::uint32_t*>(dst)[lane] = w;
+  } else {
+    const std::uint16_t w = static_cast<std::uint16_t>(code[0] | (code[1] << 8));
+    reinterpret_cast<std::uint16_t*>(dst)[lane] = w;
+  }
+  return r;
+}
+
+// Query rows: vector v = (nb, rows_q, hq) flattened; warp-per-row.
+template <class T, int kD>
+__global__ void __launch_bounds__(32 * kWarps) quantise_q_kernel(PrefillParams p, std::int64_t nvec, std::uint8_t* q8,
+                                                                float4* q_rows) {
+  const std::int64_t v = std::int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (v >= nvec) return;
+  const int lane = threadIdx.x % 32;
+  const std::int64_t h = v % p.hq, tok = (v / p.hq) % p.rows_q, b = v / (std::int64_t(p.hq) * p.rows_q);
+  const T* src = static_cast<const T*>(p.q) + b * p.q_batch + tok * p.q_row + h * p.q_head;
+  const VecNorms r = quantise_warp<T, kD>(src, q8 + v * kD, lane);
+  if (lane == 0) q_rows[v] = make_float4(r.scale, r.norm, r.qnorm, r.err);
+}
+
+// Keys: one CTA per (tile, KV head, sequence).
+template <class T, int kD>
+__global__ void __launch_bounds__(32 * kWarps) quantise_k_kernel(PrefillParams p, std::int64_t tiles, std::int64_t sk_head,
+                                                                std::uint8_t* k8, float* k_scale, float4* k_tiles) {
+  const int t = blockIdx.x, kh = blockIdx.y, b = blockIdx.z;
+  const bool ragged = p.cu_k != nullptr;
+  const std::int64_t start = ragged ? p.cu_k[b] : 0;
+  const std::int64_t len = ragged ? p.cu_k[b + 1] - p.cu_k[b] : p.rows_k;
+  const std::int64_t nb_row = ragged ? 0 : std::int64_t(b) * p.rows_k;  // row of token 0 in the copies
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __shared__ float red[kWarps][3];
+  float kn = 0.f, kt = 0.f, ek = 0.f;
+  for (int j = warp; j < kTileKeys; j += kWarps) {
+    const std::int64_t tok = std::int64_t(t) * kTileKeys + j;
+    if (tok >= len) break;
+    const std::int64_t row = nb_row + start + tok;  // row in the (nb * rows_k) flattening
+    const T* src = static_cast<const T*>(p.k) + (ragged ? 0 : std::int64_t(b) * p.k_batch) + (start + tok) * p.k_row +
+                   std::int64_t(kh) * p.k_head;
+    const VecNorms r = quantise_warp<T, kD>(src, k8 + (row * p.hk + kh) * kD, lane);
+    if (lane == 0) k_scale[std::int64_t(kh) * sk_head + row] = r.scale;
+    kn = nan_max(kn, r.norm);
+    kt = nan_max(kt, r.qnorm);
+    ek = nan_max(ek, r.err);
+  }
+  if (lane == 0) {
+    red[warp][0] = kn;
+    red[warp][1] = kt;
+    red[warp][2] = ek;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0 && std::int64_t(t) * kTileKeys < len) {
+    for (int w = 1; w < kWarps; ++w) {
+      kn = nan_max(kn, red[w][0]);
+      kt = nan_max(kt, red[w][1]);
+      ek = nan_max(ek, red[w][2]);
+    }
+    k_tiles[(std::int64_t(b) * p.hk + kh) * tiles + t] = make_float4(kn, kt, ek, 0.f);
+  }
+}
+
+template <class T, int kD>
+void run(const PrefillParams& p, const ScreenLayout& L, unsigned char* ws, cudaStream_t stream, ScreenArgs& a) {
+  auto* q8 = reinterpret_cast<std::uint8_t*>(ws + L.q8);
+  auto* k8 = reinterpret_cast<std::uint8_t*>(ws + L.k8);
+  auto* q_rows = reinterpret_cast<float4*>(ws + L.q_rows);
+  auto* k_scale = reinterpret_cast<float*>(ws + L.k_scale);
+  auto* k_tiles = reinterpret_cast<float4*>(ws + L.k_tiles);
+  // The padding tile of each KV head's scales is read (masked keys): zero it (no NaN * 0 there).
+  BLASST_CUDA_CHECK(cudaMemsetAsync(k_scale, 0, static_cast<std::size_t>(L.hk * L.sk_head) * sizeof(float), stream));
+  const std::int64_t nq = L.nb * L.rows_q * L.hq;
+  if (nq > 0) {
+    quantise_q_kernel<T, kD><<<static_cast<unsigned>((nq + kWarps - 1) / kWarps), 32 * kWarps, 0, stream>>>(p, nq, q8, q_rows);
+    BLASST_CUDA_CHECK(cudaGetLastError());
+  }
+  if (L.tiles > 0 && L.hk > 0 && L.batch > 0) {
+    const dim3 grid(static_cast<unsigned>(L.tiles), static_cast<unsigned>(L.hk), static_cast<unsigned>(L.batch));
+    quantise_k_kernel<T, kD><<<grid, 32 * kWarps, 0, stream>>>(p, L.tiles, L.sk_head, k8, k_scale, k_tiles);
+    BLASST_CUDA_CHECK(cudaGetLastError());
+  }
+  a.q8 = q8;
+  a.k8 = k8;
+  a.q_rows = reinterpret_cast<const float*>(q_rows);
+  a.k_scale = k_scale;
+  a.sk_head = L.sk_head;
+  a.k_tiles = reinterpret_cast<const float*>(k_tiles);
+  a.tiles = static_cast<int>(L.tiles);
+}
+
+}  // namespace
+
+ScreenLayout screen_layout(const PrefillParams& p, int d, std::int64_t tiles) {
+  ScreenLayout L;
+  L.nb = p.cu_q != nullptr ? 1 : p.batch;
+  L.rows_q = p.rows_q;
+  L.rows_k = p.rows_k;
+  L.hq = p.hq;
+  L.hk = p.hk;
+  L.d = d;
+  L.batch = p.batch;
+  L.tiles = tiles;
+  L.sk_head = L.nb * L.rows_k + kTileKeys;
+  std::size_t off = 0;
+  auto take = [&](std::size_t bytes) {
+    const std::size_t at = off;
+    off += align256(bytes);
+    return at;
+  };
+  const auto u = [](std::int64_t x) { return static_cast<std::size_t>(x); };
+  L.q8 = take(u(L.nb * L.rows_q * L.hq * d));
+  L.k8 = take(u(L.nb * L.rows_k * L.hk * d));
+  L.q_rows = take(u(L.nb * L.rows_q * L.hq) * sizeof(float4));
+  L.k_scale = take(u(L.hk * L.sk_head) * sizeof(float));
+  L.k_tiles = take(u(L.batch * L.hk * L.tiles) * sizeof(float4));
+  L.bytes = off;
+  return L;
+}
+
+void screen_quantise(const PrefillParams& p, DType dtype, const ScreenLayout& L, void* ws, cudaStream_t stream,
+                     ScreenArgs& args) {
+  auto* base = static_cast<unsigned char*>(ws);
+  if (dtype == DType::bf16 && L.d == 128) return run<__nv_bfloat16, 128>(p, L, base, stream, args);
+  if (dtype == DType::bf16 && L.d == 64) return run<__nv_bfloat16, 64>(p, L, base, stream, args);
+  if (dtype == DType::f16 && L.d == 128) return run<__half, 128>(p, L, base, stream, args);
+  if (dtype == DType::f16 && L.d == 64) return run<__half, 64>(p, L, base, stream, args);
+  throw Error(std::string("the FP8 screen's quantisation has no instance for ") + to_string(dtype) +
+              ", d = " + std::to_string(L.d));
+}
+
+}  // namespace blasst::sm90::prefill
