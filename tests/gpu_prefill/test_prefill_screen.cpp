@@ -1,0 +1,209 @@
+// The SPEC §2b FP8 screen in the sm_90a prefill kernel (skip_screen, skip_screen_check) against the
+// plain skip kernel and the CPU reference with the screen on:
+//   - strict: no wrong screen (the check instance counts them), something screened, the skip set
+//     (per-head skipped counts) and the outputs equal the plain skip kernel's (the screen only
+//     removes work while no screen is wrong), the fast instance's outputs equal the check
+//     instance's, and the kernel screens no more than the reference (its margin is the
+//     reference's plus the FP8 wgmma's accumulation term, prefill_screen.hpp) up to 1 % of the
+//     pairs (its FP8 sums are not the reference's exact fp32 sums);
+//   - a crafted wrong-screen-prone input (tight z = 0): the wrong screens are counted, equal to the
+//     reference's count, and the output follows the screened skip set as the reference's does.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "blasst/blasst.hpp"
+#include "blasst/workloads.hpp"
+#include "gpu_common.hpp"
+#include "gpu_prefill/prefill_oracle.hpp"
+
+namespace blasst::test {
+namespace {
+
+AttentionProblem host_problem(const Case& c, const Inputs& in, std::vector<float>& out, std::vector<float>& lse) {
+  out.assign(std::size_t(c.tq() * c.hq * c.d), 0.f);
+  lse.assign(std::size_t(c.tq() * c.hq), 0.f);
+  AttentionProblem p;
+  p.q = Tensor::contiguous(const_cast<float*>(in.qf.data()), DType::f32, {c.B, c.Lq, c.hq, c.d});
+  p.k = Tensor::contiguous(const_cast<float*>(in.kf.data()), DType::f32, {c.B, c.Lk, c.hk, c.d});
+  p.v = Tensor::contiguous(const_cast<float*>(in.vf.data()), DType::f32, {c.B, c.Lk, c.hk, c.d});
+  p.out = Tensor::contiguous(out.data(), DType::f32, {c.B, c.Lq, c.hq, c.d});
+  p.lse = Tensor::contiguous(lse.data(), DType::f32, {c.B, c.hq, c.Lq});
+  p.mask = c.causal ? MaskKind::causal : MaskKind::full;
+  return p;
+}
+
+SkipConfig screen_cfg(double lambda, VisitOrder order, ScreenMargin margin, double z = 6.0) {
+  SkipConfig s = SkipConfig::from_threshold(lambda).with_order(order);
+  s.vote.rows = 64;
+  s.vote.heads = 1;
+  s.vote.tile_keys = 128;
+  s.screen.margin = margin;
+  s.screen.z = z;
+  return s;
+}
+
+// Elements of a and b beyond 2 units of the 16-bit roundoff (relative to max(|a|, 1)); prints how
+// many differ at all (the expectation is bit-equality: the same decisions, the same arithmetic).
+std::size_t count_beyond(const std::vector<float>& a, const std::vector<float>& b, double u, const char* what) {
+  std::size_t bad = 0, bits = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    bits += std::memcmp(&a[i], &b[i], sizeof(float)) != 0;
+    const double e = std::abs(double(a[i]) - double(b[i]));
+    bad += !(e <= 2 * u * std::max(1.0, std::abs(double(a[i]))));
+  }
+  std::printf("  [%s] %zu of %zu elements differ bitwise\n", what, bits, a.size());
+  return bad;
+}
+
+void strict_case(const Case& c, const Inputs& in, double target, VisitOrder order) {
+  std::vector<float> out, lse;
+  AttentionProblem p = host_problem(c, in, out, lse);
+  SkipConfig probe;
+  probe.vote.rows = 64;
+  probe.vote.heads = 1;
+  probe.vote.tile_keys = 128;
+  probe.vote.order = order;
+  RunOptions ropt;
+  ropt.record_deltas = true;
+  SkipStats curve;
+  reference::attention(p, probe, ropt, &curve);
+  const double ln = ln_lambda_for(curve.deltas, target);
+  ASSERT_TRUE(std::isfinite(ln)) << "target " << target << " unreachable: the fixed data is inadequate";
+  const double lambda = std::exp(ln);
+  SCOPED_TRACE(c.name() + " target " + std::to_string(target) + " lambda " + std::to_string(lambda) + " order " +
+               to_string(order));
+
+  RunOptions sopt;
+  sopt.collect_stats = true;
+  SkipStats rs;  // the reference's screen
+  reference::attention(p, screen_cfg(lambda, order, ScreenMargin::strict), sopt, &rs);
+
+  SkipStats ps, cs, fs;
+  const KernelOut plain = run_gpu(c, in, screen_cfg(lambda, order, ScreenMargin::off), sopt, &ps);
+  const KernelOut check = run_gpu(c, in, screen_cfg(lambda, order, ScreenMargin::strict), sopt, &cs);
+  const KernelOut fast = run_gpu(c, in, screen_cfg(lambda, order, ScreenMargin::strict), RunOptions{}, &fs);
+
+  EXPECT_TRUE(ps.screened.empty());
+  ASSERT_EQ(cs.screened.size(), std::size_t(c.hq));
+  ASSERT_EQ(cs.screen_wrong.size(), std::size_t(c.hq));
+  EXPECT_EQ(cs.total_screen_wrong(), 0) << "strict margin: a wrong screen contradicts SPEC §2b's theorem (u8?)";
+  EXPECT_GT(cs.total_screened(), 0) << "nothing screened: the case this test exists for did not happen";
+  EXPECT_GT(ps.total_skipped(), 0);
+  EXPECT_EQ(cs.visited, ps.visited);
+  EXPECT_EQ(cs.skipped, ps.skipped);
+  EXPECT_EQ(rs.total_screen_wrong(), 0);
+  EXPECT_LE(cs.total_screened(), rs.total_screened() + cs.total_visited() / 100)
+      << "the kernel's margin is the reference's plus the FP8 accumulation term: it screens no more";
+  std::printf("[screen] %s target %.2f: visited %lld, skipped %lld (plain %lld), screened %lld (reference %lld)\n",
+              c.name().c_str(), target, (long long)cs.total_visited(), (long long)cs.total_skipped(),
+              (long long)ps.total_skipped(), (long long)cs.total_screened(), (long long)rs.total_screened());
+  const double u = unit_roundoff(c.dt);
+  EXPECT_EQ(count_beyond(plain.o, check.o, u, "O: plain skip vs screen check"), 0u);
+  EXPECT_EQ(count_beyond(check.o, fast.o, u, "O: screen check vs screen"), 0u);
+  EXPECT_EQ(count_beyond(plain.lse, fast.lse, u, "LSE: plain skip vs screen"), 0u);
+}
+
+TEST(GpuPrefillScreen, StrictEqualsThePlainSkipKernelWithoutWrongScreens) {
+  BLASST_GPU_OR_SKIP("the sm_90a prefill kernel needs a Hopper device");
+  int i = 0;
+  for (const bool causal : {true, false}) {
+    for (const std::int64_t d : {128, 64}) {
+      Case c;
+      c.Lq = c.Lk = 3000;
+      c.hq = 4;
+      c.hk = 2;
+      c.d = d;
+      c.causal = causal;
+      WorkloadSpec ws;
+      ws.kind = causal ? WorkloadKind::llm : WorkloadKind::dit;
+      ws.seq_len = c.Lk;
+      ws.heads_q = c.hq;
+      ws.heads_k = c.hk;
+      ws.head_dim = c.d;
+      ws.seed = test_seed(900 + std::uint64_t(i++));
+      SCOPED_TRACE("seed " + std::to_string(ws.seed));
+      const Workload w = make_workload(ws);
+      const Inputs in = make_inputs(c, w.q, w.k, w.v);
+      for (const double target : {0.6, 0.8}) strict_case(c, in, target, VisitOrder::max_first);
+    }
+  }
+}
+
+// d = 128, L = 256 (4 vote groups x 2 tiles), one head, q_i = e0 for every row. Tile 0: key 0 =
+// 4 e0 (score 4, every other key 0); tile 1: key 128 = (x, 1, 0, ...) with x = 0.890625 (bf16):
+// x * 448 = 399 rounds to the e4m3 value 384, so its FP8 score 384/448 = 0.857 underestimates x
+// by 0.033, more than the kernel's accumulation term gamma_131(2^-13) |q~||k~| = 0.0214. lambda
+// between the FP8 and the exact delta: with tight z = 0 every group screens tile 1 wrongly
+// (counted, 4 of 4, as the reference counts), the outputs follow; strict screens nothing.
+TEST(GpuPrefillScreen, WrongScreensOfTightZeroAreCounted) {
+  BLASST_GPU_OR_SKIP("the sm_90a prefill kernel needs a Hopper device");
+  Case c;
+  c.Lq = c.Lk = 256;
+  c.hq = c.hk = 1;
+  c.d = 128;
+  const float x = 0.890625f;
+  std::vector<float> q(std::size_t(c.Lq * c.d), 0.f), k(std::size_t(c.Lk * c.d), 0.f), v(k.size(), 0.f);
+  for (std::int64_t i = 0; i < c.Lq; ++i) q[std::size_t(i * c.d)] = 1.f;
+  k[0] = 4.f;
+  k[std::size_t(128 * c.d)] = x;
+  k[std::size_t(128 * c.d + 1)] = 1.f;
+  v[0] = 1.f;
+  v[std::size_t(128 * c.d + 1)] = 1.f;
+  const Inputs in = make_inputs(c, q, k, v);
+  ASSERT_EQ(in.kf[std::size_t(128 * c.d)], x);
+  const double scale = 1.0 / std::sqrt(128.0);
+  const double kt = std::sqrt((384.0 / 448) * (384.0 / 448) + 1.0);  // |k~| of key 128
+  const double up_kernel = 384.0 / 448 + 131 * 0x1p-13 / (1 - 131 * 0x1p-13) * kt;
+  ASSERT_LT(up_kernel, x);
+  const double ln = (0.5 * (up_kernel + x) - 4.0) * scale;
+  std::vector<float> out, lse;
+  AttentionProblem p = host_problem(c, in, out, lse);
+  RunOptions sopt;
+  sopt.collect_stats = true;
+  for (const ScreenMargin mg : {ScreenMargin::tight, ScreenMargin::strict}) {
+    SCOPED_TRACE(to_string(mg));
+    const SkipConfig cfg = screen_cfg(std::exp(ln), VisitOrder::natural, mg, 0.0);
+    SkipStats rs, gs;
+    reference::attention(p, cfg, sopt, &rs);
+    const KernelOut g = run_gpu(c, in, cfg, sopt, &gs);
+    EXPECT_EQ(gs.total_visited(), 8);
+    ASSERT_EQ(gs.screened.size(), 1u);
+    const std::int64_t want = mg == ScreenMargin::tight ? 4 : 0;
+    EXPECT_EQ(rs.total_screened(), want);
+    EXPECT_EQ(rs.total_screen_wrong(), want);
+    EXPECT_EQ(gs.total_screened(), want);
+    EXPECT_EQ(gs.total_screen_wrong(), want);
+    EXPECT_EQ(gs.total_skipped(), rs.total_skipped());
+    // The screened skip set decides the output: the reference's, within the 16-bit tolerance.
+    const double u = unit_roundoff(c.dt);
+    std::size_t bad = 0;
+    for (std::size_t i = 0; i < out.size(); ++i) bad += !(std::abs(double(g.o[i]) - out[i]) <= 2 * u * (1 + std::abs(out[i])));
+    for (std::size_t i = 0; i < lse.size(); ++i) bad += !(std::abs(double(g.lse[i]) - lse[i]) <= u + 1e-5 * std::abs(lse[i]));
+    EXPECT_EQ(bad, 0u);
+  }
+}
+
+// The screen refuses what it does not cover yet, naming the argument.
+TEST(GpuPrefillScreen, SkipSetWithTheScreenIsAnError) {
+  BLASST_GPU_OR_SKIP("the sm_90a prefill kernel needs a Hopper device");
+  Case c;
+  c.Lq = c.Lk = 256;
+  const Inputs in = random_inputs(c, 5);
+  std::vector<std::uint32_t> words;
+  try {
+    run_gpu(c, in, screen_cfg(0.01, VisitOrder::natural, ScreenMargin::strict), RunOptions{}, nullptr, &words);
+    FAIL() << "expected an Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("skip.screen.margin"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace blasst::test
