@@ -37,6 +37,10 @@ def load_lib(path):
     lib.blasst_prefill.restype = ci
     lib.blasst_prefill.argtypes = [vp, vp, vp, vp, vp, ll, ll, ll, ll, ll, ll, ci, ci, cd, ci, vp, vp, vp, vp, ci]
     lib.blasst_prefill_last_error.restype = ctypes.c_char_p
+    if hasattr(lib, "blasst_prefill_screen"):  # builds from before the FP8 screen lack it
+        lib.blasst_prefill_screen.restype = ci
+        lib.blasst_prefill_screen.argtypes = [vp, vp, vp, vp, vp, ll, ll, ll, ll, ll, ll, ci, ci, cd, ci, ci,
+                                              cd, vp, vp, vp, vp, vp]
     return lib
 
 
@@ -58,6 +62,21 @@ class Ours:
                                      self.o.data_ptr(), self.lse.data_ptr(), B, Lq, Lk, H, Hk, d,
                                      self.dtype, int(self.causal), float(lam), int(force_skip),
                                      torch.cuda.current_stream().cuda_stream, vis, skp, hist, int(knobs))
+        if rc != 0:
+            raise RuntimeError(self.lib.blasst_prefill_last_error().decode())
+        return self.o
+
+    def screen(self, lam, margin, z=6.0, counters=None, max_first=True):
+        """The SPEC §2b FP8 screen at lambda: margin 1 strict, 2 tight(z). counters: (visited,
+        skipped, screened, screen_wrong or None) device int64 [H]; screen_wrong runs the checking
+        instance."""
+        c = [None] * 4 if counters is None else [x.data_ptr() if x is not None else None for x in counters]
+        B, Lq, Lk, H, Hk, d = self.dims
+        rc = self.lib.blasst_prefill_screen(self.q.data_ptr(), self.k.data_ptr(), self.v.data_ptr(),
+                                            self.o.data_ptr(), self.lse.data_ptr(), B, Lq, Lk, H, Hk, d,
+                                            self.dtype, int(self.causal), float(lam), int(max_first),
+                                            int(margin), float(z), torch.cuda.current_stream().cuda_stream,
+                                            *c)
         if rc != 0:
             raise RuntimeError(self.lib.blasst_prefill_last_error().decode())
         return self.o
@@ -152,10 +171,15 @@ def main():
                     help="reduced suite for the skip-variant overhead (quick_main)")
     ap.add_argument("--only", nargs="*", default=None, metavar="WORKLOAD:L:MASK:D",
                     help="full suite: only these rows (e.g. random:32768:full:128)")
+    ap.add_argument("--screen", action="store_true",
+                    help="the FP8 screen (SPEC §2b) at the DiT shape beside dense and skip (screen_main)")
+    ap.add_argument("--screen-L", type=int, default=32760, help="--screen: sequence length")
     args = ap.parse_args()
     lib = load_lib(args.lib)
     if args.quick:
         return quick_main(args, lib)
+    if args.screen:
+        return screen_main(args, lib)
     dev = torch.cuda.get_device_name()
     commit = os.environ.get("BLASST_COMMIT", "unknown")
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -344,6 +368,77 @@ def warm_up(lib):
         w()
         torch.cuda.synchronize()
     del q, k, v, w
+
+
+def screen_main(args, lib):
+    """The FP8 screen (SPEC §2b, issue 19 part 2) at the DiT shape: B = 1, H = 40, L = 32760 (the
+    21 x 30 x 52 grid), d = 128, bf16, full mask, max-first order, at 70 and 90 % sparsity (lambda
+    from the max-first one-pass curve). Timed interleaved: our dense kernel, the skip kernel, the
+    screen strict and tight(z = 6) (the quantisation pre-kernel inside each call). Counted in
+    separate runs of the checking instance: achieved sparsity, screened share of visited pairs,
+    wrong screens; rel. L2 error of each output vs dense."""
+    dev = torch.cuda.get_device_name()
+    commit = os.environ.get("BLASST_COMMIT", "unknown")
+    warm_up(lib)
+    L, H, d = args.screen_L, 40, 128
+    q, k, v = gen("dit", 1, L, H, H, d, 4321, torch.bfloat16)
+    ours = Ours(lib, q, k, v, False)
+    cnt = ours.counters(True)
+    ours(0.0, 1, cnt, MAX_FIRST)
+    torch.cuda.synchronize()
+    hist = cnt[2].view(H, HIST_SLOTS).sum(0).double()
+    ours()
+    torch.cuda.synchronize()
+    o_dense = ours.o.float().clone()
+    err = lambda: ((ours.o.float() - o_dense).norm() / o_dense.norm()).item()
+    z = lambda: torch.zeros(H, device="cuda", dtype=torch.int64)
+    rows = []
+    for s in (0.7, 0.9):
+        lam, _ = lambda_for(hist, s)
+        r = dict(workload="dit", L=L, H=H, d=d, mask="full", order="max_first", target=s, **{"lambda": lam})
+        if lam is None:
+            rows.append(r)
+            continue
+        c2 = ours.counters(False)
+        ours(lam, 0, c2, MAX_FIRST)
+        torch.cuda.synchronize()
+        r["achieved"] = c2[1].sum().item() / max(1, c2[0].sum().item())
+        r["err_skip"] = err()
+        names, fns = ["dense", "skip"], [lambda: ours(), lambda: ours(lam, 0, None, MAX_FIRST)]
+        for label, margin in (("strict", 1), ("tight6", 2)):
+            cs = (z(), z(), z(), z())
+            ours.screen(lam, margin, 6.0, cs)
+            torch.cuda.synchronize()
+            vis = max(1, cs[0].sum().item())
+            r[label] = dict(sparsity=cs[1].sum().item() / vis, screened=cs[2].sum().item() / vis,
+                            wrong=cs[3].sum().item(), err=err())
+            names.append(label)
+            fns.append(lambda margin=margin: ours.screen(lam, margin, 6.0))
+        res = dict(zip(names, interleaved_ms(fns, args.iters, args.warmup)))
+        r["ms"] = {n: res[n][0] for n in names}
+        r["spread"] = {n: res[n][1] for n in names}
+        for n in names[1:]:
+            r["speedup_" + n] = res["dense"][0] / res[n][0]
+        rows.append(r)
+        print(json.dumps(r), flush=True)
+    meta = dict(date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), commit=commit, gpu=dev,
+                torch=torch.__version__, iters=args.iters, warmup=args.warmup, suite="screen",
+                timing="interleaved rounds after a 2 s warm-up")
+    lines = [f"# prefill FP8 screen benchmark  {meta['date']}  commit {commit}  {dev}", "",
+             f"dit, B = 1, H = {H}, L = {L}, d = {d}, bf16, full mask, max-first; speedup over our dense kernel; "
+             "screened = share of visited pairs the screen skipped; wrong = wrong screens (checking instance)", "",
+             "| target | lambda | achieved | skip | strict (screened, wrong) | tight z=6 (screened, wrong) | "
+             "err skip / strict / tight |", "|" + "---|" * 7]
+    for r in rows:
+        if "ms" not in r:
+            lines.append(f"| {r['target']:.2f} | n/a | | | | | |")
+            continue
+        st, ti = r["strict"], r["tight6"]
+        lines.append(f"| {r['target']:.2f} | {r['lambda']:.3g} | {r['achieved']:.3f} | {r['speedup_skip']:.3f}x | "
+                     f"{r['speedup_strict']:.3f}x ({st['screened']:.3f}, {st['wrong']}) | "
+                     f"{r['speedup_tight6']:.3f}x ({ti['screened']:.3f}, {ti['wrong']}) | "
+                     f"{r['err_skip']:.2e} / {st['err']:.2e} / {ti['err']:.2e} |")
+    write_results(args.out, "bench_prefill_screen.json", meta, rows, lines)
 
 
 def quick_main(args, lib):

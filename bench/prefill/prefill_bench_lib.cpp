@@ -23,6 +23,11 @@ std::uint32_t* skip_set_buffer(std::int64_t words) {
   if (buf.bytes() < bytes) buf = blasst::detail::DeviceBuffer(bytes);
   return buf.as<std::uint32_t>();
 }
+void* screen_workspace(std::size_t bytes) {
+  static blasst::detail::DeviceBuffer buf;
+  if (buf.bytes() < bytes) buf = blasst::detail::DeviceBuffer(bytes);
+  return buf.get();
+}
 }  // namespace
 
 extern "C" {
@@ -66,6 +71,47 @@ int blasst_prefill(const void* q, const void* k, const void* v, void* o, float* 
       p.skip_set = skip_set_buffer(p.skip_set_words);
     }
     sm90::prefill::launch_attention(p, sk, stream, force_skip != 0, visited, skipped, hist);
+    g_err[0] = 0;
+    return 0;
+  } catch (const std::exception& e) {
+    std::snprintf(g_err, sizeof g_err, "%s", e.what());
+    return 1;
+  }
+}
+
+// The SPEC §2b FP8 screen (a separate entry, so blasst_prefill's ABI stays that of older builds):
+// skipping at lambda (> 0) in visit order max-first (max_first != 0) or natural, margin 1 strict /
+// 2 tight(z); the screen's workspace is a buffer of ours (kept between calls). Counters (device,
+// [Hq], zeroed by the caller, or null): visited, skipped, screened; a non-null screen_wrong runs
+// the checking instance (bf16 scores of screened tiles too). Returns 0, or 1 with the message in
+// blasst_prefill_last_error().
+int blasst_prefill_screen(const void* q, const void* k, const void* v, void* o, float* lse, long long B,
+                          long long Lq, long long Lk, long long hq, long long hk, long long d, int dtype,
+                          int causal, double lambda, int max_first, int margin, double z, void* stream,
+                          unsigned long long* visited, unsigned long long* skipped,
+                          unsigned long long* screened, unsigned long long* screen_wrong) {
+  using namespace blasst;
+  try {
+    const DType dt = dtype == 0 ? DType::bf16 : DType::f16;
+    auto dev = [](Tensor t) { t.device = DeviceKind::cuda; return t; };
+    AttentionProblem p;
+    p.q = dev(Tensor::contiguous(const_cast<void*>(q), dt, {B, Lq, hq, d}));
+    p.k = dev(Tensor::contiguous(const_cast<void*>(k), dt, {B, Lk, hk, d}));
+    p.v = dev(Tensor::contiguous(const_cast<void*>(v), dt, {B, Lk, hk, d}));
+    p.out = dev(Tensor::contiguous(o, dt, {B, Lq, hq, d}));
+    if (lse) p.lse = dev(Tensor::contiguous(lse, DType::f32, {B, hq, Lq}));
+    p.mask = causal ? MaskKind::causal : MaskKind::full;
+    if (!(lambda > 0)) throw Error("blasst_prefill_screen: lambda must be > 0");
+    SkipConfig sk = SkipConfig::from_threshold(lambda);
+    sk.with_order(max_first ? VisitOrder::max_first : VisitOrder::natural);
+    sk.screen.margin = margin == 1 ? ScreenMargin::strict : margin == 2 ? ScreenMargin::tight : ScreenMargin::off;
+    sk.screen.z = z;
+    sm90::prefill::ScreenRun run;
+    run.workspace_bytes = sm90::prefill::screen_workspace_bytes(p, sk);
+    run.workspace = run.workspace_bytes > 0 ? screen_workspace(run.workspace_bytes) : nullptr;
+    run.screened = screened;
+    run.screen_wrong = screen_wrong;
+    sm90::prefill::launch_attention(p, sk, stream, false, visited, skipped, nullptr, nullptr, &run);
     g_err[0] = 0;
     return 0;
   } catch (const std::exception& e) {
