@@ -171,7 +171,8 @@ struct VoteGranularity {
 // margin, fail the skip test is skipped without the exact test; every other pair gets the exact
 // test. strict: the rigorous Cauchy-Schwarz margin (no wrong screen, a theorem); tight: z sigma
 // under the stated failure model (wrong screens possible, counted in SkipStats::screen_wrong).
-// Modelled by the reference only: the CUDA kernels refuse margin != off (Error).
+// The reference models it; the CUDA prefill kernel implements it with its own FP8 accumulation
+// roundoff (docs/prefill_kernel.md, "FP8 screen"); the CUDA decode kernels refuse margin != off.
 struct Fp8Screen {
   ScreenMargin margin = ScreenMargin::off;
   double z = 6.0;  // tight only: finite, >= 0 (0 = the raw FP8 estimate, a diagnostic)

@@ -37,7 +37,8 @@ class SkipSoftmax:
 
     ``screen`` ("off", "strict" or "tight", with ``screen_z`` for tight) turns on the FP8 screen
     of SPEC §2b: the CPU reference models it and counts its wrong screens in the statistics
-    (``SkipStats.screened``, ``screen_wrong``); the CUDA kernels refuse it (not implemented yet).
+    (``SkipStats.screened``, ``screen_wrong``); the CUDA prefill kernel implements it, the CUDA
+    decode kernels refuse it.
     """
 
     __slots__ = ("_cfg", "_disabled_until", "_key", "_op_str")
@@ -180,8 +181,8 @@ class SkipSoftmax:
 
     @property
     def screen(self) -> str:
-        """The FP8 screen (SPEC §2b): "off", "strict" or "tight"; CPU reference only (the CUDA
-        kernels refuse a screen)."""
+        """The FP8 screen (SPEC §2b): "off", "strict" or "tight"; the CPU reference and the CUDA
+        prefill kernel (the CUDA decode kernels refuse a screen)."""
         return self._cfg.screen
 
     @property
