@@ -406,8 +406,11 @@ __device__ __forceinline__ void consumer_mainloop(KernelParams<Traits> const& kp
     pipe_v.consumer_wait(stp);  // last tile skipped: its V stage is released unread
     pipe_v.consumer_release(stp);
   }
-  // The last tile's deltas to the histogram warp (no wait: it is the only one that syncs).
-  if constexpr (Traits::kHist) named_arrive(kBarHistLast0 + cwg, Traits::kVoteThreads);
+  // The last tile's deltas to the histogram warp: a full barrier on both sides (bar.sync), not
+  // the arrive / sync pair PTX allows for this hand-off, which compute-sanitizer's racecheck
+  // reported as a race between these slot stores and the histogram warp's last read (ee6aec0).
+  // The wait is once per work tile, for a warp that is one tile behind.
+  if constexpr (Traits::kHist) named_sync(kBarHistLast0 + cwg, Traits::kVoteThreads);
   if constexpr (Traits::kRecordSet) {
     // Every warp of the warpgroup holds the same bits; warp 0 writes the skipped ones (kept:
     // the complement), visible only (< n_vis; the window ends at 1024 tiles, past the last lane).
