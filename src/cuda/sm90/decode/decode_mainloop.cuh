@@ -185,6 +185,31 @@ struct DecodeMainloop {
 
   // ---- loads ------------------------------------------------------------------------------------
 
+  // The tensor-map coordinates of key `key` of the sequence: c1 = the key (or its slot within its
+  // page), c3 = the sequence (or its page).
+  __device__ __forceinline__ void tma_coords(std::int64_t key, int& c1, int& c3) const {
+    if (p.page_table) {
+      c3 = __ldg(p.page_table + w.b * p.pt_stride + (key >> p.log2_page));
+      c1 = static_cast<int>(key & ((1 << p.log2_page) - 1));
+    } else {
+      c3 = w.b;
+      c1 = static_cast<int>(key);
+    }
+  }
+
+  // cp.async path: this thread's 16-byte chunk of key `key` (< Lk) of the cache at base.
+  __device__ __forceinline__ const T* chunk_src(const T* base, std::int64_t s0, std::int64_t s1, std::int64_t sh,
+                                               std::int64_t key) const {
+    std::int64_t off;
+    if (p.page_table) {
+      const std::int32_t page = __ldg(p.page_table + w.b * p.pt_stride + (key >> p.log2_page));
+      off = page * s0 + (key & ((1 << p.log2_page) - 1)) * s1;
+    } else {
+      off = w.b * s0 + key * s1;
+    }
+    return base + off + w.h * sh + ld_chunk * 8;
+  }
+
   // Loads of one K or V tile (tile index t of the sequence) into a ring slot.
   __device__ __forceinline__ void load_tile(const T* base, std::int64_t s0, std::int64_t s1, std::int64_t sh,
                                             unsigned char* slot, std::uint32_t bar, std::int64_t t, bool is_v) const {
@@ -199,15 +224,8 @@ struct DecodeMainloop {
         mbar_arrive_expect_tx(bar, nreq * kHalves * sub * 128);
         const CUtensorMap* map = is_v ? &p.tmv : &p.tmk;
         for (int j = 0; j < nreq; ++j) {
-          const std::int64_t key = t * kTileKeys + j * sub;
-          int c1, c3;  // key within the sequence (or slot within the page), sequence (or page)
-          if (p.page_table) {
-            c3 = __ldg(p.page_table + w.b * p.pt_stride + (key >> p.log2_page));
-            c1 = static_cast<int>(key & ((1 << p.log2_page) - 1));
-          } else {
-            c3 = w.b;
-            c1 = static_cast<int>(key);
-          }
+          int c1, c3;
+          tma_coords(t * kTileKeys + j * sub, c1, c3);
 #pragma unroll
           for (int hf = 0; hf < kHalves; ++hf)
             tma_load_4d(smem_u32(slot + hf * kTileKeys * 128 + j * sub * 128), map, hf * 64, c1, w.h, c3, bar);
@@ -223,14 +241,7 @@ struct DecodeMainloop {
       const T* src = base;
       int bytes = 0;
       if (key < w.Lk) {
-        std::int64_t off;
-        if (p.page_table) {
-          const std::int32_t page = __ldg(p.page_table + w.b * p.pt_stride + (key >> p.log2_page));
-          off = page * s0 + (key & ((1 << p.log2_page) - 1)) * s1;
-        } else {
-          off = w.b * s0 + key * s1;
-        }
-        src = base + off + w.h * sh + ld_chunk * 8;
+        src = chunk_src(base, s0, s1, sh, key);
         bytes = 16;
       }
       cp_async16(smem_u32(slot + kv_off(row, ld_chunk)), src, bytes);
@@ -258,15 +269,8 @@ struct DecodeMainloop {
         mbar_arrive_expect_tx(bar, nreq * kHalves * sub * 128);
         const CUtensorMap* map = is_v ? &p.tmv : &p.tmk;
         for (int j = 0; j < nreq; ++j) {
-          const std::int64_t key = key_begin + j * sub;
-          int c1, c3;  // key within the sequence (or slot within the page), sequence (or page)
-          if (p.page_table) {
-            c3 = __ldg(p.page_table + w.b * p.pt_stride + (key >> p.log2_page));
-            c1 = static_cast<int>(key & ((1 << p.log2_page) - 1));
-          } else {
-            c3 = w.b;
-            c1 = static_cast<int>(key);
-          }
+          int c1, c3;
+          tma_coords(key_begin + j * sub, c1, c3);
 #pragma unroll
           for (int hf = 0; hf < kHalves; ++hf)
             tma_load_4d(smem_u32(slot + hf * kKeys * 128 + j * sub * 128), map, hf * 64, c1, w.h, c3, bar);
@@ -282,14 +286,7 @@ struct DecodeMainloop {
       const T* src = base;
       int bytes = 0;
       if (key < w.Lk) {
-        std::int64_t off;
-        if (p.page_table) {
-          const std::int32_t page = __ldg(p.page_table + w.b * p.pt_stride + (key >> p.log2_page));
-          off = page * s0 + (key & ((1 << p.log2_page) - 1)) * s1;
-        } else {
-          off = w.b * s0 + key * s1;
-        }
-        src = base + off + w.h * sh + ld_chunk * 8;
+        src = chunk_src(base, s0, s1, sh, key);
         bytes = 16;
       }
       cp_async16(smem_u32(slot + kv_off_keys<kKeys>(row, ld_chunk)), src, bytes);
