@@ -54,6 +54,8 @@ TABLE=(
   "decode-merge-epoch-ignored|test_gpu_decode|tests/gpu_decode/test_gpu_decode|GpuDecode.InKernelMergeAcrossCallsAndGraphReplays"
   "backward-skip-set-ignored|test_gpu_backward|tests/gpu_backward/test_gpu_backward|GpuBackward.SkipSetMatchesReference"
   "backward-removed-block-by-first-head|test_gpu_backward|tests/gpu_backward/test_gpu_backward|GpuBackward.SkipSetMatchesReference"
+  "backward-kept-walk-off-by-one|test_gpu_backward|tests/gpu_backward/test_gpu_backward|GpuBackward.SkipSetMatchesReference"
+  "backward-lse-rows-unpadded|test_gpu_backward|tests/gpu_backward/test_gpu_backward|GpuBackward.RaggedBatch:GpuBackward.BatchHeadDimsAndDtypes"
 )
 
 # TABLE_FILE=path: another table, same four fields per line (with MUTDIR: a dry run of this
