@@ -65,6 +65,10 @@ t0=$(date +%s)
 BLASST_TEST_DECODE_WARPS=4 timeout ${CPASYNC_TIMEOUT:-120} "$BUILD/tests/gpu_decode/test_gpu_decode" \
   --gtest_brief=1 > "$OUT/decode_w4.log" 2>&1
 SUMMARY+=("decode tests, 4-warp family: rc=$? ($(( $(date +%s) - t0 )) s): $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/decode_w4.log" | tr '\n' ' ')")
+t0=$(date +%s)
+BLASST_TEST_DECODE_WARPS=4 BLASST_TEST_DECODE_LOADS=cpasync timeout ${CPASYNC_TIMEOUT:-120} \
+  "$BUILD/tests/gpu_decode/test_gpu_decode" --gtest_brief=1 > "$OUT/decode_w4_cpasync.log" 2>&1
+SUMMARY+=("decode tests, 4-warp family with cp.async loads: rc=$? ($(( $(date +%s) - t0 )) s): $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/decode_w4_cpasync.log" | tr '\n' ' ')")
 
 # compute-sanitizer on the small sanitizer suites of the kernels (SANITIZE=0 skips them).
 if [ "${SANITIZE:-1}" = 1 ]; then
