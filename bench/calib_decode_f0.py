@@ -8,7 +8,7 @@ skippable pairs with f0(L) = 1 / ceil(L / 128) (the first tile of an unsplit dec
 skipped: knots at lambda_{u (1 - f0)}, applied at s' = s / (1 - f0)). ln lambda is interpolated
 linearly between the targets (outside them: the end slopes), so the figures approximate the
 command's own validation (which uses the exact curves). Prints the largest |achieved - target|
-per length for both.
+per length for both, and for a fitted length exponent (lambda = f(s) / L^p) beside them.
 
 Usage: calib_decode_f0.py REPORT.md [REPORT.md ...]   (numpy needed)
 """
@@ -55,4 +55,13 @@ def run(path):
                 ach = s_at(L, lnf - math.log(L))
                 worst[L] = max(worst[L], abs(ach - s))
         print(path, 'f0' if use_f0 else 'no f0', ' '.join(f'{L//1024}k:{worst[L]:.3f}' for L in Ls))
+    # For comparison, a fitted length exponent (not a SPEC §6 form): lambda = f(s) / L^p, one p
+    # for all targets (the grid value with the smallest largest error).
+    best = None
+    for p in np.arange(0.90, 1.40001, 0.01):
+        knots = np.maximum.accumulate(np.array([np.mean([lnlam_at(L, u) + p * math.log(L) for L in Ls]) for u in S]))
+        worst = {L: max(abs(s_at(L, float(np.interp(s, S, knots)) - p * math.log(L)) - s) for s in S) for L in Ls}
+        if best is None or max(worst.values()) < max(best[1].values()):
+            best = (p, worst)
+    print(path, f'exponent p = {best[0]:.2f}', ' '.join(f'{L//1024}k:{best[1][L]:.3f}' for L in Ls))
 for p in sys.argv[1:]: run(p)
