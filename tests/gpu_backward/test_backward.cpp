@@ -37,6 +37,7 @@
 #include "blasst/blasst.hpp"
 #include "blasst/half.hpp"
 #include "cuda/cuda_dispatch.hpp"
+#include "cuda/sm90/backward/backward_params.hpp"
 #include "gpu_common.hpp"
 
 #ifdef BLASST_TEST_CUDA_RUNTIME  // CUDA builds: device tensors through the CUDA runtime
@@ -779,6 +780,48 @@ TEST(GpuBackward, WorkspaceBytes) {
     opt.device = DeviceKind::cuda;
     EXPECT_EQ(attention_backward_workspace_bytes(call.p, {}, opt),
               up(rows * 64 * 4) + 2 * up(lse_rows * 4) + up(rows * 64 * 2));
+  }
+  {
+    // Ragged: the LSE / D rows per head are the tokens plus 64 per sequence, rounded up to 64
+    // (BackwardParams::rows_ld): 495 + 5 * 64 = 815 -> 832.
+    Case r;
+    r.lq = {300, 1, 64, 0, 130};
+    r.lk = {200, 70, 64, 10, 130};
+    r.hq = 4;
+    r.hk = 2;
+    Data rin = make_data(r, 12, SkipConfig{});
+    Call call(r, rin, DType::bf16, DType::bf16, DType::bf16, DType::f32);
+    RunOptions opt;
+    opt.device = DeviceKind::cuda;
+    const std::size_t rtok = 495, rrows = rtok * std::size_t(r.hq);
+    EXPECT_EQ(attention_backward_workspace_bytes(call.p, {}, opt), up(rrows * 64 * 4) + 2 * up(832 * 4 * 4));
+  }
+}
+
+// The LSE / D row layout (lse_row_start): every sequence starts at a multiple of 64, its 64-row
+// blocks never reach the next sequence's start, and the last one ends inside rows_ld (ragged:
+// tokens + 64 B rounded up to 64; batched: B * round_up(Lq, 64)). Host arithmetic only, random
+// ragged layouts with empty sequences.
+TEST(GpuBackward, LseRowLayoutDoesNotOverlap) {
+  std::mt19937_64 rng(test_seed(4242));
+  for (int trial = 0; trial < 2000; ++trial) {
+    const int batch = 1 + int(rng() % 40);
+    std::vector<int> cu(std::size_t(batch) + 1, 0);
+    for (int b = 0; b < batch; ++b) cu[std::size_t(b) + 1] = cu[std::size_t(b)] + int(rng() % 4 == 0 ? 0 : rng() % 300);
+    const std::int64_t rows_ld = (std::int64_t(cu.back()) + 64 * batch + 63) / 64 * 64;
+    std::int64_t prev_end = 0;
+    for (int b = 0; b < batch; ++b) {
+      const std::int64_t start = sm90::backward::lse_row_start(b, 0, cu.data());
+      const std::int64_t len = cu[std::size_t(b) + 1] - cu[std::size_t(b)];
+      const std::int64_t end = start + (len + 63) / 64 * 64;
+      ASSERT_EQ(start % 64, 0) << "trial " << trial << " sequence " << b;
+      ASSERT_GE(start, prev_end) << "trial " << trial << " sequence " << b << " overlaps the one before";
+      ASSERT_LE(end, rows_ld) << "trial " << trial << " sequence " << b;
+      prev_end = end;
+    }
+    const int lq = int(rng() % 300);
+    for (int b = 0; b < batch; ++b)
+      ASSERT_EQ(sm90::backward::lse_row_start(b, lq, nullptr), std::int64_t(b) * ((lq + 63) / 64 * 64));
   }
 }
 
