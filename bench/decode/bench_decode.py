@@ -169,6 +169,26 @@ def time_eager(fn_per_buf, nbuf, reps=25, warm=3):
     return statistics.median(times)
 
 
+def time_peer(row, name, be, bufs, nbuf, kv_bytes, eager=False):
+    """torch SDPA with backend `be` on the same rotating buffers: <name>_us and _tbs (CUDA-graph
+    replays) and, with eager, <name>_eager_us; a backend that refuses the shape leaves
+    <name>_us None and its message in <name>_err."""
+    try:
+        views = [(qq.transpose(1, 2), kk.transpose(1, 2), vv.transpose(1, 2)) for qq, kk, vv, _ in bufs]
+
+        def sdpa(i):
+            with sdpa_kernel(be):
+                return F.scaled_dot_product_attention(*views[i], enable_gqa=True)
+        t_p, _ = time_graph(sdpa, nbuf)
+        row[name + "_us"] = t_p * 1e6
+        row[name + "_tbs"] = kv_bytes / t_p / 1e12
+        if eager:
+            row[name + "_eager_us"] = time_eager(sdpa, nbuf) * 1e6
+    except Exception as e:  # backend unavailable for this shape
+        row[name + "_us"] = None
+        row[name + "_err"] = str(e).splitlines()[0][:160]
+
+
 def set_warps(w):
     LIB.bdb_set_warps(w)
 
@@ -245,19 +265,7 @@ def variants_main():
         if 8 in outs and 4 in outs:
             row["w4_vs_w8_max_diff"] = (outs[4] - outs[8]).abs().max().item()
         for name, be in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
-            try:
-                views = [(qq.transpose(1, 2), kk.transpose(1, 2), vv.transpose(1, 2)) for qq, kk, vv, _ in bufs]
-
-                def sdpa(i, views=views, be=be):
-                    with sdpa_kernel(be):
-                        return F.scaled_dot_product_attention(*views[i], enable_gqa=True)
-                t_p, _ = time_graph(sdpa, nbuf)
-                row[name + "_us"] = t_p * 1e6
-                row[name + "_tbs"] = kv_bytes / t_p / 1e12
-                row[name + "_eager_us"] = time_eager(sdpa, nbuf) * 1e6
-            except Exception as e:  # backend unavailable for this shape
-                row[name + "_us"] = None
-                row[name + "_err"] = str(e).splitlines()[0][:160]
+            time_peer(row, name, be, bufs, nbuf, kv_bytes, eager=True)
         rows.append(row)
         print(json.dumps(row), flush=True)
         write_variants_report(rows, dev, copy_bw)
@@ -502,18 +510,7 @@ def main():
                 peers = (("cudnn", SDPBackend.CUDNN_ATTENTION),) if QUICK else (
                     ("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION))
                 for name, be in peers:
-                    try:
-                        views = [(qq.transpose(1, 2), kk.transpose(1, 2), vv.transpose(1, 2)) for qq, kk, vv, _ in bufs]
-
-                        def sdpa(i, views=views, be=be):
-                            with sdpa_kernel(be):
-                                return F.scaled_dot_product_attention(*views[i], enable_gqa=True)
-                        t_p, _ = time_graph(sdpa, nbuf)
-                        row[name + "_us"] = t_p * 1e6
-                        row[name + "_tbs"] = kv_bytes / t_p / 1e12
-                    except Exception as e:  # backend unavailable for this shape
-                        row[name + "_us"] = None
-                        row[name + "_err"] = str(e).splitlines()[0][:160]
+                    time_peer(row, name, be, bufs, nbuf, kv_bytes)
                 rows.append(row)
                 print(json.dumps(row), flush=True)
                 write_report(rows, dev, copy_bw)

@@ -15,18 +15,37 @@
 namespace {
 thread_local char g_err[1024];
 
-// Device words for the kRecordSkipSet knob (SPEC 9: the forward records its skip set), kept and
-// grown between calls so that the timed call allocates nothing.
+// A device buffer of ours, kept and grown between calls so that the timed call allocates
+// nothing: the skip-set words of the kRecordSkipSet knob (SPEC 9: the forward records its skip
+// set) and the FP8 screen's workspace.
+void* grown(blasst::detail::DeviceBuffer& buf, std::size_t bytes) {
+  if (buf.bytes() < bytes) buf = blasst::detail::DeviceBuffer(bytes);
+  return buf.get();
+}
 std::uint32_t* skip_set_buffer(std::int64_t words) {
   static blasst::detail::DeviceBuffer buf;
-  const std::size_t bytes = static_cast<std::size_t>(words) * sizeof(std::uint32_t);
-  if (buf.bytes() < bytes) buf = blasst::detail::DeviceBuffer(bytes);
-  return buf.as<std::uint32_t>();
+  return static_cast<std::uint32_t*>(grown(buf, static_cast<std::size_t>(words) * sizeof(std::uint32_t)));
 }
 void* screen_workspace(std::size_t bytes) {
   static blasst::detail::DeviceBuffer buf;
-  if (buf.bytes() < bytes) buf = blasst::detail::DeviceBuffer(bytes);
-  return buf.get();
+  return grown(buf, bytes);
+}
+
+// The call's problem on torch-owned device tensors, [B, L, H, d] (lse [B, Hq, Lq] f32 or null).
+blasst::AttentionProblem device_problem(const void* q, const void* k, const void* v, void* o, float* lse,
+                                        long long B, long long Lq, long long Lk, long long hq, long long hk,
+                                        long long d, int dtype, int causal) {
+  using namespace blasst;
+  const DType dt = dtype == 0 ? DType::bf16 : DType::f16;
+  auto dev = [](Tensor t) { t.device = DeviceKind::cuda; return t; };
+  AttentionProblem p;
+  p.q = dev(Tensor::contiguous(const_cast<void*>(q), dt, {B, Lq, hq, d}));
+  p.k = dev(Tensor::contiguous(const_cast<void*>(k), dt, {B, Lk, hk, d}));
+  p.v = dev(Tensor::contiguous(const_cast<void*>(v), dt, {B, Lk, hk, d}));
+  p.out = dev(Tensor::contiguous(o, dt, {B, Lq, hq, d}));
+  if (lse) p.lse = dev(Tensor::contiguous(lse, DType::f32, {B, hq, Lq}));
+  p.mask = causal ? MaskKind::causal : MaskKind::full;
+  return p;
 }
 }  // namespace
 
@@ -49,15 +68,7 @@ int blasst_prefill(const void* q, const void* k, const void* v, void* o, float* 
                    unsigned long long* hist, int knobs) {
   using namespace blasst;
   try {
-    const DType dt = dtype == 0 ? DType::bf16 : DType::f16;
-    auto dev = [](Tensor t) { t.device = DeviceKind::cuda; return t; };
-    AttentionProblem p;
-    p.q = dev(Tensor::contiguous(const_cast<void*>(q), dt, {B, Lq, hq, d}));
-    p.k = dev(Tensor::contiguous(const_cast<void*>(k), dt, {B, Lk, hk, d}));
-    p.v = dev(Tensor::contiguous(const_cast<void*>(v), dt, {B, Lk, hk, d}));
-    p.out = dev(Tensor::contiguous(o, dt, {B, Lq, hq, d}));
-    if (lse) p.lse = dev(Tensor::contiguous(lse, DType::f32, {B, hq, Lq}));
-    p.mask = causal ? MaskKind::causal : MaskKind::full;
+    AttentionProblem p = device_problem(q, k, v, o, lse, B, Lq, Lk, hq, hk, d, dtype, causal);
     constexpr int kOrderMaxFirst = 1 << 30, kRecordSkipSet = 1 << 29;
     if ((knobs & ~(kOrderMaxFirst | kRecordSkipSet)) != 0)
       throw Error("blasst_prefill: retired knob bits " + std::to_string(knobs));
@@ -92,15 +103,7 @@ int blasst_prefill_screen(const void* q, const void* k, const void* v, void* o, 
                           unsigned long long* screened, unsigned long long* screen_wrong) {
   using namespace blasst;
   try {
-    const DType dt = dtype == 0 ? DType::bf16 : DType::f16;
-    auto dev = [](Tensor t) { t.device = DeviceKind::cuda; return t; };
-    AttentionProblem p;
-    p.q = dev(Tensor::contiguous(const_cast<void*>(q), dt, {B, Lq, hq, d}));
-    p.k = dev(Tensor::contiguous(const_cast<void*>(k), dt, {B, Lk, hk, d}));
-    p.v = dev(Tensor::contiguous(const_cast<void*>(v), dt, {B, Lk, hk, d}));
-    p.out = dev(Tensor::contiguous(o, dt, {B, Lq, hq, d}));
-    if (lse) p.lse = dev(Tensor::contiguous(lse, DType::f32, {B, hq, Lq}));
-    p.mask = causal ? MaskKind::causal : MaskKind::full;
+    AttentionProblem p = device_problem(q, k, v, o, lse, B, Lq, Lk, hq, hk, d, dtype, causal);
     if (!(lambda > 0)) throw Error("blasst_prefill_screen: lambda must be > 0");
     SkipConfig sk = SkipConfig::from_threshold(lambda);
     sk.with_order(max_first ? VisitOrder::max_first : VisitOrder::natural);

@@ -140,7 +140,7 @@ Plan plan(const AttentionBackwardProblem& p, const SkipConfig& skip_in, const Sk
   // (BackwardParams::rows_ld, lse_row_start).
   const i64 align = sm90::backward::kLseRowAlign;
   pl.rows_ld = r.ragged ? (pl.tokens_q + align * r.batch + align - 1) / align * align
-                        : r.batch * ((pl.tokens_q / std::max<i64>(r.batch, 1) + align - 1) / align * align);
+                        : r.batch * ((p.q.shape[1] + align - 1) / align * align);
   check_i32(pl.rows_ld * r.hq, "LSE rows x heads");
   pl.bytes_rows = static_cast<std::size_t>(pl.rows_ld * r.hq) * sizeof(float);
   pl.bytes_dout = pl.dout_conv ? static_cast<std::size_t>(pl.tokens_q * r.hq * r.d) * 2 : 0;
