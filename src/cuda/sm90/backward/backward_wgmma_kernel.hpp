@@ -4,9 +4,9 @@
 //   S^T = K Q^T, dP^T = V dO^T                          (SS wgmma, 64 keys per warpgroup)
 //   P^T = exp2(S^T * scale_log2 - LSE_log2), masked;  dS^T = P^T * (dP^T - D)     (registers)
 //   dV += P^T dO (RS wgmma, A from registers; issued before dS is formed, runs under it)
-//   dS^T -> shared memory (stmatrix.trans);  dK += dS^T Q  (RS wgmma)
-//   dQ = dS K (SS wgmma, half the head dim per warpgroup) -> shared memory -> one TMA reduce-add
-//   per warpgroup into the f32 workspace.
+//   dS^T -> shared memory (stmatrix.trans);  dQ = dS K (SS wgmma, half the head dim per
+//   warpgroup), then dK += dS^T Q (RS wgmma), which runs while dQ goes to shared memory and
+//   into the f32 workspace by one TMA reduce-add per warpgroup.
 // Included only by the generated instance files (src/cuda/sm90/kernel_table.inc).
 #pragma once
 
@@ -285,14 +285,21 @@ __device__ void wg_consumer(WgmmaParams<Traits> const& kp, BackwardWork const& w
     cutlass::arch::fence_view_async_shared();  // generic-proxy stores -> the wgmma (async proxy) reads
     named_sync(kBarDsFull, Traits::kNumMmaThreads);
 
-    wg_gemm<false, -1, true>(mma_dkv, tdSrdS, tKrQt(_, _, _, st.index()), acc_dk);
+    // dQ before dK, so that dQ's way out (shared memory, barrier, TMA reduce-add) runs while the
+    // tensor cores do dK.
     Tensor acc_dq = partition_fragment_C(mma_dq, select<0, 1>(typename Traits::TileShapeDQ{}));
-    wg_gemm<true, 0, false>(mma_dq, tQrdS, tQrKt, acc_dq);  // waits for dV and dK too
+    wg_gemm<true, -1, false>(mma_dq, tQrdS, tQrKt, acc_dq);
+    wg_gemm<false, -1, true>(mma_dkv, tdSrdS, tKrQt(_, _, _, st.index()), acc_dk);
+    warpgroup_wait<1>();  // dV and dQ done (dK may run)
+    warpgroup_fence_operand(acc_dq);
+    wg_store_dq<Traits>(kp, w, h, m, wg, wg_tid, thr_dq, acc_dq, sdq_tile);
+    warpgroup_wait<0>();  // dK done: its A (dS^T registers) and B (Q^T of the stage) are read
+    warpgroup_fence_operand(acc_dk);
+    warpgroup_fence_operand(acc_dv);
     warpgroup_fence_operand(tPrP);
     warpgroup_fence_operand(tdSrdS);
     pipe.consumer_release(st);  // Q and dO of this stage are read
     ++st;
-    wg_store_dq<Traits>(kp, w, h, m, wg, wg_tid, thr_dq, acc_dq, sdq_tile);
     ++m;
   }
   if (wg_tid == 0) tma_store_wait<0>();  // the last reduce-add has read the dQ tile
