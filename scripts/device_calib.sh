@@ -51,9 +51,10 @@ run llm_prefill --workload llm --phase prefill --heads 8 --heads-k 2 --head-dim 
 run llm_decode --workload llm --phase decode --heads 8 --heads-k 2 --head-dim 128 --split-tiles 1024 --decode-queries $DQ
 run llm_decode_split16 --workload llm --phase decode --heads 8 --heads-k 2 --head-dim 128 --split-tiles 16 --decode-queries $DQ
 run dit_prefill --workload dit --phase prefill --heads 8 --heads-k 8 --head-dim 128
-# 5. llm decode with the kernel's own split layout and seeded splits (max-first order, SPEC §2a):
+# 5. llm decode with seeded splits of 32 tiles (max-first order, SPEC §2a; one split size at every
+#    length, as calibration requires: the kernel picks its split per length):
 #    the sink seeds every split's running max, so short splits follow the law like one split.
-run llm_decode_seeded --workload llm --phase decode --heads 8 --heads-k 2 --head-dim 128 --order max_first --decode-queries $DQ
+run llm_decode_seeded --workload llm --phase decode --heads 8 --heads-k 2 --head-dim 128 --order max_first --decode-queries $DQ --split-tiles 32
 
 # Table: achieved sparsity per length (fit / fixed lambda) and the inverse-law exponent p.
 {
