@@ -821,6 +821,30 @@ TEST(GpuDecode, SeededSplitsMatchReference) {
   check_skip(c, f, 5, 0.15);
 }
 
+// The trained model's decode shape (bench/model, issue 15): Hq 8 / Hk 2, d 64, 8 query rows per
+// step (32 rows vote together: two m-tiles), causal, max-first with seeded splits of 16 tiles, a
+// cache longer than the sequence. On the H200 (9167d4d) the model's teacher-forced decode loss
+// was NaN with skipping at every L >= 4096 (two or more splits) and finite at 2048 (one split),
+// while the CPU reference gave finite outputs on the same checkpoint.
+TEST(GpuDecode, SeededSplitsTrainedModelShape) {
+  SKIP_WITHOUT_GPU();
+  blasst::SkipConfig skip = blasst::SkipConfig::from_threshold(0.5).with_order(blasst::VisitOrder::natural);
+  skip.vote.order = blasst::VisitOrder::max_first;
+  Case c;
+  c.structured = true;
+  c.hq = 8;
+  c.hk = 2;
+  c.d = 64;
+  c.q_len = 8;
+  c.lens = {4096, 3850, 6000};
+  for (double target : {0.2, 0.5}) {
+    check_skip(c, skip, 16, target);
+    check_skip(c, skip, 0, target);
+  }
+  c.d = 128;
+  check_skip(c, skip, 16, 0.3);
+}
+
 // RunOptions::workspace: a caller-provided region of exactly decode_workspace_bytes gives the same
 // outputs (bitwise) and statistics as the library's own pool; a region one byte short is an Error
 // naming RunOptions::workspace, raised before the launch.
