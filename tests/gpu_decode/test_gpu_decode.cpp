@@ -843,6 +843,33 @@ TEST(GpuDecode, SeededSplitsTrainedModelShape) {
   }
   c.d = 128;
   check_skip(c, skip, 16, 0.3);
+
+  // The model's call sequence: one cache of 4096 keys, seqlens growing by 8 per call (3848 ...
+  // 4096), one fixed lambda: every output finite, and something skipped.
+  Case m;
+  m.structured = true;
+  m.hq = 8;
+  m.hk = 2;
+  m.d = 64;
+  m.q_len = 8;
+  m.lens = {4096};
+  HostProblem hp(m, case_seed("model call sequence"));
+  blasst::SkipConfig fixed = blasst::SkipConfig::from_threshold(0.02).with_order(blasst::VisitOrder::natural);
+  fixed.vote.order = blasst::VisitOrder::max_first;
+  fixed.vote.split_tiles = 16;
+  std::int64_t skipped = 0;
+  for (int e = 3848; e <= 4096; e += 8) {
+    hp.seqlens[0] = e;
+    blasst::RunOptions opt;
+    opt.collect_stats = true;
+    const Result r = run_gpu(hp, fixed, opt);
+    std::size_t nonfinite = 0;
+    for (float x : r.out) nonfinite += std::isfinite(x) ? 0 : 1;
+    EXPECT_EQ(nonfinite, 0u) << "seqlen " << e << ": " << nonfinite << " non-finite outputs of " << r.out.size()
+                             << " (sparsity " << r.stats.sparsity() << ")";
+    skipped += r.stats.total_skipped();
+  }
+  EXPECT_GT(skipped, 0) << "nothing skipped over the call sequence";
 }
 
 // RunOptions::workspace: a caller-provided region of exactly decode_workspace_bytes gives the same
