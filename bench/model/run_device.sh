@@ -95,7 +95,7 @@ else
   DEFAULT_TIMEOUT=570
 fi
 t0=$(date +%s)
-echo "[$(ts)] recipe.py $RECIPE_ARGS (timeout ${TOTAL_TIMEOUT_S:-$DEFAULT_TIMEOUT} s)"
+echo "[$(ts)] recipe.py ${RECIPE_ARGS:-} (timeout ${TOTAL_TIMEOUT_S:-$DEFAULT_TIMEOUT} s)"
 timeout ${TOTAL_TIMEOUT_S:-$DEFAULT_TIMEOUT} python3 bench/model/recipe.py --out "$WORK" \
   --train-seconds "${TRAIN_S:-290}" --eval-seconds "${EVAL_S:-150}" ${RECIPE_ARGS:-}
 rc=$?
