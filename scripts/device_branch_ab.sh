@@ -28,13 +28,15 @@ if [ "${1:-}" = build ]; then
   exit 0
 fi
 export BLASST_REQUIRE_GPU=1
+check() {  # name, test binary, racecheck filter: the whole test binary, then racecheck on the filter
+  timeout 120 "$2" --gtest_brief=1 > "$OUT/$1_tests.log" 2>&1
+  echo "$1 $(basename "$2"): rc=$? $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/$1_tests.log" | tr '\n' ' ')"
+  timeout 90 compute-sanitizer --tool racecheck --error-exitcode 9 "$2" --gtest_filter="$3" > "$OUT/$1_racecheck.log" 2>&1
+  echo "$1 racecheck: rc=$? $(grep -E 'RACECHECK SUMMARY' "$OUT/$1_racecheck.log" | head -1)"
+}
 if [ -d build-ab-dq ]; then
   B=build-ab-dq
-  timeout 120 $B/tests/gpu_backward/test_gpu_backward --gtest_brief=1 > "$OUT/dq_tests.log" 2>&1
-  echo "dq test_gpu_backward: rc=$? $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/dq_tests.log" | tr '\n' ' ')"
-  timeout 90 compute-sanitizer --tool racecheck --error-exitcode 9 $B/tests/gpu_backward/test_gpu_backward \
-    --gtest_filter='GpuBackwardSanitizer.*' > "$OUT/dq_racecheck.log" 2>&1
-  echo "dq racecheck: rc=$? $(grep -E 'RACECHECK SUMMARY' "$OUT/dq_racecheck.log" | head -1)"
+  check dq $B/tests/gpu_backward/test_gpu_backward 'GpuBackwardSanitizer.*'
   for r in 1 2; do
     for side in main dq; do
       bin=$MAIN/bench/backward/bench_backward; [ $side = dq ] && bin=$B/bench/backward/bench_backward
@@ -45,11 +47,7 @@ if [ -d build-ab-dq ]; then
 fi
 if [ -d build-ab-screen ]; then
   B=build-ab-screen
-  timeout 120 $B/tests/gpu_prefill/test_gpu_prefill_screen --gtest_brief=1 > "$OUT/screen_tests.log" 2>&1
-  echo "screen tests: rc=$? $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/screen_tests.log" | tr '\n' ' ')"
-  timeout 90 compute-sanitizer --tool racecheck --error-exitcode 9 $B/tests/gpu_prefill/test_gpu_prefill_screen \
-    --gtest_filter='GpuPrefillScreen.Strict*' > "$OUT/screen_racecheck.log" 2>&1
-  echo "screen racecheck: rc=$? $(grep -E 'RACECHECK SUMMARY' "$OUT/screen_racecheck.log" | head -1)"
+  check screen $B/tests/gpu_prefill/test_gpu_prefill_screen 'GpuPrefillScreen.Strict*'
   timeout ${SCREEN_BENCH_S:-150} python3 .ab/screen/bench/prefill/bench_prefill.py --screen \
     --lib "$(find $B -name libblasst_prefill_bench.so | head -1)" --out "$OUT/screen" > "$OUT/screen_bench.log" 2>&1
   echo "screen bench: rc=$?"; cat "$OUT"/screen/*.md 2>/dev/null | head -30

@@ -846,14 +846,9 @@ TEST(GpuDecode, SeededSplitsTrainedModelShape) {
 
   // The model's call sequence: one cache of 4096 keys, seqlens growing by 8 per call (3848 ...
   // 4096), one fixed lambda: every output finite, and something skipped.
-  Case m;
-  m.structured = true;
-  m.hq = 8;
-  m.hk = 2;
-  m.d = 64;
-  m.q_len = 8;
-  m.lens = {4096};
-  HostProblem hp(m, case_seed("model call sequence"));
+  c.d = 64;
+  c.lens = {4096};
+  HostProblem hp(c, case_seed("model call sequence"));
   blasst::SkipConfig fixed = blasst::SkipConfig::from_threshold(0.02).with_order(blasst::VisitOrder::natural);
   fixed.vote.order = blasst::VisitOrder::max_first;
   fixed.vote.split_tiles = 16;
