@@ -867,6 +867,57 @@ TEST(GpuDecode, SeededSplitsTrainedModelShape) {
   EXPECT_GT(skipped, 0) << "nothing skipped over the call sequence";
 }
 
+// A seeded split whose row sum l is subnormal (decode_epilogue.cuh): with max-first's seeded
+// splits (SPEC §2a) a split's running max starts at the row's maximum over the seed tiles, which
+// may lie in another split, so the split's l has no lower bound. Here query head 0 of KV group 0
+// scores 28 * 28 / 8 = 98 nats (141.4 log2 units) on key 0 and 0 on every other key, and the other
+// rows of its vote group score 0 everywhere (they keep every tile): split 1 (tiles 16-31) sums
+// ~2048 * 2^-141.4 = 2^-130.4 for that row, below 2^-128, where 1 / l overflows to +inf; P rounded
+// to bf16 is 0 there (below 2^-134), so O * (1 / l) = 0 * inf = NaN, and the merge's weight
+// exp(LSE_1 - max) ~ 2^-130 does not cancel it. The four-m-tile partial (32 rows at q_len 8)
+// multiplied by the reciprocal (NaN rows before the fix); one m-tile (q_len 1) divided already.
+// The exact output of the row is V of key 0 (every other weight ~2^-141). (Host emulation of the
+// arithmetic: NaN for gaps of ~139-160 log2 units with 2048 kept keys.)
+TEST(GpuDecode, SeededSplitSubnormalRowSum) {
+  SKIP_WITHOUT_GPU();
+  for (int q_len : {8, 1}) {
+    Case c;
+    c.hq = 8;
+    c.hk = 2;
+    c.d = 64;
+    c.q_len = q_len;
+    c.lens = {4096};
+    SCOPED_TRACE(describe(c));
+    HostProblem hp(c, case_seed("seeded split subnormal row sum"));
+    std::fill(hp.q.begin(), hp.q.end(), to_half(0.f, c.dt));
+    std::fill(hp.k.begin(), hp.k.end(), to_half(0.f, c.dt));
+    for (int t = 0; t < q_len; ++t) hp.q[(static_cast<std::size_t>(t) * c.hq + 0) * c.d + 0] = to_half(28.f, c.dt);
+    hp.k[0] = to_half(28.f, c.dt);  // key 0, KV head 0, coordinate 0
+    blasst::SkipConfig skip = blasst::SkipConfig::from_threshold(0.5).with_order(blasst::VisitOrder::natural);
+    skip.vote.order = blasst::VisitOrder::max_first;
+    skip.vote.split_tiles = 16;  // two splits; the sink's split 0, and split 1 far below the seed
+    blasst::RunOptions opt;
+    opt.collect_stats = true;
+    const Result gpu = run_gpu(hp, skip, opt);
+    EXPECT_EQ(gpu.stats.total_skipped(), 0) << "every tile is some row's maximum: nothing to skip";
+    std::size_t nonfinite = 0;
+    for (float x : gpu.out) nonfinite += std::isfinite(x) ? 0 : 1;
+    EXPECT_EQ(nonfinite, 0u) << nonfinite << " non-finite outputs of " << gpu.out.size();
+    // Row (t, head 0): V of key 0, head 0.
+    for (int t = 0; t < q_len; ++t)
+      for (int e = 0; e < c.d; ++e) {
+        const float want = from_half(hp.v[static_cast<std::size_t>(e)], c.dt);
+        EXPECT_NEAR(gpu.out[(static_cast<std::size_t>(t) * c.hq + 0) * c.d + e], want, 1e-2 * (1 + std::fabs(want)))
+            << "token " << t << " column " << e;
+      }
+    blasst::SkipConfig rs = skip;
+    rs.vote.rows = c.q_len;
+    rs.vote.heads = c.hq / c.hk;
+    rs.vote.tile_keys = 128;
+    expect_close(gpu, run_ref(hp, rs, false), 1e-2, "seeded, subnormal l");
+  }
+}
+
 // RunOptions::workspace: a caller-provided region of exactly decode_workspace_bytes gives the same
 // outputs (bitwise) and statistics as the library's own pool; a region one byte short is an Error
 // naming RunOptions::workspace, raised before the launch.

@@ -91,12 +91,21 @@ __device__ __forceinline__ void write_partial(const Params& p, const DecodeWork&
 #pragma unroll
           for (int wp = 0; wp < W; ++wp) l += lred[wp * kRows + r];
           const bool empty = l == 0.f;  // nothing seen (a NaN l stays NaN: the NaN rule)
-          const float inv = empty ? 0.f : 1.f / l;
+          // O / l, not O * (1 / l) (as the one-m-tile path above): in a seeded split (SPEC §2a)
+          // m starts at the row's maximum over the seed tiles, which may lie in another split, so
+          // this split's l is unbounded below: with every kept key >= 128 log2 units under the
+          // seed, l is subnormal (exp2f and the sums keep subnormals; no ftz here), 1 / l
+          // overflows to +inf, and O * inf is inf, or NaN where O = 0 (P rounded to 16 bits
+          // flushes below 2^-133 while l's fp32 sum does not), which the merge's weight
+          // exp(LSE - max) ~ 0 does not cancel (0 * inf = NaN): the trained model's NaN decode
+          // with two or more seeded splits and 32 rows (MT = 4). A division with a subnormal
+          // divisor is exact IEEE division: finite, and 0 for O = 0.
           float* dst = p.o_part + (w.part_row0 + r) * D + warp * (D / W) + 2 * (lane & 3);
 #pragma unroll
           for (int nt = 0; nt < kNT; ++nt)
             *reinterpret_cast<float2*>(dst + nt * 8) =
-                make_float2(o_acc[mt][nt][hf * 2] * inv, o_acc[mt][nt][hf * 2 + 1] * inv);
+                empty ? make_float2(o_acc[mt][nt][hf * 2] * 0.f, o_acc[mt][nt][hf * 2 + 1] * 0.f)  // as before
+                      : make_float2(o_acc[mt][nt][hf * 2] / l, o_acc[mt][nt][hf * 2 + 1] / l);
           if (warp == 0 && (lane & 3) == 0)
             p.lse_part[w.part_row0 + r] = empty ? -INFINITY : (m_run[mt][hf] + log2f(l)) * 0.69314718055994531f;
         }
