@@ -823,8 +823,7 @@ TEST(GpuDecode, SeededSplitsMatchReference) {
 
 // The trained model's decode shape (bench/model, issue 15): Hq 8 / Hk 2, d 64, 8 query rows per
 // step (32 rows vote together: the four-m-tile path, 32 of its 64 rows), causal, max-first with
-// seeded splits of 16 tiles, a
-// cache longer than the sequence. On the H200 (9167d4d) the model's teacher-forced decode loss
+// seeded splits of 16 tiles, a cache longer than the sequence. On the H200 (9167d4d) the model's teacher-forced decode loss
 // was NaN with skipping at every L >= 4096 (two or more splits) and finite at 2048 (one split),
 // while the CPU reference gave finite outputs on the same checkpoint.
 TEST(GpuDecode, SeededSplitsTrainedModelShape) {
