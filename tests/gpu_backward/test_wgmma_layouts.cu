@@ -12,11 +12,13 @@
 //     (the 8-byte shared store);
 //   - the dQ product's B operand: a warpgroup's K^T partition holds the columns it computes;
 //   - the dS^T stmatrix.trans copy moves each register to the (key, row) it holds;
-//   - the dQ shared tile of each warpgroup: pairs adjacent and aligned, every element once.
+//   - the dQ shared tile of each warpgroup: pairs adjacent and aligned, every element once, and
+//     each pair's address the thread's first pair's stepped by dq_step (the kernel's form).
 // Expected values come from the definitions (coordinates, offsets), not from the kernel.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <map>
 #include <tuple>
@@ -199,6 +201,11 @@ void check_dq_smem() {
         const long u = (long(row / 8) + 8L * (col / 32)) * 1024 + (row % 8) * 128 + (col % 32) * 4;
         const long want = u ^ (((u >> 7) & 7) << 4);
         bad += at != want;
+        // the kernel's address: the thread's first pair's, stepped by Tr::dq_step
+        const int row_f = get<0>(c(0)), col_f = get<1>(c(0)) - col0;
+        const auto first = reinterpret_cast<std::uintptr_t>(&sdq(row_f, col_f));
+        const auto step = Tr::dq_step(row - row_f, col - col_f);
+        bad += long(((first ^ step.x) + step.a) - reinterpret_cast<std::uintptr_t>(base)) != at;
         const long off = at / 4;
         bad += long(reinterpret_cast<const char*>(&sdq(row, col + 1)) - base) != at + 4 || off % 2 != 0;
         ++n[{row, col}];

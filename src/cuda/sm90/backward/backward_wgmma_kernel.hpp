@@ -125,14 +125,19 @@ __device__ void wg_store_dq(WgmmaParams<Traits> const& kp, const BackwardWork& w
   const int valid = w.len_q - m * kBlockM;  // rows of the block inside the sequence
   // The swizzle acts on the shared-memory address (CuTe's smem_ptr_flag layouts), as the TMA's
   // 128-byte swizzle does: element addresses come from the swizzled tensor, not from the layout
-  // function alone (which would miss it on every row but the first of each 8).
+  // function alone (which would miss it on every row but the first of each 8). The first pair's
+  // address comes from it; the others follow by constants (Traits::dq_step), so that one address,
+  // not one per pair, lives across the step loop.
   Tensor sdQ = make_tensor(make_smem_ptr(sdq_tile), typename Traits::SmemLayoutDQ{});
+  const int row_f = get<0>(tc(0)), col_f = get<1>(tc(0)) - col0;
+  const std::uint32_t first = smem_u32(&sdQ(row_f, col_f));
   CUTLASS_PRAGMA_UNROLL
   for (int i = 0; i < size(acc); i += 2) {
     const int row = get<0>(tc(i)), col = get<1>(tc(i)) - col0;
     const bool keep = row < valid;
     const float lo = keep ? acc(i) : 0.f, hi = keep ? acc(i + 1) : 0.f;
-    asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(smem_u32(&sdQ(row, col))), "f"(lo), "f"(hi)
+    const auto step = Traits::dq_step(row - row_f, col - col_f);
+    asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"((first ^ step.x) + step.a), "f"(lo), "f"(hi)
                  : "memory");
   }
   cutlass::arch::fence_view_async_shared();  // generic-proxy stores -> the TMA (async proxy) read

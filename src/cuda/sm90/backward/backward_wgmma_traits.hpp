@@ -81,6 +81,21 @@ struct BackwardWgmmaTraits {
   static_assert(kDqCols == 64, "one 64 x 64 f32 dQ tile per consumer warpgroup");
   using SmemLayoutDQ =
       decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<float>{}, Shape<Int<kBlockM>, Int<kDqCols>>{}));
+  // A thread's dQ pairs lie whole 8-row and 8-column steps (dr, dc) from its first pair, whose
+  // column is below 8 (GMMA C layout). The 128-byte swizzle XORs byte bits [4, 7) of an address
+  // with bits [7, 10) and reads nothing else: 8 rows (1024 B) and a 32-float column block
+  // (kBlockM rows of 128 B) add from bit 10 up, and a column step inside a block sets bits [5, 7),
+  // clear before the swizzle in the first pair's address, so the swizzle passes it through as an
+  // XOR. A pair's address is (first ^ x) + a (16 per-pair addresses held across the step loop
+  // spilled at d = 128). tests/gpu_backward/test_wgmma_layouts.cu checks this against the
+  // swizzled tensor for every pair.
+  struct DqStep {
+    uint32_t x, a;
+  };
+  CUTE_HOST_DEVICE static constexpr DqStep dq_step(int dr, int dc) {
+    constexpr int kRowBytes = 32 * sizeof(float);  // one swizzle row
+    return {uint32_t(dc % 32 * sizeof(float)), uint32_t(dr * kRowBytes + dc / 32 * kBlockM * kRowBytes)};
+  }
   // dS^T registers -> shared memory by stmatrix.trans: the S^T accumulator holds (key, row pairs),
   // the dS tile is row-major with keys contiguous.
   using SmemCopyAtomDS = Copy_Atom<SM90_U16x8_STSM_T, Element>;
