@@ -52,6 +52,7 @@ TABLE=(
   "decode-merge-nan-row-written-empty|test_gpu_nan_rule|tests/gpu_prefill/test_gpu_nan_rule|GpuNanRule.DecodeNanKeyThroughTheSplitMerge"
   "decode-merge-flags-not-lowered|test_gpu_decode|tests/gpu_decode/test_gpu_decode|GpuDecode.InKernelMergeAcrossCallsAndGraphReplays"
   "decode-merge-epoch-ignored|test_gpu_decode|tests/gpu_decode/test_gpu_decode|GpuDecode.InKernelMergeAcrossCallsAndGraphReplays"
+  "decode-epilogue-reciprocal|test_gpu_decode|tests/gpu_decode/test_gpu_decode|GpuDecode.SeededSplitSubnormalRowSum"
   "backward-skip-set-ignored|test_gpu_backward|tests/gpu_backward/test_gpu_backward|GpuBackward.SkipSetMatchesReference"
   "backward-removed-block-by-first-head|test_gpu_backward|tests/gpu_backward/test_gpu_backward|GpuBackward.SkipSetMatchesReference"
   "backward-kept-walk-off-by-one|test_gpu_backward|tests/gpu_backward/test_gpu_backward|GpuBackward.SkipSetMatchesReference"
