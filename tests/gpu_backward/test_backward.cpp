@@ -475,6 +475,25 @@ TEST(GpuBackward, GroupedQueryHeads) {
   }
 }
 
+// The causal launch order walks key blocks longest first over sections of KV heads that share the
+// L2 (BackwardScheduler); every (key block, KV head) must still be owned by exactly one CTA. GQA
+// 24:3 at d = 128 and Lq = 1100: 8 x 1100 x 128 x 8 bytes = 9.0 MB per KV head, so sections of
+// two heads (24 MiB budget) and a short last section of one; Lk = 400 (4 key blocks, the last 16
+// keys wide; bottom-right causal: the first 700 rows see nothing).
+TEST(GpuBackward, CausalLaunchSectionsWithAShortLast) {
+  REQUIRE_GPU();
+  Case c;
+  c.Lq = 1100;
+  c.Lk = 400;
+  c.hq = 24;
+  c.hk = 3;
+  c.d = 128;
+  c.causal = true;
+  ASSERT_EQ(sm90::backward::causal_launch_section_heads(int(c.hk), int(c.hq / c.hk), c.Lq, int(c.d)), 2)
+      << "the case no longer has two sections with a short last one";
+  check_dense(c, seed_for(190));
+}
+
 TEST(GpuBackward, RaggedBatch) {
   REQUIRE_GPU();
   int i = 60;
