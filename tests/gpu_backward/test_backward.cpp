@@ -475,25 +475,6 @@ TEST(GpuBackward, GroupedQueryHeads) {
   }
 }
 
-// The causal launch order walks key blocks longest first over sections of KV heads that share the
-// L2 (BackwardScheduler); every (key block, KV head) must still be owned by exactly one CTA. GQA
-// 24:3 at d = 128 and Lq = 1100: 8 x 1100 x 128 x 8 bytes = 9.0 MB per KV head, so sections of
-// two heads (24 MiB budget) and a short last section of one; Lk = 400 (4 key blocks, the last 16
-// keys wide; bottom-right causal: the first 700 rows see nothing).
-TEST(GpuBackward, CausalLaunchSectionsWithAShortLast) {
-  REQUIRE_GPU();
-  Case c;
-  c.Lq = 1100;
-  c.Lk = 400;
-  c.hq = 24;
-  c.hk = 3;
-  c.d = 128;
-  c.causal = true;
-  ASSERT_EQ(sm90::backward::causal_launch_section_heads(int(c.hk), int(c.hq / c.hk), c.Lq, int(c.d)), 2)
-      << "the case no longer has two sections with a short last one";
-  check_dense(c, seed_for(190));
-}
-
 TEST(GpuBackward, RaggedBatch) {
   REQUIRE_GPU();
   int i = 60;
@@ -760,6 +741,57 @@ TEST(GpuBackward, DeviceTensorsStreamAndCallerWorkspace) {
   for (void* ptr : owned) check(cudaFree(ptr), "cudaFree");
   ASSERT_GT(in.set.count(), 0);
   expect_grads(c, in, host.grads(), run_ref(c, in, cfg, &in.set));
+}
+
+// The postprocess writes dQ with 16-byte stores where dq's pointer and strides allow it and element
+// by element otherwise (backward_prepost.cu): a dq that starts two elements past a 16-byte boundary
+// takes the second path; it must still equal the reference, and the two elements in front of it
+// must keep their guard values.
+TEST(GpuBackward, MisalignedDqTakesTheElementStores) {
+  REQUIRE_GPU();
+  Case c;
+  c.Lq = c.Lk = 200;
+  c.hq = 2;
+  c.hk = 1;
+  c.d = 64;
+  c.causal = true;
+  const std::uint64_t seed = seed_for(170);
+  SCOPED_TRACE(c.name() + " seed " + std::to_string(seed));
+  Data in = make_data(c, seed, SkipConfig{});
+  Call host(c, in, c.dtype, c.io_dtype, c.grad_dtype, DType::f32);
+  std::vector<void*> owned;
+  auto check = [](cudaError_t e, const char* what) { ASSERT_EQ(e, cudaSuccess) << what << ": " << cudaGetErrorString(e); };
+  const std::size_t esize = dtype_size(host.p.dq.dtype);
+  auto to_device = [&](const Tensor& t, std::size_t lead_elems) {
+    Tensor d = t;
+    const std::size_t bytes = std::size_t(t.numel()) * dtype_size(t.dtype), lead = lead_elems * dtype_size(t.dtype);
+    void* ptr = nullptr;
+    check(cudaMalloc(&ptr, lead + bytes), "cudaMalloc");
+    check(cudaMemset(ptr, 0x5a, lead), "cudaMemset");  // the guard in front
+    check(cudaMemcpy(static_cast<char*>(ptr) + lead, t.data, bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
+    owned.push_back(ptr);
+    d.data = static_cast<char*>(ptr) + lead;
+    d.device = DeviceKind::cuda;
+    return d;
+  };
+  AttentionBackwardProblem p = host.p;
+  for (auto [h, d] : {std::pair{&host.p.q, &p.q}, {&host.p.k, &p.k}, {&host.p.v, &p.v}, {&host.p.out, &p.out},
+                      {&host.p.dout, &p.dout}, {&host.p.lse, &p.lse}, {&host.p.dk, &p.dk}, {&host.p.dv, &p.dv}})
+    *d = to_device(*h, 0);
+  constexpr std::size_t kLead = 2;
+  p.dq = to_device(host.p.dq, kLead);  // the NaN-poisoned host buffer, 2 elements in
+  ASSERT_NE(reinterpret_cast<std::uintptr_t>(p.dq.data) % 16, 0u) << "dq is 16-byte aligned: the case did not happen";
+  attention_backward(p, SkipConfig{}, RunOptions{}, nullptr);
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  std::vector<unsigned char> guard(kLead * esize, 0);
+  check(cudaMemcpy(guard.data(), static_cast<char*>(p.dq.data) - guard.size(), guard.size(), cudaMemcpyDeviceToHost),
+        "cudaMemcpy");
+  for (unsigned char b : guard) EXPECT_EQ(b, 0x5a) << "the postprocess wrote in front of dq";
+  for (auto [h, d] : {std::pair{&host.p.dq, &p.dq}, {&host.p.dk, &p.dk}, {&host.p.dv, &p.dv}})
+    check(cudaMemcpy(h->data, d->data, std::size_t(h->numel()) * dtype_size(h->dtype), cudaMemcpyDeviceToHost),
+          "cudaMemcpy");
+  for (void* ptr : owned) check(cudaFree(ptr), "cudaFree");
+  expect_grads(c, in, host.grads(), run_ref(c, in, SkipConfig{}, nullptr));
 }
 #endif
 

@@ -220,8 +220,6 @@ BackwardParams make_params(const AttentionBackwardProblem& p, const Plan& pl) {
   prm.scale_log2 = static_cast<float>(r.scale * 1.4426950408889634);
   prm.causal = r.mask == MaskKind::causal;
   prm.head_dim = static_cast<int>(r.d);
-  prm.causal_section_heads =
-      causal_launch_section_heads(prm.hk, prm.group, r.max_q_len, prm.head_dim);
   prm.dout_main = p.dout.data;
   prm.dout_main_s = prm.dout_s;
   return prm;
@@ -278,8 +276,7 @@ void launch_attention_backward(const AttentionBackwardProblem& p, const SkipConf
   }
   prm.skip_groups = pl.set_groups;
   prm.skip_tiles = pl.set_tiles;
-  if (pl.bytes_accum > 0) BLASST_CUDA_CHECK(cudaMemsetAsync(prm.dq_accum, 0, pl.bytes_accum, stream));
-  launch_preprocess(prm, r.dtype, stream);
+  launch_preprocess(prm, r.dtype, stream);  // also zeroes dq_accum
   if (prm.num_n_blocks > 0) run(prm, stream);
   launch_postprocess(prm, r.dtype, stream);
 }

@@ -52,8 +52,7 @@ struct BackwardParams {
   // workspace arrays below are indexed by (head, token) with token = b * Lq + i or cu_q[b] + i.
   int tokens_q = 0;
   int tokens_k = 0;  // the key token axis: B * Lk or k.shape[0] (the wgmma kernel's TMA extent)
-  int num_n_blocks = 0;  // key blocks of the longest sequence
-  int causal_section_heads = 1;  // causal launch order: KV heads per section (BackwardScheduler)
+  int num_n_blocks = 0;  // key blocks of the longest sequence (grid x)
   float scale = 0.f, scale_log2 = 0.f;
   bool causal = false;
 
@@ -85,16 +84,6 @@ __host__ __device__
 inline std::int64_t lse_row_start(int b, int len_q, const int* cu_q) {
   if (cu_q == nullptr) return std::int64_t(b) * ((len_q + kLseRowAlign - 1) / kLseRowAlign * kLseRowAlign);
   return (std::int64_t(cu_q[b]) + std::int64_t(b) * kLseRowAlign) / kLseRowAlign * kLseRowAlign;
-}
-
-// KV heads per section of the causal launch order (BackwardScheduler): Q and dO (16-bit) and the
-// f32 dQ accumulator of a KV group's query heads, group * max_len_q * d * 8 bytes per KV head, in
-// half of the H200's 50 MB L2; at least 1, at most hk.
-inline int causal_launch_section_heads(int hk, int group, std::int64_t max_len_q, int head_dim) {
-  constexpr std::int64_t kL2Budget = std::int64_t(24) << 20;
-  const std::int64_t per_head = std::int64_t(group) * max_len_q * head_dim * 8;
-  const std::int64_t s = per_head > 0 ? kL2Budget / per_head : hk;
-  return int(s < 1 ? 1 : (s > hk ? hk : s));
 }
 
 }  // namespace blasst::sm90::backward

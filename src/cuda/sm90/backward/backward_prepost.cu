@@ -1,5 +1,6 @@
 // The backward's preprocess and postprocess kernels (backward_prepost.hpp). Plain CUDA: one warp
-// per row reduces dO . O; the postprocess is elementwise.
+// per row reduces dO . O (and zeroes the row's dQ accumulator); the postprocess is elementwise,
+// 8 elements per thread. Both are instantiated per (dtype, head dim).
 #include "cuda/sm90/backward/backward_prepost.hpp"
 
 #include <cmath>
@@ -32,19 +33,31 @@ __device__ __forceinline__ std::int64_t lse_offset(const LseStrides& s, const Ba
   return std::int64_t(b) * s.batch + std::int64_t(h) * s.head + std::int64_t(i) * s.row;
 }
 
-template <class E>
+// One warp per (query token, query head) row; kD (the head dim) a constant so the row's loads
+// unroll and are all in flight at once. The row's dQ accumulator is zeroed here too (it is the
+// same [tokens_q, hq] row: one 16-byte store per lane), in place of a separate memset pass.
+template <class E, int kD>
 __global__ void __launch_bounds__(kThreads) preprocess_kernel(const BackwardParams p) {
+  static_assert(kD % 32 == 0 && kD / 4 <= 32, "one float4 of the dQ row per lane");
   const int lane = int(threadIdx.x) % 32;
   const std::int64_t row = std::int64_t(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32;
   if (row >= std::int64_t(p.tokens_q) * p.hq) return;
+  if (lane < kD / 4) reinterpret_cast<float4*>(p.dq_accum + row * kD)[lane] = make_float4(0.f, 0.f, 0.f, 0.f);
   const int tok = int(row / p.hq), h = int(row % p.hq);
   const std::int64_t o_off = row_offset(p.out_s, p, tok, h), do_off = row_offset(p.dout_s, p, tok, h);
+  float g[kD / 32], o[kD / 32];
+#pragma unroll
+  for (int j = 0; j < kD / 32; ++j) {
+    g[j] = load_f<E>(p.dout, do_off + lane + 32 * j, p.dout_f32);
+    o[j] = load_f<E>(p.out, o_off + lane + 32 * j, p.out_f32);
+  }
   float acc = 0.f;
-  E* conv = p.dout_conv != nullptr ? static_cast<E*>(p.dout_conv) + row * p.head_dim : nullptr;
-  for (int c = lane; c < p.head_dim; c += 32) {
-    const float g = load_f<E>(p.dout, do_off + c, p.dout_f32);
-    acc += load_f<E>(p.out, o_off + c, p.out_f32) * g;
-    if (conv != nullptr) conv[c] = static_cast<E>(g);  // row = tok * hq + h: [tokens_q, hq, d]
+#pragma unroll
+  for (int j = 0; j < kD / 32; ++j) acc += o[j] * g[j];
+  if (p.dout_conv != nullptr) {  // row = tok * hq + h: [tokens_q, hq, d]
+    E* conv = static_cast<E*>(p.dout_conv) + row * kD;
+#pragma unroll
+    for (int j = 0; j < kD / 32; ++j) conv[lane + 32 * j] = static_cast<E>(g[j]);
   }
 #pragma unroll
   for (int s = 16; s > 0; s >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, s);
@@ -82,35 +95,70 @@ __global__ void __launch_bounds__(kThreads) preprocess_kernel(const BackwardPara
   }
 }
 
-template <class E>
-__global__ void __launch_bounds__(kThreads) postprocess_kernel(const BackwardParams p) {
-  const std::int64_t e = std::int64_t(blockIdx.x) * kThreads + threadIdx.x;
-  const std::int64_t n = std::int64_t(p.tokens_q) * p.hq * p.head_dim;
-  if (e >= n) return;
-  const int c = int(e % p.head_dim);
-  const std::int64_t th = e / p.head_dim;
+// dq = scale * dq_accum: one thread per 8 consecutive elements of a row (two 16-byte loads of the
+// f32 accumulator; one 16-byte store of 8 16-bit values, or two of f32, where dq's pointer and
+// strides allow it: `vec_store`, decided on the host; else 8 scalar stores).
+constexpr int kPostVec = 8;
+
+template <class E, int kD>
+__global__ void __launch_bounds__(kThreads) postprocess_kernel(const BackwardParams p, bool vec_store) {
+  constexpr int kChunks = kD / kPostVec;
+  const std::int64_t ci = std::int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  const std::int64_t th = ci / kChunks;  // the row: tok * hq + h
+  if (th >= std::int64_t(p.tokens_q) * p.hq) return;
+  const int c0 = int(ci % kChunks) * kPostVec;
   const int h = int(th % p.hq), tok = int(th / p.hq);
-  const float x = p.dq_accum[e] * p.scale;  // dq_accum is [tokens_q, hq, d], contiguous
-  const std::int64_t off = row_offset(p.dq_s, p, tok, h) + c;
-  if (p.dq_f32) static_cast<float*>(p.dq)[off] = x;
-  else static_cast<E*>(p.dq)[off] = static_cast<E>(x);
+  const float4* src = reinterpret_cast<const float4*>(p.dq_accum + th * kD + c0);  // 32-byte aligned
+  const float4 a = src[0], b = src[1];
+  const float x[kPostVec] = {a.x * p.scale, a.y * p.scale, a.z * p.scale, a.w * p.scale,
+                             b.x * p.scale, b.y * p.scale, b.z * p.scale, b.w * p.scale};
+  const std::int64_t off = row_offset(p.dq_s, p, tok, h) + c0;
+  if (p.dq_f32) {
+    float* dst = static_cast<float*>(p.dq) + off;
+    if (vec_store) {
+      reinterpret_cast<float4*>(dst)[0] = make_float4(x[0], x[1], x[2], x[3]);
+      reinterpret_cast<float4*>(dst)[1] = make_float4(x[4], x[5], x[6], x[7]);
+    } else {
+#pragma unroll
+      for (int j = 0; j < kPostVec; ++j) dst[j] = x[j];
+    }
+  } else {
+    E* dst = static_cast<E*>(p.dq) + off;
+    if (vec_store) {
+      union {
+        E e[kPostVec];
+        uint4 u;
+      } pack;
+#pragma unroll
+      for (int j = 0; j < kPostVec; ++j) pack.e[j] = static_cast<E>(x[j]);
+      *reinterpret_cast<uint4*>(dst) = pack.u;
+    } else {
+#pragma unroll
+      for (int j = 0; j < kPostVec; ++j) dst[j] = static_cast<E>(x[j]);
+    }
+  }
 }
 
-template <class E>
+template <class E, int kD>
 void launch_pre(const BackwardParams& p, cudaStream_t stream) {
   const std::int64_t rows = std::int64_t(p.tokens_q) * p.hq;
   if (rows == 0) return;
   const std::int64_t blocks = (rows + kThreads / 32 - 1) / (kThreads / 32);
-  preprocess_kernel<E><<<dim3(unsigned(blocks)), kThreads, 0, stream>>>(p);
+  preprocess_kernel<E, kD><<<dim3(unsigned(blocks)), kThreads, 0, stream>>>(p);
   BLASST_CUDA_CHECK(cudaGetLastError());
 }
 
-template <class E>
+template <class E, int kD>
 void launch_post(const BackwardParams& p, cudaStream_t stream) {
-  const std::int64_t n = std::int64_t(p.tokens_q) * p.hq * p.head_dim;
-  if (n == 0) return;
-  const std::int64_t blocks = (n + kThreads - 1) / kThreads;
-  postprocess_kernel<E><<<dim3(unsigned(blocks)), kThreads, 0, stream>>>(p);
+  const std::int64_t chunks = std::int64_t(p.tokens_q) * p.hq * (kD / kPostVec);
+  if (chunks == 0) return;
+  const std::int64_t blocks = (chunks + kThreads - 1) / kThreads;
+  // 16-byte stores need a 16-byte aligned start for every row: the pointer and each stride (in
+  // elements) a multiple of 16 bytes' worth of elements.
+  const std::int64_t per16 = p.dq_f32 ? 4 : 8;
+  const bool vec_store = reinterpret_cast<std::uintptr_t>(p.dq) % 16 == 0 && p.dq_s.row % per16 == 0 &&
+                         p.dq_s.head % per16 == 0 && p.dq_s.batch % per16 == 0;
+  postprocess_kernel<E, kD><<<dim3(unsigned(blocks)), kThreads, 0, stream>>>(p, vec_store);
   BLASST_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -118,22 +166,40 @@ void launch_post(const BackwardParams& p, cudaStream_t stream) {
   throw Error(std::string("q: dtype ") + to_string(t) + " has no backward pre/postprocess (bf16 or f16)");
 }
 
+[[noreturn]] void bad_head_dim(int d) {
+  throw Error("backward pre/postprocess: head dim " + std::to_string(d) + " (64 or 128)");
+}
+
+// The (dtype, head dim) instance of a pre / postprocess launcher.
+template <template <class, int> class Launch>
+void dispatch(const BackwardParams& p, DType dtype, cudaStream_t stream) {
+  auto by_dim = [&](auto element) {
+    using E = decltype(element);
+    switch (p.head_dim) {
+      case 64: return Launch<E, 64>::run(p, stream);
+      case 128: return Launch<E, 128>::run(p, stream);
+      default: bad_head_dim(p.head_dim);
+    }
+  };
+  switch (dtype) {
+    case DType::bf16: return by_dim(typename Element<DType::bf16>::cuda{});
+    case DType::f16: return by_dim(typename Element<DType::f16>::cuda{});
+    default: bad_dtype(dtype);
+  }
+}
+template <class E, int kD>
+struct Pre {
+  static void run(const BackwardParams& p, cudaStream_t s) { launch_pre<E, kD>(p, s); }
+};
+template <class E, int kD>
+struct Post {
+  static void run(const BackwardParams& p, cudaStream_t s) { launch_post<E, kD>(p, s); }
+};
+
 }  // namespace
 
-void launch_preprocess(const BackwardParams& p, DType dtype, cudaStream_t stream) {
-  switch (dtype) {
-    case DType::bf16: return launch_pre<Element<DType::bf16>::cuda>(p, stream);
-    case DType::f16: return launch_pre<Element<DType::f16>::cuda>(p, stream);
-    default: bad_dtype(dtype);
-  }
-}
+void launch_preprocess(const BackwardParams& p, DType dtype, cudaStream_t stream) { dispatch<Pre>(p, dtype, stream); }
 
-void launch_postprocess(const BackwardParams& p, DType dtype, cudaStream_t stream) {
-  switch (dtype) {
-    case DType::bf16: return launch_post<Element<DType::bf16>::cuda>(p, stream);
-    case DType::f16: return launch_post<Element<DType::f16>::cuda>(p, stream);
-    default: bad_dtype(dtype);
-  }
-}
+void launch_postprocess(const BackwardParams& p, DType dtype, cudaStream_t stream) { dispatch<Post>(p, dtype, stream); }
 
 }  // namespace blasst::sm90::backward

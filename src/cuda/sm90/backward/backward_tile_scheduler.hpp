@@ -1,16 +1,7 @@
 // Internal: which work one backward CTA owns, and which of its (query head, query block) steps
-// the skip set removes. Grid (key blocks of the longest sequence x KV heads, sequences): a CTA
-// owns dK / dV of one 128-key block of one KV head and visits the query blocks of its g query
-// heads that see the block (causal: from the first row whose diagonal reaches it).
-//
-// Launch order (blockIdx.x -> key block, KV head). Full mask: head-major, every CTA the same work.
-// Causal: key block n sees len_q - 128 n rows, so block 0 is the longest; head-major order
-// launches the last head's long blocks at the very end and leaves a tail (a list-scheduling model
-// on 132 SMs: +5.8 % over the balanced time at B 1, H 32, L 8k; +0.5 % at 16k). So causal runs
-// longest first: key block outer, KV head inner, over sections of causal_launch_section_heads
-// KV heads (backward_params.hpp) whose Q, dO and dQ accumulator fit half the L2 together (the
-// heads of one section share the L2 while their blocks run side by side; the next section starts
-// as this one's short blocks end).
+// the skip set removes. Grid (key blocks of the longest sequence, KV heads, sequences): a CTA owns
+// dK / dV of one 128-key block of one KV head and visits the query blocks of its g query heads
+// that see the block (causal: from the first row whose diagonal reaches it).
 #pragma once
 
 #include <cstdint>
@@ -31,29 +22,14 @@ struct BackwardWork {
 
 struct BackwardScheduler {
   static dim3 grid(const BackwardParams& p) {
-    return dim3(unsigned(p.num_n_blocks) * unsigned(p.hk), 1u, unsigned(p.batch));
-  }
-
-  // (key block, KV head) of launch index x (see the launch order above).
-  __device__ static void block_and_head(const BackwardParams& p, int x, int& n_block, int& kh) {
-    const int nb = p.num_n_blocks;
-    if (!p.causal) {
-      kh = x / nb;
-      n_block = x - kh * nb;
-      return;
-    }
-    const int per_section = p.causal_section_heads * nb;
-    const int section = x / per_section, r = x - section * per_section;
-    const int first = section * p.causal_section_heads;
-    const int heads = min(p.causal_section_heads, p.hk - first);  // the last section may be short
-    n_block = r / heads;
-    kh = first + (r - n_block * heads);
+    return dim3(unsigned(p.num_n_blocks), unsigned(p.hk), unsigned(p.batch));
   }
 
   // False when the CTA's key block lies past its sequence's end (nothing to write).
   template <int kBlockM, int kBlockN>
   __device__ static bool get(const BackwardParams& p, BackwardWork& w) {
-    block_and_head(p, int(blockIdx.x), w.n_block, w.kh);
+    w.n_block = int(blockIdx.x);
+    w.kh = int(blockIdx.y);
     w.b = int(blockIdx.z);
     if (p.cu_q != nullptr) {
       w.q_start = p.cu_q[w.b];
