@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One device call (2026-12-04 p.m.): the backward's pre / postprocess rewrite (dQ accumulator zeroed
 # by the preprocess instead of a memset; loads unrolled per head dim; the postprocess 8 elements a
-# thread with 16-byte stores) and the LSE loaded into registers while S^T runs, against the tree
-# before them (.ab/base, carried: `git archive 9ff8910`).
+# thread with 16-byte stores) and the wgmma kernel's dK / dV epilogue in 4-byte pair stores (first
+# run, 1a84a3c: with the LSE loaded into registers while S^T runs, since reverted: the main kernel
+# +2.3 %), against the tree before them (.ab/base, carried: `git archive 9ff8910`).
 #   1. build this tree (Python on, for the peers' run) and the baseline's bench_backward side by side;
 #   2. test_gpu_backward (whole binary), compute-sanitizer memcheck and racecheck on
 #      GpuBackwardSanitizer.* and MisalignedDqTakesTheElementStores;
@@ -31,7 +32,7 @@ export BLASST_REQUIRE_GPU=1
 T=$B/tests/gpu_backward/test_gpu_backward
 timeout 120 $T --gtest_brief=1 > $L/bwd_tests.log 2>&1
 echo "test_gpu_backward rc=$?: $(grep -E '^\[  (PASSED|FAILED) ' $L/bwd_tests.log | tr '\n' ' ') $(grep -E '^\[  FAILED  \] Gpu' $L/bwd_tests.log | tr '\n' ' ') $(t)"
-F='GpuBackwardSanitizer.*:GpuBackward.MisalignedDqTakesTheElementStores'
+F='GpuBackwardSanitizer.*:GpuBackward.MisalignedOutputsTakeTheElementStores'
 timeout 90 compute-sanitizer --tool memcheck --error-exitcode 9 $T --gtest_filter="$F" > $L/memcheck.log 2>&1
 echo "memcheck rc=$? $(grep -E 'ERROR SUMMARY' $L/memcheck.log | head -1)"
 timeout 90 compute-sanitizer --tool racecheck --error-exitcode 9 $T --gtest_filter="$F" > $L/racecheck.log 2>&1

@@ -743,11 +743,13 @@ TEST(GpuBackward, DeviceTensorsStreamAndCallerWorkspace) {
   expect_grads(c, in, host.grads(), run_ref(c, in, cfg, &in.set));
 }
 
-// The postprocess writes dQ with 16-byte stores where dq's pointer and strides allow it and element
-// by element otherwise (backward_prepost.cu): a dq that starts two elements past a 16-byte boundary
-// takes the second path; it must still equal the reference, and the two elements in front of it
-// must keep their guard values.
-TEST(GpuBackward, MisalignedDqTakesTheElementStores) {
+// dQ leaves the postprocess with 16-byte stores, dK / dV the wgmma kernel's epilogue with 4-byte
+// pair stores, where each tensor's pointer and strides allow it, and element by element otherwise
+// (backward_prepost.cu, backward_epilogue.hpp): a dq that starts two elements past a 16-byte
+// boundary and a dk / dv one element past a 4-byte one take the element paths (both kernels). The
+// gradients must still equal the reference, and the elements in front of each tensor keep their
+// guard bytes.
+TEST(GpuBackward, MisalignedOutputsTakeTheElementStores) {
   REQUIRE_GPU();
   Case c;
   c.Lq = c.Lk = 200;
@@ -758,40 +760,49 @@ TEST(GpuBackward, MisalignedDqTakesTheElementStores) {
   const std::uint64_t seed = seed_for(170);
   SCOPED_TRACE(c.name() + " seed " + std::to_string(seed));
   Data in = make_data(c, seed, SkipConfig{});
-  Call host(c, in, c.dtype, c.io_dtype, c.grad_dtype, DType::f32);
-  std::vector<void*> owned;
+  const Grads want = run_ref(c, in, SkipConfig{}, nullptr);
   auto check = [](cudaError_t e, const char* what) { ASSERT_EQ(e, cudaSuccess) << what << ": " << cudaGetErrorString(e); };
-  const std::size_t esize = dtype_size(host.p.dq.dtype);
-  auto to_device = [&](const Tensor& t, std::size_t lead_elems) {
-    Tensor d = t;
-    const std::size_t bytes = std::size_t(t.numel()) * dtype_size(t.dtype), lead = lead_elems * dtype_size(t.dtype);
-    void* ptr = nullptr;
-    check(cudaMalloc(&ptr, lead + bytes), "cudaMalloc");
-    check(cudaMemset(ptr, 0x5a, lead), "cudaMemset");  // the guard in front
-    check(cudaMemcpy(static_cast<char*>(ptr) + lead, t.data, bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
-    owned.push_back(ptr);
-    d.data = static_cast<char*>(ptr) + lead;
-    d.device = DeviceKind::cuda;
-    return d;
-  };
-  AttentionBackwardProblem p = host.p;
-  for (auto [h, d] : {std::pair{&host.p.q, &p.q}, {&host.p.k, &p.k}, {&host.p.v, &p.v}, {&host.p.out, &p.out},
-                      {&host.p.dout, &p.dout}, {&host.p.lse, &p.lse}, {&host.p.dk, &p.dk}, {&host.p.dv, &p.dv}})
-    *d = to_device(*h, 0);
-  constexpr std::size_t kLead = 2;
-  p.dq = to_device(host.p.dq, kLead);  // the NaN-poisoned host buffer, 2 elements in
-  ASSERT_NE(reinterpret_cast<std::uintptr_t>(p.dq.data) % 16, 0u) << "dq is 16-byte aligned: the case did not happen";
-  attention_backward(p, SkipConfig{}, RunOptions{}, nullptr);
-  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-  std::vector<unsigned char> guard(kLead * esize, 0);
-  check(cudaMemcpy(guard.data(), static_cast<char*>(p.dq.data) - guard.size(), guard.size(), cudaMemcpyDeviceToHost),
-        "cudaMemcpy");
-  for (unsigned char b : guard) EXPECT_EQ(b, 0x5a) << "the postprocess wrote in front of dq";
-  for (auto [h, d] : {std::pair{&host.p.dq, &p.dq}, {&host.p.dk, &p.dk}, {&host.p.dv, &p.dv}})
-    check(cudaMemcpy(h->data, d->data, std::size_t(h->numel()) * dtype_size(h->dtype), cudaMemcpyDeviceToHost),
-          "cudaMemcpy");
-  for (void* ptr : owned) check(cudaFree(ptr), "cudaFree");
-  expect_grads(c, in, host.grads(), run_ref(c, in, SkipConfig{}, nullptr));
+  for (const auto kernel : kKernels) {
+    SCOPED_TRACE(std::string("kernel ") + kernel_name(kernel));
+    Call host(c, in, c.dtype, c.io_dtype, c.grad_dtype, DType::f32);
+    std::vector<void*> owned;
+    // A device copy of t whose data starts `lead` elements into its allocation, behind guard bytes.
+    auto to_device = [&](const Tensor& t, std::size_t lead_elems) {
+      Tensor d = t;
+      const std::size_t bytes = std::size_t(t.numel()) * dtype_size(t.dtype), lead = lead_elems * dtype_size(t.dtype);
+      void* ptr = nullptr;
+      check(cudaMalloc(&ptr, lead + bytes), "cudaMalloc");
+      check(cudaMemset(ptr, 0x5a, lead), "cudaMemset");
+      check(cudaMemcpy(static_cast<char*>(ptr) + lead, t.data, bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
+      owned.push_back(ptr);
+      d.data = static_cast<char*>(ptr) + lead;
+      d.device = DeviceKind::cuda;
+      return d;
+    };
+    AttentionBackwardProblem p = host.p;
+    for (auto [h, d] : {std::pair{&host.p.q, &p.q}, {&host.p.k, &p.k}, {&host.p.v, &p.v}, {&host.p.out, &p.out},
+                        {&host.p.dout, &p.dout}, {&host.p.lse, &p.lse}})
+      *d = to_device(*h, 0);
+    const std::size_t lead_dq = 2, lead_kv = 1;  // the NaN-poisoned host buffers, shifted
+    p.dq = to_device(host.p.dq, lead_dq);
+    p.dk = to_device(host.p.dk, lead_kv);
+    p.dv = to_device(host.p.dv, lead_kv);
+    ASSERT_NE(reinterpret_cast<std::uintptr_t>(p.dq.data) % 16, 0u) << "dq is 16-byte aligned: the case did not happen";
+    ASSERT_NE(reinterpret_cast<std::uintptr_t>(p.dk.data) % 4, 0u) << "dk is 4-byte aligned: the case did not happen";
+    detail::cuda_attention_backward_on(p, SkipConfig{}, RunOptions{}, nullptr, kernel);
+    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    for (auto [d, lead] : {std::pair{&p.dq, lead_dq}, {&p.dk, lead_kv}, {&p.dv, lead_kv}}) {
+      std::vector<unsigned char> guard(lead * dtype_size(d->dtype), 0);
+      check(cudaMemcpy(guard.data(), static_cast<char*>(d->data) - guard.size(), guard.size(), cudaMemcpyDeviceToHost),
+            "cudaMemcpy");
+      for (unsigned char b : guard) EXPECT_EQ(b, 0x5a) << "a store landed in front of the tensor";
+    }
+    for (auto [h, d] : {std::pair{&host.p.dq, &p.dq}, {&host.p.dk, &p.dk}, {&host.p.dv, &p.dv}})
+      check(cudaMemcpy(h->data, d->data, std::size_t(h->numel()) * dtype_size(h->dtype), cudaMemcpyDeviceToHost),
+            "cudaMemcpy");
+    for (void* ptr : owned) check(cudaFree(ptr), "cudaFree");
+    expect_grads(c, in, host.grads(), want);
+  }
 }
 #endif
 

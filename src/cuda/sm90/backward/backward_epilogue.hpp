@@ -17,6 +17,31 @@ __device__ __forceinline__ void store_out(void* base, std::int64_t off, bool f32
   else static_cast<Element*>(base)[off] = Element(x);
 }
 
+// Whether a dK / dV-shaped tensor takes column pairs (c, c + 1), c even, as one 4-byte (16-bit) or
+// 8-byte (f32) store: its pointer and every stride allow it (the same answer in every thread).
+__device__ __forceinline__ bool pairs_storable(const void* base, const RowStrides& s, bool f32) {
+  return reinterpret_cast<std::uintptr_t>(base) % (f32 ? 8 : 4) == 0 && s.row % 2 == 0 && s.head % 2 == 0 &&
+         s.batch % 2 == 0;
+}
+// Elements off and off + 1 (off even), as one store where `paired`, else one by one.
+template <class Element>
+__device__ __forceinline__ void store_pair(void* base, std::int64_t off, bool f32, bool paired, float x0, float x1) {
+  if (!paired) {
+    store_out<Element>(base, off, f32, x0);
+    store_out<Element>(base, off + 1, f32, x1);
+  } else if (f32) {
+    *reinterpret_cast<float2*>(static_cast<float*>(base) + off) = make_float2(x0, x1);
+  } else {
+    union {
+      Element e[2];
+      std::uint32_t u;
+    } pack;
+    pack.e[0] = Element(x0);
+    pack.e[1] = Element(x1);
+    *reinterpret_cast<std::uint32_t*>(static_cast<Element*>(base) + off) = pack.u;
+  }
+}
+
 // Element offset of key `key` of KV head kh in a dK / dV-shaped tensor.
 __device__ __forceinline__ std::int64_t key_offset(const RowStrides& s, const BackwardWork& w, int key) {
   const std::int64_t row = std::int64_t(w.k_start) + key;

@@ -227,9 +227,9 @@ __device__ void wg_consumer(WgmmaParams<Traits> const& kp, BackwardWork const& w
     const int m0 = m * kBlockM;
     pipe.consumer_wait(st);
     // LSE (log2; +inf for a row that saw no key or lies in the padding: P = 0) and D of the step's
-    // rows, in the stage (the LSE read into registers while S^T runs, D where used). A 2D TMA load
-    // of the unpadded [hq, tokens] rows faulted at its UTMALDG.2D in the CTAs of every sequence
-    // but the first (3e724fe); these are plain 1D bulk copies of aligned runs.
+    // rows, in the stage (read where used: nothing held across the products). A 2D TMA load of
+    // the unpadded [hq, tokens] rows faulted at its UTMALDG.2D in the CTAs of every sequence but
+    // the first (3e724fe); these are plain 1D bulk copies of aligned runs.
     const float* s_lse = ss.lse.data() + st.index() * kBlockM;
     const float* s_dsum = ss.dsum.data() + st.index() * kBlockM;
     if (ragged && m0 + kBlockM > w.len_q) {
@@ -264,17 +264,11 @@ __device__ void wg_consumer(WgmmaParams<Traits> const& kp, BackwardWork const& w
       if (masked) walk(true);
       else walk(false);
     };
-    // The LSE of this thread's query rows (a row depends on ni only), loaded while S^T runs: read
-    // where used, each load's latency stalled the exp below (ncu, 8k causal: ~8 % of the stall
-    // samples on the FFMAs that take it). D stays read where used: holding it too spilled (d128).
-    float lse_r[kCols];
-    CUTLASS_PRAGMA_UNROLL
-    for (int ni = 0; ni < kCols; ++ni) lse_r[ni] = s_lse[get<1>(tScS_rc(0, ni))];
     // P^T = exp2(S^T scale_log2 - LSE_log2) on visible pairs, 0 elsewhere; computed while dP^T runs.
     warpgroup_wait<1>();
     warpgroup_fence_operand(tSrS);
     each_pair([&](int mi, int ni, bool vis) {
-      S(mi, ni) = vis ? exp2_ftz(fmaf(S(mi, ni), p.scale_log2, -lse_r[ni])) : 0.f;
+      S(mi, ni) = vis ? exp2_ftz(fmaf(S(mi, ni), p.scale_log2, -s_lse[get<1>(tScS_rc(mi, ni))])) : 0.f;
     });
     Tensor p_lp = convert_frag<Element>(tSrS);
     Tensor tPrP = make_tensor(p_lp.data(), acc_to_a(p_lp.layout()));  // the dV product's A operand
@@ -319,12 +313,18 @@ __device__ void wg_consumer(WgmmaParams<Traits> const& kp, BackwardWork const& w
   Tensor cKV = make_identity_tensor(select<0, 1>(typename Traits::TileShapeDKV{}));  // (key, col)
   Tensor tc = thr_dkv.partition_C(cKV);
   static_assert(decltype(size(tc))::value == decltype(size(acc_dk))::value, "dK fragment and coordinates");
+  static_assert(decltype(size<0, 0>(acc_dk.layout()))::value == 2, "column pairs innermost");
+  // A GMMA C fragment holds column pairs (c, c + 1), c even, of one key at consecutive indices:
+  // one 4-byte store each where dK's / dV's pointer and strides allow (ncu: the element-wise
+  // 2-byte stores made 75 % of the kernel's global sectors excess).
+  const bool dk_pairs = pairs_storable(p.dk, p.dk_s, p.dk_f32), dv_pairs = pairs_storable(p.dv, p.dv_s, p.dv_f32);
   CUTLASS_PRAGMA_UNROLL
-  for (int i = 0; i < size(acc_dk); ++i) {
+  for (int i = 0; i < size(acc_dk); i += 2) {
     const int key = n0 + get<0>(tc(i)), col = get<1>(tc(i));
     if (key < w.len_k) {
-      store_out<Element>(p.dk, key_offset(p.dk_s, w, key) + col, p.dk_f32, acc_dk(i) * p.scale);
-      store_out<Element>(p.dv, key_offset(p.dv_s, w, key) + col, p.dv_f32, acc_dv(i));
+      store_pair<Element>(p.dk, key_offset(p.dk_s, w, key) + col, p.dk_f32, dk_pairs, acc_dk(i) * p.scale,
+                          acc_dk(i + 1) * p.scale);
+      store_pair<Element>(p.dv, key_offset(p.dv_s, w, key) + col, p.dv_f32, dv_pairs, acc_dv(i), acc_dv(i + 1));
     }
   }
 }
