@@ -56,10 +56,10 @@ else grep -E "error|FAILED" $L/build_base.log | head -10; fi
 t
 for tree in base new; do
   [ $tree = base ] && X=build-ab-base/bench/backward/bench_backward || X=$B/bench/backward/bench_backward
-  timeout 60 ncu --clock-control none --section SpeedOfLight --launch-skip 0 --launch-count 3 \
+  timeout 60 ncu --clock-control none --section SpeedOfLight --section SourceCounters --launch-skip 0 --launch-count 3 \
     --kernel-name regex:'preprocess|postprocess|backward_wgmma' \
     $X --b 1 --h 32 --l 8192 --d 128 --causal 1 --sparsity 0 --iters 1 --kernel wgmma > $L/ncu_$tree.txt 2>&1
-  echo "ncu $tree rc=$?: $(grep -E '^  [a-zA-Z_ ]*void|Duration' $L/ncu_$tree.txt | sed -E 's/\(blasst.*//; s/<.*//' | tr -s ' ' | tr '\n' ' ')"
+  echo "ncu $tree rc=$?: $(grep -E '^  [a-zA-Z_ ]*void|Duration|excessive sectors' $L/ncu_$tree.txt | sed -E 's/\(blasst.*//; s/<.*//' | tr -s ' ' | tr '\n' ' ')"
 done
 t
 R=$(left)
