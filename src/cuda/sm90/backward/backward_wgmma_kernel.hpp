@@ -45,6 +45,10 @@ inline constexpr int kBarDsFree = 1;
 inline constexpr int kBarDsFull = 2;
 inline constexpr int kBarTileZeroed = 3;  // rows past a ragged sequence's end zeroed (below)
 inline constexpr int kBarDqFull = 4;      // + warpgroup: its dQ tile is in shared memory (128 threads)
+// dS free / full when each warpgroup's dQ product reads only its own keys' dS (!kDqSplitN, d = 64):
+// + warpgroup, 128 threads, so the two warpgroups need not wait for each other.
+inline constexpr int kBarDsFreeOwn = 6;
+inline constexpr int kBarDsFullOwn = 8;
 
 // Ragged batches: a tile's TMA reads past its sequence's end into the next sequence (the tensor's
 // extent is the whole token axis). Rows [valid, rows) of a landed tile are zeroed by the consumer
@@ -284,11 +288,16 @@ __device__ void wg_consumer(WgmmaParams<Traits> const& kp, BackwardWork const& w
 
     // dS^T into shared memory once every dQ product of the previous step has read it (and, for
     // this warpgroup's TMA thread, once the previous dQ reduce-add has read the dQ tile).
+    // d = 128 (kDqSplitN): each dQ product reads both warpgroups' dS, a barrier of all 256
+    // threads; d = 64: only its own warpgroup's (A/B 2026-12-04: see backward_wgmma_traits.hpp).
+    constexpr int kDsThreads = Traits::kDqSplitN ? Traits::kNumMmaThreads : 128;
+    const int bar_ds_free = Traits::kDqSplitN ? kBarDsFree : kBarDsFreeOwn + wg;
+    const int bar_ds_full = Traits::kDqSplitN ? kBarDsFull : kBarDsFullOwn + wg;
     if (wg_tid == 0) tma_store_wait<0>();
-    named_sync(kBarDsFree, Traits::kNumMmaThreads);
+    named_sync(bar_ds_free, kDsThreads);
     copy(r2s_ds, thr_r2s_ds.retile_S(ds_lp), tdSsdS);
     cutlass::arch::fence_view_async_shared();  // generic-proxy stores -> the wgmma (async proxy) reads
-    named_sync(kBarDsFull, Traits::kNumMmaThreads);
+    named_sync(bar_ds_full, kDsThreads);
 
     // dQ before dK, so that dQ's way out (shared memory, barrier, TMA reduce-add) runs while the
     // tensor cores do dK.

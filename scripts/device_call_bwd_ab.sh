@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# One device call: A/B of backward experiment trees in .ab/<name>/ (carried), each a copy of a tree
+# (`git archive <commit> | tar -x -C .ab/<name>`, or the working tree's files) with
+# kernel_table.inc trimmed to the BLASST_BACKWARD_KERNEL lines, so that three trees build side by
+# side in ~90 s. Builds test_gpu_backward and bench_backward of each; runs the whole backward suite
+# and compute-sanitizer racecheck / memcheck on GpuBackwardSanitizer.* in TEST_TREES; then
+# bench_backward alternated over TREES in 2 rounds (B 1, H 32, dense) on SHAPES.
+#   TREES="s2 s3 s4" TEST_TREES="s3 s4" scripts/device_call_bwd_ab.sh   (the stage-depth run of b0763c7)
+# Logs in $OUT/logs.tgz. Carry .deps/cutlass .deps/include .deps/googletest .ab.
+cd "$(dirname "$0")/.."
+S=$(date +%s); L=/tmp/ls; rm -rf $L; mkdir -p $L
+TREES=${TREES:-"b0 e1"}; TEST_TREES=${TEST_TREES:-e1}
+SHAPES=${SHAPES:-"--d 64 --causal 1 --l 8192|--d 64 --causal 0 --l 8192|--d 64 --causal 1 --l 16384|--d 128 --causal 1 --l 8192"}
+t() { echo "t=$(($(date +%s) - S))"; }
+pack() { tar czf "$OUT/logs.tgz" -C /tmp ls; }
+n_trees=$(echo $TREES | wc -w); jobs=$(( $(nproc) / n_trees + 1 ))
+for n in $TREES; do
+  ( cmake -S .ab/$n -B build-ab-$n -G Ninja -DCMAKE_BUILD_TYPE=Release -DBLASST_BUILD_CLI=OFF -DBLASST_BUILD_PYTHON=OFF \
+      -DBLASST_DEPS_DIR="$PWD/.deps" -DBLASST_CUTLASS_INCLUDE="$PWD/.deps/cutlass/include" &&
+    cmake --build build-ab-$n -j $jobs --target test_gpu_backward bench_backward ) > $L/build_$n.log 2>&1 &
+done
+wait
+ok=""
+for n in $TREES; do
+  if [ -x build-ab-$n/bench/backward/bench_backward ]; then ok="$ok $n"; else echo "build $n failed:"; grep -E "error|FAILED" $L/build_$n.log | head -8; fi
+done
+echo "built:$ok $(t)"
+export BLASST_REQUIRE_GPU=1
+for n in $TEST_TREES; do
+  T=build-ab-$n/tests/gpu_backward/test_gpu_backward
+  [ -x $T ] || continue
+  timeout 90 $T --gtest_brief=1 > $L/tests_$n.log 2>&1
+  echo "test_gpu_backward $n rc=$?: $(grep -E '^\[  (PASSED|FAILED) ' $L/tests_$n.log | tr '\n' ' ') $(grep -E '^\[  FAILED  \] Gpu' $L/tests_$n.log | tr '\n' ' ')"
+  for tool in racecheck memcheck; do
+    timeout 90 compute-sanitizer --tool $tool --error-exitcode 9 $T --gtest_filter='GpuBackwardSanitizer.*' > $L/${tool}_$n.log 2>&1
+    echo "  $tool rc=$? $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' $L/${tool}_$n.log | head -1)"
+  done
+done
+t
+IFS='|' read -ra shapes <<< "$SHAPES"
+for r in 1 2; do
+  for shape in "${shapes[@]}"; do
+    for n in $ok; do
+      timeout 60 build-ab-$n/bench/backward/bench_backward --b 1 --h 32 $shape --sparsity 0 --iters 20 --kernel wgmma 2>&1 |
+        grep -E '^wgmma' | sed "s/^/r$r $n /" >> $L/ab.txt
+    done
+  done
+done
+echo "A/B (round tree L d mask ms TFLOP/s):"; awk '{print $1, $2, $6, $7, $8, $11, $12}' $L/ab.txt
+pack; t
