@@ -15,6 +15,7 @@
 //                                   128 x full, causal x dense, 50, 70, 90 %)
 //   bench_backward --quick          B 1, H 32, L 8k only
 //   bench_backward --b 2 --h 32 --l 16384 --d 128 --causal 1 --sparsity 0.7 --iters 20
+//   --hk 8                          GQA: 8 KV heads (the H column then reads 32/8)
 //   --kernel mma_sync|wgmma|both    the main kernel (kernel_table.inc's backward kernels; default
 //                                   both, each row naming it; the library runs mma_sync today)
 #include <cuda_bf16.h>
@@ -81,6 +82,7 @@ std::uint64_t host_hash(std::uint64_t x) {
 
 struct Config {
   i64 B = 1, H = 32, L = 8192, d = 128;
+  i64 Hk = 0;  // KV heads (GQA / MQA); 0: H
   bool causal = false;
   double sparsity = 0;  // 0: dense (no skip set)
 };
@@ -116,16 +118,19 @@ double make_set(const Config& c, blasst::SkipSet& set) {
 }
 
 Result run(const Config& c, blasst::DType dtype, int iters, blasst::sm90::BackwardKernel kernel) {
-  const i64 n = c.B * c.L * c.H * c.d, nl = c.B * c.H * c.L;
+  const i64 hk = c.Hk > 0 ? c.Hk : c.H;
+  const i64 n = c.B * c.L * c.H * c.d, n_kv = c.B * c.L * hk * c.d, nl = c.B * c.H * c.L;
   const std::size_t esz = 2;
   void *q, *k, *v, *o, *dout, *dq, *dk, *dv;
   float* lse;
-  for (void** p : {&q, &k, &v, &o, &dout, &dq, &dk, &dv}) CHECK(cudaMalloc(p, std::size_t(n) * esz));
+  for (void** p : {&q, &o, &dout, &dq}) CHECK(cudaMalloc(p, std::size_t(n) * esz));
+  for (void** p : {&k, &v, &dk, &dv}) CHECK(cudaMalloc(p, std::size_t(n_kv) * esz));
   CHECK(cudaMalloc(&lse, std::size_t(nl) * sizeof(float)));
   int seed = 1;
   for (void* p : {q, k, v, o, dout}) {
-    if (dtype == blasst::DType::bf16) fill_normal<__nv_bfloat16><<<1024, 256>>>(static_cast<__nv_bfloat16*>(p), n, seed++);
-    else fill_normal<__half><<<1024, 256>>>(static_cast<__half*>(p), n, seed++);
+    const i64 count = p == k || p == v ? n_kv : n;
+    if (dtype == blasst::DType::bf16) fill_normal<__nv_bfloat16><<<1024, 256>>>(static_cast<__nv_bfloat16*>(p), count, seed++);
+    else fill_normal<__half><<<1024, 256>>>(static_cast<__half*>(p), count, seed++);
     CHECK(cudaGetLastError());
   }
   fill_const<<<1024, 256>>>(lse, nl, float(std::log(double(c.L)) + 1.0));
@@ -135,14 +140,14 @@ Result run(const Config& c, blasst::DType dtype, int iters, blasst::sm90::Backwa
   const auto dev = blasst::DeviceKind::cuda;
   blasst::AttentionBackwardProblem p;
   p.q = Tensor::contiguous(q, dtype, {c.B, c.L, c.H, c.d}, dev);
-  p.k = Tensor::contiguous(k, dtype, {c.B, c.L, c.H, c.d}, dev);
-  p.v = Tensor::contiguous(v, dtype, {c.B, c.L, c.H, c.d}, dev);
+  p.k = Tensor::contiguous(k, dtype, {c.B, c.L, hk, c.d}, dev);
+  p.v = Tensor::contiguous(v, dtype, {c.B, c.L, hk, c.d}, dev);
   p.out = Tensor::contiguous(o, dtype, {c.B, c.L, c.H, c.d}, dev);
   p.dout = Tensor::contiguous(dout, dtype, {c.B, c.L, c.H, c.d}, dev);
   p.lse = Tensor::contiguous(lse, blasst::DType::f32, {c.B, c.H, c.L}, dev);
   p.dq = Tensor::contiguous(dq, dtype, {c.B, c.L, c.H, c.d}, dev);
-  p.dk = Tensor::contiguous(dk, dtype, {c.B, c.L, c.H, c.d}, dev);
-  p.dv = Tensor::contiguous(dv, dtype, {c.B, c.L, c.H, c.d}, dev);
+  p.dk = Tensor::contiguous(dk, dtype, {c.B, c.L, hk, c.d}, dev);
+  p.dv = Tensor::contiguous(dv, dtype, {c.B, c.L, hk, c.d}, dev);
   p.mask = c.causal ? blasst::MaskKind::causal : blasst::MaskKind::full;
 
   blasst::SkipSet set;
@@ -197,6 +202,7 @@ Result run(const Config& c, blasst::DType dtype, int iters, blasst::sm90::Backwa
 
 int main(int argc, char** argv) {
   std::vector<i64> Bs = {1, 2, 4}, Hs = {32, 40}, Ls = {8192, 16384}, ds = {64, 128};
+  i64 hk_arg = 0;  // --hk: KV heads (0: as many as query heads)
   std::vector<int> causals = {0, 1};
   std::vector<double> sps = {0, 0.5, 0.7, 0.9};
   blasst::DType dtype = blasst::DType::bf16;
@@ -212,6 +218,7 @@ int main(int argc, char** argv) {
     if (a == "--quick") { Bs = {1}; Hs = {32}; Ls = {8192}; }
     else if (a == "--b") Bs = {std::atoll(next())};
     else if (a == "--h") Hs = {std::atoll(next())};
+    else if (a == "--hk") hk_arg = std::atoll(next());
     else if (a == "--l") Ls = {std::atoll(next())};
     else if (a == "--d") ds = {std::atoll(next())};
     else if (a == "--causal") causals = {std::atoi(next())};
@@ -225,7 +232,7 @@ int main(int argc, char** argv) {
       else if (k != "both") { std::fprintf(stderr, "--kernel: mma_sync, wgmma or both, got %s\n", k.c_str()); return 2; }
     }
     else {
-      std::printf("usage: bench_backward [--quick] [--b B] [--h H] [--l L] [--d 64|128] [--causal 0|1] "
+      std::printf("usage: bench_backward [--quick] [--b B] [--h H] [--hk Hk] [--l L] [--d 64|128] [--causal 0|1] "
                   "[--sparsity s] [--iters n] [--dtype bf16|f16] [--kernel mma_sync|wgmma|both]\n");
       return a == "--help" ? 0 : 2;
     }
@@ -236,7 +243,7 @@ int main(int argc, char** argv) {
   }
   std::printf("# blasst backward on %s, %s, median of %d (3 warm-up); FLOPs = 2.5 x 4 B H L^2 d (x 0.5 causal)\n",
               blasst::cuda_device_name().c_str(), blasst::to_string(dtype), iters);
-  std::printf("%-8s %2s %3s %6s %4s %-6s %8s %8s %9s %10s %8s\n", "kernel", "B", "H", "L", "d", "mask", "target",
+  std::printf("%-8s %2s %5s %6s %4s %-6s %8s %8s %9s %10s %8s\n", "kernel", "B", "H", "L", "d", "mask", "target",
               "skipped", "ms", "TFLOP/s", "speedup");
   for (i64 d : ds)
     for (int causal : causals)
@@ -250,6 +257,8 @@ int main(int argc, char** argv) {
                 Config c;
                 c.B = B;
                 c.H = H;
+                c.Hk = hk_arg;
+                const std::string heads = std::to_string(H) + (hk_arg > 0 ? "/" + std::to_string(hk_arg) : "");
                 c.L = L;
                 c.d = d;
                 c.causal = causal != 0;
@@ -258,12 +267,12 @@ int main(int argc, char** argv) {
                   const Result r = run(c, dtype, iters, kernel);
                   if (s == 0) dense_ms = r.ms;
                   const std::string sp = dense_ms > 0 ? std::to_string(dense_ms / r.ms).substr(0, 5) + "x" : "-";
-                  std::printf("%-8s %2lld %3lld %6lld %4lld %-6s %7.0f%% %7.1f%% %9.3f %10.1f %8s\n", kname, (long long)B, (long long)H,
+                  std::printf("%-8s %2lld %5s %6lld %4lld %-6s %7.0f%% %7.1f%% %9.3f %10.1f %8s\n", kname, (long long)B, heads.c_str(),
                               (long long)L, (long long)d, causal ? "causal" : "full", 100 * s, 100 * r.achieved, r.ms,
                               r.tflops, sp.c_str());
                   std::fflush(stdout);
                 } catch (const blasst::Error& e) {
-                  std::printf("%-8s %2lld %3lld %6lld %4lld %-6s %7.0f%%  error: %s\n", kname, (long long)B, (long long)H,
+                  std::printf("%-8s %2lld %5s %6lld %4lld %-6s %7.0f%%  error: %s\n", kname, (long long)B, heads.c_str(),
                               (long long)L, (long long)d, causal ? "causal" : "full", 100 * s, e.what());
                 }
               }
