@@ -666,6 +666,37 @@ TEST(GpuBackward, RefusesClearly) {
 }
 
 #ifdef BLASST_TEST_CUDA_RUNTIME
+void check_cuda(cudaError_t e, const char* what) { ASSERT_EQ(e, cudaSuccess) << what << ": " << cudaGetErrorString(e); }
+
+// Device buffers of the tests that call with device tensors, freed when it goes.
+struct DeviceBuffers {
+  std::vector<void*> owned;
+  DeviceBuffers() = default;
+  DeviceBuffers(const DeviceBuffers&) = delete;
+  DeviceBuffers& operator=(const DeviceBuffers&) = delete;
+  ~DeviceBuffers() {
+    for (void* ptr : owned) EXPECT_EQ(cudaFree(ptr), cudaSuccess) << "cudaFree";
+  }
+  void* alloc(std::size_t bytes) {
+    void* ptr = nullptr;
+    check_cuda(cudaMalloc(&ptr, bytes < 16 ? 16 : bytes), "cudaMalloc");
+    owned.push_back(ptr);
+    return ptr;
+  }
+  // A device copy of t whose data starts `lead_elems` elements into its allocation, behind guard
+  // bytes 0x5a.
+  Tensor copy(const Tensor& t, std::size_t lead_elems = 0) {
+    const std::size_t bytes = std::size_t(t.numel()) * dtype_size(t.dtype), lead = lead_elems * dtype_size(t.dtype);
+    char* ptr = static_cast<char*>(alloc(lead + bytes));
+    if (lead > 0) check_cuda(cudaMemset(ptr, 0x5a, lead), "cudaMemset");
+    check_cuda(cudaMemcpy(ptr + lead, t.data, bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
+    Tensor d = t;
+    d.data = ptr + lead;
+    d.device = DeviceKind::cuda;
+    return d;
+  }
+};
+
 // The public call on device tensors (no staging): device-resident cu_seqlens, a stream of the
 // caller's, scratch from RunOptions::workspace sized by attention_backward_workspace_bytes (and
 // a workspace one byte short refused), a skip set; results against the reference.
@@ -684,30 +715,15 @@ TEST(GpuBackward, DeviceTensorsStreamAndCallerWorkspace) {
   cfg.vote = vote_cfg().vote;
   Data in = make_data(c, seed, cfg);
   Call host(c, in, c.dtype, c.io_dtype, c.grad_dtype, DType::f32);
-  std::vector<void*> owned;
-  auto check = [](cudaError_t e, const char* what) { ASSERT_EQ(e, cudaSuccess) << what << ": " << cudaGetErrorString(e); };
-  auto to_device = [&](const Tensor& t) {
-    Tensor d = t;
-    const std::size_t bytes = std::size_t(t.numel()) * dtype_size(t.dtype);
-    void* ptr = nullptr;
-    check(cudaMalloc(&ptr, bytes < 16 ? 16 : bytes), "cudaMalloc");
-    check(cudaMemcpy(ptr, t.data, bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
-    owned.push_back(ptr);
-    d.data = ptr;
-    d.device = DeviceKind::cuda;
-    return d;
-  };
+  DeviceBuffers dev;
+  auto check = check_cuda;
   AttentionBackwardProblem p = host.p;
   for (auto [h, d] : {std::pair{&host.p.q, &p.q}, {&host.p.k, &p.k}, {&host.p.v, &p.v}, {&host.p.out, &p.out},
                       {&host.p.dout, &p.dout}, {&host.p.lse, &p.lse}, {&host.p.dq, &p.dq}, {&host.p.dk, &p.dk},
                       {&host.p.dv, &p.dv}})
-    *d = to_device(*h);  // dq, dk, dv: the NaN-poisoned host buffers
+    *d = dev.copy(*h);  // dq, dk, dv: the NaN-poisoned host buffers
   const std::size_t off_bytes = in.cu_q.size() * sizeof(std::int32_t);
-  void *cu_q = nullptr, *cu_k = nullptr;
-  check(cudaMalloc(&cu_q, off_bytes), "cudaMalloc");
-  check(cudaMalloc(&cu_k, off_bytes), "cudaMalloc");
-  owned.push_back(cu_q);
-  owned.push_back(cu_k);
+  void *cu_q = dev.alloc(off_bytes), *cu_k = dev.alloc(off_bytes);
   check(cudaMemcpy(cu_q, in.cu_q.data(), off_bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
   check(cudaMemcpy(cu_k, in.cu_k.data(), off_bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
   p.cu_seqlens_q = static_cast<const std::int32_t*>(cu_q);
@@ -719,9 +735,7 @@ TEST(GpuBackward, DeviceTensorsStreamAndCallerWorkspace) {
   opt.stream = stream;
   const std::size_t ws_bytes = attention_backward_workspace_bytes(p, cfg, opt, &in.set);
   ASSERT_GT(ws_bytes, 0u);
-  void* ws = nullptr;
-  check(cudaMalloc(&ws, ws_bytes), "cudaMalloc");
-  owned.push_back(ws);
+  void* ws = dev.alloc(ws_bytes);
   opt.workspace = ws;
   opt.workspace_bytes = ws_bytes - 1;
   try {
@@ -738,7 +752,6 @@ TEST(GpuBackward, DeviceTensorsStreamAndCallerWorkspace) {
     check(cudaMemcpy(h->data, d->data, std::size_t(h->numel()) * dtype_size(h->dtype), cudaMemcpyDeviceToHost),
           "cudaMemcpy");
   check(cudaStreamDestroy(stream), "cudaStreamDestroy");
-  for (void* ptr : owned) check(cudaFree(ptr), "cudaFree");
   ASSERT_GT(in.set.count(), 0);
   expect_grads(c, in, host.grads(), run_ref(c, in, cfg, &in.set));
 }
@@ -761,32 +774,19 @@ TEST(GpuBackward, MisalignedOutputsTakeTheElementStores) {
   SCOPED_TRACE(c.name() + " seed " + std::to_string(seed));
   Data in = make_data(c, seed, SkipConfig{});
   const Grads want = run_ref(c, in, SkipConfig{}, nullptr);
-  auto check = [](cudaError_t e, const char* what) { ASSERT_EQ(e, cudaSuccess) << what << ": " << cudaGetErrorString(e); };
+  auto check = check_cuda;
   for (const auto kernel : kKernels) {
     SCOPED_TRACE(std::string("kernel ") + kernel_name(kernel));
     Call host(c, in, c.dtype, c.io_dtype, c.grad_dtype, DType::f32);
-    std::vector<void*> owned;
-    // A device copy of t whose data starts `lead` elements into its allocation, behind guard bytes.
-    auto to_device = [&](const Tensor& t, std::size_t lead_elems) {
-      Tensor d = t;
-      const std::size_t bytes = std::size_t(t.numel()) * dtype_size(t.dtype), lead = lead_elems * dtype_size(t.dtype);
-      void* ptr = nullptr;
-      check(cudaMalloc(&ptr, lead + bytes), "cudaMalloc");
-      check(cudaMemset(ptr, 0x5a, lead), "cudaMemset");
-      check(cudaMemcpy(static_cast<char*>(ptr) + lead, t.data, bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
-      owned.push_back(ptr);
-      d.data = static_cast<char*>(ptr) + lead;
-      d.device = DeviceKind::cuda;
-      return d;
-    };
+    DeviceBuffers dev;
     AttentionBackwardProblem p = host.p;
     for (auto [h, d] : {std::pair{&host.p.q, &p.q}, {&host.p.k, &p.k}, {&host.p.v, &p.v}, {&host.p.out, &p.out},
                         {&host.p.dout, &p.dout}, {&host.p.lse, &p.lse}})
-      *d = to_device(*h, 0);
+      *d = dev.copy(*h);
     const std::size_t lead_dq = 2, lead_kv = 1;  // the NaN-poisoned host buffers, shifted
-    p.dq = to_device(host.p.dq, lead_dq);
-    p.dk = to_device(host.p.dk, lead_kv);
-    p.dv = to_device(host.p.dv, lead_kv);
+    p.dq = dev.copy(host.p.dq, lead_dq);
+    p.dk = dev.copy(host.p.dk, lead_kv);
+    p.dv = dev.copy(host.p.dv, lead_kv);
     ASSERT_NE(reinterpret_cast<std::uintptr_t>(p.dq.data) % 16, 0u) << "dq is 16-byte aligned: the case did not happen";
     ASSERT_NE(reinterpret_cast<std::uintptr_t>(p.dk.data) % 4, 0u) << "dk is 4-byte aligned: the case did not happen";
     detail::cuda_attention_backward_on(p, SkipConfig{}, RunOptions{}, nullptr, kernel);
@@ -800,7 +800,6 @@ TEST(GpuBackward, MisalignedOutputsTakeTheElementStores) {
     for (auto [h, d] : {std::pair{&host.p.dq, &p.dq}, {&host.p.dk, &p.dk}, {&host.p.dv, &p.dv}})
       check(cudaMemcpy(h->data, d->data, std::size_t(h->numel()) * dtype_size(h->dtype), cudaMemcpyDeviceToHost),
             "cudaMemcpy");
-    for (void* ptr : owned) check(cudaFree(ptr), "cudaFree");
     expect_grads(c, in, host.grads(), want);
   }
 }
