@@ -17,13 +17,8 @@ __device__ __forceinline__ void store_out(void* base, std::int64_t off, bool f32
   else static_cast<Element*>(base)[off] = Element(x);
 }
 
-// Whether a dK / dV-shaped tensor takes column pairs (c, c + 1), c even, as one 4-byte (16-bit) or
-// 8-byte (f32) store: its pointer and every stride allow it (the same answer in every thread).
-__device__ __forceinline__ bool pairs_storable(const void* base, const RowStrides& s, bool f32) {
-  return reinterpret_cast<std::uintptr_t>(base) % (f32 ? 8 : 4) == 0 && s.row % 2 == 0 && s.head % 2 == 0 &&
-         s.batch % 2 == 0;
-}
-// Elements off and off + 1 (off even), as one store where `paired`, else one by one.
+// Elements off and off + 1 (off even), as one store where `paired` (rows_vectorizable(.., 2):
+// the same answer in every thread), else one by one.
 template <class Element>
 __device__ __forceinline__ void store_pair(void* base, std::int64_t off, bool f32, bool paired, float x0, float x1) {
   if (!paired) {

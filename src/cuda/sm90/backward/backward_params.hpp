@@ -75,6 +75,17 @@ struct BackwardParams {
   int head_dim = 0;
 };
 
+// Whether every row of a [B, L, H, d] / [T, H, d]-shaped tensor can be written `vec_elems`
+// elements at a time from an element offset that is a multiple of vec_elems: the pointer aligned
+// to vec_elems elements and every stride a multiple of vec_elems.
+#if defined(__CUDACC__)
+__host__ __device__
+#endif
+inline bool rows_vectorizable(const void* base, const RowStrides& s, int elem_bytes, int vec_elems) {
+  return reinterpret_cast<std::uintptr_t>(base) % (std::uintptr_t(elem_bytes) * vec_elems) == 0 &&
+         s.row % vec_elems == 0 && s.head % vec_elems == 0 && s.batch % vec_elems == 0;
+}
+
 // First LSE / D row of sequence b (of length len_q when batched). Ragged: (cu_q[b] + 64 b) rounded
 // down to a multiple of 64, which is >= the previous sequence's start plus its length rounded up
 // to 64 (so sequences never overlap) and < rows_ld - round_up(len_b, 64) + 1.

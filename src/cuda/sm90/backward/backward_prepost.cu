@@ -6,9 +6,11 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "cuda/cuda_check.hpp"
 #include "cuda/sm90/common/element.hpp"
+#include "cuda/sm90/common/ptx.hpp"
 
 namespace blasst::sm90::backward {
 
@@ -125,13 +127,8 @@ __global__ void __launch_bounds__(kThreads) postprocess_kernel(const BackwardPar
   } else {
     E* dst = static_cast<E*>(p.dq) + off;
     if (vec_store) {
-      union {
-        E e[kPostVec];
-        uint4 u;
-      } pack;
-#pragma unroll
-      for (int j = 0; j < kPostVec; ++j) pack.e[j] = static_cast<E>(x[j]);
-      *reinterpret_cast<uint4*>(dst) = pack.u;
+      *reinterpret_cast<uint4*>(dst) = make_uint4(pack2<E>(x[0], x[1]), pack2<E>(x[2], x[3]),
+                                                  pack2<E>(x[4], x[5]), pack2<E>(x[6], x[7]));
     } else {
 #pragma unroll
       for (int j = 0; j < kPostVec; ++j) dst[j] = static_cast<E>(x[j]);
@@ -153,11 +150,9 @@ void launch_post(const BackwardParams& p, cudaStream_t stream) {
   const std::int64_t chunks = std::int64_t(p.tokens_q) * p.hq * (kD / kPostVec);
   if (chunks == 0) return;
   const std::int64_t blocks = (chunks + kThreads - 1) / kThreads;
-  // 16-byte stores need a 16-byte aligned start for every row: the pointer and each stride (in
-  // elements) a multiple of 16 bytes' worth of elements.
-  const std::int64_t per16 = p.dq_f32 ? 4 : 8;
-  const bool vec_store = reinterpret_cast<std::uintptr_t>(p.dq) % 16 == 0 && p.dq_s.row % per16 == 0 &&
-                         p.dq_s.head % per16 == 0 && p.dq_s.batch % per16 == 0;
+  // 16-byte stores: 4 f32 or 8 16-bit elements at a time.
+  const int elem_bytes = p.dq_f32 ? 4 : 2;
+  const bool vec_store = rows_vectorizable(p.dq, p.dq_s, elem_bytes, 16 / elem_bytes);
   postprocess_kernel<E, kD><<<dim3(unsigned(blocks)), kThreads, 0, stream>>>(p, vec_store);
   BLASST_CUDA_CHECK(cudaGetLastError());
 }
@@ -170,14 +165,13 @@ void launch_post(const BackwardParams& p, cudaStream_t stream) {
   throw Error("backward pre/postprocess: head dim " + std::to_string(d) + " (64 or 128)");
 }
 
-// The (dtype, head dim) instance of a pre / postprocess launcher.
-template <template <class, int> class Launch>
-void dispatch(const BackwardParams& p, DType dtype, cudaStream_t stream) {
+// launch(element, head dim) for the (dtype, head dim) of a pre / postprocess launch.
+template <class Launch>
+void dispatch(const BackwardParams& p, DType dtype, Launch&& launch) {
   auto by_dim = [&](auto element) {
-    using E = decltype(element);
     switch (p.head_dim) {
-      case 64: return Launch<E, 64>::run(p, stream);
-      case 128: return Launch<E, 128>::run(p, stream);
+      case 64: return launch(element, std::integral_constant<int, 64>{});
+      case 128: return launch(element, std::integral_constant<int, 128>{});
       default: bad_head_dim(p.head_dim);
     }
   };
@@ -187,19 +181,15 @@ void dispatch(const BackwardParams& p, DType dtype, cudaStream_t stream) {
     default: bad_dtype(dtype);
   }
 }
-template <class E, int kD>
-struct Pre {
-  static void run(const BackwardParams& p, cudaStream_t s) { launch_pre<E, kD>(p, s); }
-};
-template <class E, int kD>
-struct Post {
-  static void run(const BackwardParams& p, cudaStream_t s) { launch_post<E, kD>(p, s); }
-};
 
 }  // namespace
 
-void launch_preprocess(const BackwardParams& p, DType dtype, cudaStream_t stream) { dispatch<Pre>(p, dtype, stream); }
+void launch_preprocess(const BackwardParams& p, DType dtype, cudaStream_t stream) {
+  dispatch(p, dtype, [&](auto e, auto d) { launch_pre<decltype(e), decltype(d)::value>(p, stream); });
+}
 
-void launch_postprocess(const BackwardParams& p, DType dtype, cudaStream_t stream) { dispatch<Post>(p, dtype, stream); }
+void launch_postprocess(const BackwardParams& p, DType dtype, cudaStream_t stream) {
+  dispatch(p, dtype, [&](auto e, auto d) { launch_post<decltype(e), decltype(d)::value>(p, stream); });
+}
 
 }  // namespace blasst::sm90::backward

@@ -326,7 +326,8 @@ __device__ void wg_consumer(WgmmaParams<Traits> const& kp, BackwardWork const& w
   // A GMMA C fragment holds column pairs (c, c + 1), c even, of one key at consecutive indices:
   // one 4-byte store each where dK's / dV's pointer and strides allow (ncu: the element-wise
   // 2-byte stores made 75 % of the kernel's global sectors excess).
-  const bool dk_pairs = pairs_storable(p.dk, p.dk_s, p.dk_f32), dv_pairs = pairs_storable(p.dv, p.dv_s, p.dv_f32);
+  const bool dk_pairs = rows_vectorizable(p.dk, p.dk_s, p.dk_f32 ? 4 : 2, 2);
+  const bool dv_pairs = rows_vectorizable(p.dv, p.dv_s, p.dv_f32 ? 4 : 2, 2);
   CUTLASS_PRAGMA_UNROLL
   for (int i = 0; i < size(acc_dk); i += 2) {
     const int key = n0 + get<0>(tc(i)), col = get<1>(tc(i));
