@@ -6,12 +6,7 @@
 #include <type_traits>
 
 #include "blasst/blasst.hpp"
-
-#if defined(__CUDACC__)
-#define BLASST_HOST_DEVICE __host__ __device__ __forceinline__
-#else
-#define BLASST_HOST_DEVICE inline
-#endif
+#include "core/host_device.hpp"
 
 namespace blasst::detail {
 

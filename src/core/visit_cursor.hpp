@@ -3,11 +3,7 @@
 // a CPU test checks it against the SPEC's definition for every (tile count, own tile).
 #pragma once
 
-#if defined(__CUDACC__)
-#define BLASST_VISIT_HD __host__ __device__ __forceinline__
-#else
-#define BLASST_VISIT_HD inline
-#endif
+#include "core/host_device.hpp"
 
 namespace blasst::detail {
 
@@ -22,13 +18,13 @@ struct VisitCursor {
   int n = 0;               // tiles in the order
   bool left_next = false;  // the left side's turn (own-1 comes before own+1)
 
-  BLASST_VISIT_HD VisitCursor(int n_tiles, int own) : n(n_tiles) {
+  BLASST_HOST_DEVICE VisitCursor(int n_tiles, int own) : n(n_tiles) {
     // Step 1 takes hi = own; with own <= 1 the left side is empty from the start.
     hi = own > 1 ? own : 1;
     lo = hi - 1;
   }
 
-  BLASST_VISIT_HD void advance() {
+  BLASST_HOST_DEVICE void advance() {
     const bool left = lo >= 1 && (left_next || hi >= n);
     tile = left ? lo : hi;
     lo -= left ? 1 : 0;
@@ -39,4 +35,4 @@ struct VisitCursor {
 
 }  // namespace blasst::detail
 
-#undef BLASST_VISIT_HD
+#undef BLASST_HOST_DEVICE

@@ -886,6 +886,53 @@ TEST(GpuBackward, LseRowLayoutDoesNotOverlap) {
   }
 }
 
+// The launch order (host-checked, no GPU): every (key block, KV head) of a grid exactly once, for
+// both masks and every section size, a short last section included; within a causal section the
+// key blocks never decrease (the longest, block 0, first), and a section's heads are consecutive.
+TEST(GpuBackward, LaunchOrderCoversEveryBlockOnce) {
+  for (int nb : {1, 2, 5, 64, 129}) {
+    for (int hk : {1, 2, 3, 8, 32}) {
+      for (bool causal : {false, true}) {
+        for (int sec = 1; sec <= hk; ++sec) {
+          SCOPED_TRACE("nb " + std::to_string(nb) + " hk " + std::to_string(hk) + " causal " +
+                       std::to_string(causal) + " section " + std::to_string(sec));
+          std::vector<int> seen(std::size_t(nb) * std::size_t(hk), 0);
+          int prev_n = -1, prev_section = -1;
+          for (int x = 0; x < nb * hk; ++x) {
+            int n = -1, kh = -1;
+            sm90::backward::launch_block_and_head(x, nb, hk, causal, sec, n, kh);
+            ASSERT_TRUE(n >= 0 && n < nb && kh >= 0 && kh < hk) << "x " << x << " -> (" << n << ", " << kh << ")";
+            ASSERT_EQ(seen[std::size_t(kh) * std::size_t(nb) + std::size_t(n)]++, 0) << "x " << x << " repeats (" << n << ", " << kh << ")";
+            if (causal) {
+              const int section = kh / sec;
+              ASSERT_GE(section, prev_section) << "x " << x;
+              if (section == prev_section) ASSERT_GE(n, prev_n) << "x " << x << ": a shorter block before a longer one";
+              prev_section = section;
+              prev_n = n;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// The section rule's picks for the shapes it was measured on (bench/RESULTS.md, 2026-12-04: the
+// best section sizes were GQA 32/8 at 8k: 2-8 heads, at 16k: 1; MHA 32 at 8k: 8-32, at 16k: 1-3)
+// and its bounds.
+TEST(GpuBackward, CausalSectionsFollowTheMeasurement) {
+  using sm90::backward::causal_launch_section_heads;
+  const int gqa_8k = causal_launch_section_heads(8, 4, 64), gqa_16k = causal_launch_section_heads(8, 4, 128);
+  const int mha_8k = causal_launch_section_heads(32, 1, 64), mha_16k = causal_launch_section_heads(32, 1, 128);
+  EXPECT_TRUE(gqa_8k >= 2 && gqa_8k <= 8) << gqa_8k;
+  EXPECT_EQ(gqa_16k, 1);
+  EXPECT_TRUE(mha_8k >= 8 && mha_8k <= 32) << mha_8k;
+  EXPECT_TRUE(mha_16k >= 1 && mha_16k <= 3) << mha_16k;
+  EXPECT_EQ(causal_launch_section_heads(5, 1, 1), 5);        // tiny work: one section of every head
+  EXPECT_EQ(causal_launch_section_heads(4, 64, 1024), 1);    // huge work: one head per section
+  EXPECT_EQ(causal_launch_section_heads(100, 1, 2), 100);     // 3 tiles a head: capped at hk
+}
+
 }  // namespace
 }  // namespace blasst::test
 

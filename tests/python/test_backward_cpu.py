@@ -254,6 +254,36 @@ def test_cuda_gradient_matches_the_reference_backward(causal, Lq, Lk, Hq, Hk, d,
             f"d{name}: max error {err:.3g}, max |want| {b.abs().max().item():.3g}"
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("Hq,Hk,d", [(32, 8, 128), (16, 16, 64)])
+def test_cuda_causal_gradient_over_several_launch_sections(Hq, Hk, d):
+    """The causal backward launches its CTAs longest key block first over sections of KV heads
+    (src/cuda/sm90/backward/backward_params.hpp: about 32768 128 x 128 tiles of work per section).
+    At L = 8192 both cases have several sections, the last one short (GQA 32/8: 3 + 3 + 2 heads;
+    MHA 16: 15 + 1): every (key block, KV head) must still be computed once. Oracle: torch's math
+    SDPA in float32 on the same bf16 values, its autograd gradient (no skipping here)."""
+    _gpu_or_skip()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    L, g = 8192, torch.Generator(device="cuda").manual_seed(8192 + Hq + d)
+    per_head = (Hq // Hk) * (L // 128) * (L // 128 + 1) // 2  # the rule's tiles per KV head
+    assert 1 < 32768 // per_head < Hk and Hk % (32768 // per_head) != 0, "the case must have a short last section"
+    q, k, v, dout = (torch.randn(1, L, h, d, device="cuda", generator=g).bfloat16()
+                     for h in (Hq, Hk, Hk, Hq))
+    q, k, v = (x.requires_grad_(True) for x in (q, k, v))
+    got = torch.autograd.grad(blasst.attention(q, k, v, causal=True), (q, k, v), dout)
+    ref = [x.detach().float().transpose(1, 2).requires_grad_(True) for x in (q, k, v)]
+    with sdpa_kernel([SDPBackend.MATH]):
+        o = torch.nn.functional.scaled_dot_product_attention(*ref, is_causal=True, enable_gqa=Hq != Hk)
+    want = torch.autograd.grad(o, ref, dout.float().transpose(1, 2))
+    for name, a, b in zip("qkv", got, want):
+        a, b = a.float(), b.transpose(1, 2)
+        assert torch.isfinite(a).all(), f"d{name}: not finite"
+        err = (a - b).abs().amax(dim=(0, 1, 3))  # per head: a head left out or done twice fails alone
+        scale = b.abs().amax(dim=(0, 1, 3))
+        assert (err <= 8 * 2.0 ** -8 * scale).all(), \
+            f"d{name}: worst head {int((err / scale).argmax())}, error {(err / scale).max().item():.3g} of its max"
+
+
 def test_ragged_gradient_equals_each_sequence(gen):
     """A ragged batch (cu_seqlens) with skipping: each sequence's gradient is the one it gets
     alone."""

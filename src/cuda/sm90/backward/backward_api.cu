@@ -220,6 +220,7 @@ BackwardParams make_params(const AttentionBackwardProblem& p, const Plan& pl) {
   prm.scale_log2 = static_cast<float>(r.scale * 1.4426950408889634);
   prm.causal = r.mask == MaskKind::causal;
   prm.head_dim = static_cast<int>(r.d);
+  prm.causal_section_heads = causal_launch_section_heads(prm.hk, prm.group, prm.num_n_blocks);
   prm.dout_main = p.dout.data;
   prm.dout_main_s = prm.dout_s;
   return prm;

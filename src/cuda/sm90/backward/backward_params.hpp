@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include "core/host_device.hpp"
+
 namespace blasst::sm90::backward {
 
 // Strides in elements of a [B, L, H, x] tensor (batched) or a [T, H, x] tensor (ragged, batch = 0);
@@ -52,7 +54,8 @@ struct BackwardParams {
   // workspace arrays below are indexed by (head, token) with token = b * Lq + i or cu_q[b] + i.
   int tokens_q = 0;
   int tokens_k = 0;  // the key token axis: B * Lk or k.shape[0] (the wgmma kernel's TMA extent)
-  int num_n_blocks = 0;  // key blocks of the longest sequence (grid x)
+  int num_n_blocks = 0;  // key blocks of the longest sequence
+  int causal_section_heads = 1;  // causal launch order: KV heads per section (BackwardScheduler)
   float scale = 0.f, scale_log2 = 0.f;
   bool causal = false;
 
@@ -95,6 +98,41 @@ __host__ __device__
 inline std::int64_t lse_row_start(int b, int len_q, const int* cu_q) {
   if (cu_q == nullptr) return std::int64_t(b) * ((len_q + kLseRowAlign - 1) / kLseRowAlign * kLseRowAlign);
   return (std::int64_t(cu_q[b]) + std::int64_t(b) * kLseRowAlign) / kLseRowAlign * kLseRowAlign;
+}
+
+// KV heads per section of the causal launch order (BackwardScheduler): as many as make about
+// kCausalSectionTiles (128 x 128) tiles of work, at least 1 and at most hk. A section is launched
+// longest key block first across its heads. Few heads per section keep the CTAs that run side by
+// side on the same query rows (L2 reuse of Q, dO and the dQ accumulator); many give the
+// longest-first order enough CTAs to even out the last wave. Measured on the H200 (d 128, B 1,
+// H 32, TFLOP/s, bench/RESULTS.md 2026-12-04): GQA 32/8 at 8k, 1 / 2 / 4 / 8 heads: 401-404 /
+// 476-484 / 480 / 477; at 16k: 478-480 / 470 / 469 / 469; MHA at 8k, 1 / 3 / 8 / 32 heads: 445 /
+// 448-452 / 463-468 / 442-467; at 16k: 480-484 / 481 / 473 / 452. The best of each lies between
+// 16k and 66k tiles per section; 32k tiles picks 3 / 1 / 15 / 3 heads for the four shapes.
+inline constexpr std::int64_t kCausalSectionTiles = 32768;
+inline int causal_launch_section_heads(int hk, int group, int num_n_blocks) {
+  const std::int64_t nb = num_n_blocks;
+  const std::int64_t per_head = std::int64_t(group) * nb * (nb + 1) / 2;  // tiles of one KV head (Lq = Lk)
+  const std::int64_t heads = per_head > 0 ? kCausalSectionTiles / per_head : hk;
+  return static_cast<int>(heads < 1 ? 1 : (heads > hk ? hk : heads));
+}
+
+// (key block, KV head) of launch index x in [0, num_n_blocks * hk) (BackwardScheduler's grid x).
+// Full mask: head-major. Causal: sections of section_heads KV heads (the last one may hold fewer),
+// each walked key block outer, KV head inner, so a section's longest blocks launch first.
+BLASST_HOST_DEVICE void launch_block_and_head(int x, int num_n_blocks, int hk, bool causal, int section_heads,
+                                              int& n_block, int& kh) {
+  if (!causal) {
+    kh = x / num_n_blocks;
+    n_block = x - kh * num_n_blocks;
+    return;
+  }
+  const int per_section = section_heads * num_n_blocks;
+  const int section = x / per_section, r = x - section * per_section;
+  const int first = section * section_heads;
+  const int heads = hk - first < section_heads ? hk - first : section_heads;
+  n_block = r / heads;
+  kh = first + (r - n_block * heads);
 }
 
 }  // namespace blasst::sm90::backward
