@@ -194,8 +194,12 @@ __device__ __forceinline__ void consumer_mainloop_screen(KernelParams<Traits> co
     }
   }
   const int hk = w.h / p.group;
-  const float* const sk_seq = sa.k_scale + std::int64_t(hk) * sa.sk_head +
-                              (ragged ? 0 : std::int64_t(w.b) * p.rows_k) + w.k_start;
+  // This thread's key scales: its accumulator columns are col0 plus compile-time offsets, so each
+  // tile's 32 loads are one 64-bit base and immediate offsets (a 64-bit index per load had cost
+  // three LEAs each: ncu, bench/RESULTS.md 2026-12-04).
+  const int col0 = int(get<1>(tScS8_rc(0, 0)));
+  const float* const sk_thr = sa.k_scale + std::int64_t(hk) * sa.sk_head +
+                              (ragged ? 0 : std::int64_t(w.b) * p.rows_k) + w.k_start + col0;
   const float4* const kt_seq =
       reinterpret_cast<const float4*>(sa.k_tiles) + (std::int64_t(w.b) * p.hk + hk) * sa.tiles;
 
@@ -217,10 +221,10 @@ __device__ __forceinline__ void consumer_mainloop_screen(KernelParams<Traits> co
     walk.advance();
     // The tile's key quantities: loads issued before the wgmma waits.
     const float4 kt = __ldg(kt_seq + tile);
-    const float* const sk_tile = sk_seq + tile * kBlockN;
+    const float* const sk_tile = sk_thr + std::int64_t(tile) * kBlockN;
     float sk[kCols8];
     CUTLASS_PRAGMA_UNROLL
-    for (int ni = 0; ni < kCols8; ++ni) sk[ni] = __ldg(sk_tile + int(get<1>(tScS8_rc(0, ni))));
+    for (int ni = 0; ni < kCols8; ++ni) sk[ni] = __ldg(sk_tile + (int(get<1>(tScS8_rc(0, ni))) - col0));
 
     Tensor acc8 = partition_fragment_C(mma8, select<0, 1>(typename Traits::TileShapeQK{}));
     Tensor acc8_rc = make_tensor(acc8.data(), acc_rowcol(acc8.layout()));
