@@ -10,6 +10,7 @@ import pytest
 import blasst
 
 torch = pytest.importorskip("torch", reason="torch is not installed here")
+import blasst._torch_ops  # noqa: E402,F401 - torch.ops.blasst.* and skip_to_str below, whatever ran before
 
 
 def randn(gen, *shape, sd=1.0):
@@ -258,15 +259,15 @@ def test_cuda_gradient_matches_the_reference_backward(causal, Lq, Lk, Hq, Hk, d,
 @pytest.mark.parametrize("Hq,Hk,d", [(32, 8, 128), (16, 16, 64)])
 def test_cuda_causal_gradient_over_several_launch_sections(Hq, Hk, d):
     """The causal backward launches its CTAs longest key block first over sections of KV heads
-    (src/cuda/sm90/backward/backward_params.hpp: about 32768 128 x 128 tiles of work per section).
-    At L = 8192 both cases have several sections, the last one short (GQA 32/8: 3 + 3 + 2 heads;
-    MHA 16: 15 + 1): every (key block, KV head) must still be computed once. Oracle: torch's math
-    SDPA in float32 on the same bf16 values, its autograd gradient (no skipping here)."""
+    (src/cuda/sm90/backward/backward_params.hpp: at most about 32768 128 x 128 tiles of work per
+    section). At L = 8192 both cases take several sections (GQA 32/8: 4 of 2 heads; MHA 16: 2 of
+    8): every (key block, KV head) must still be computed once. Oracle: torch's math SDPA in
+    float32 on the same bf16 values, its autograd gradient (no skipping here)."""
     _gpu_or_skip()
     from torch.nn.attention import SDPBackend, sdpa_kernel
     L, g = 8192, torch.Generator(device="cuda").manual_seed(8192 + Hq + d)
-    per_head = (Hq // Hk) * (L // 128) * (L // 128 + 1) // 2  # the rule's tiles per KV head
-    assert 1 < 32768 // per_head < Hk and Hk % (32768 // per_head) != 0, "the case must have a short last section"
+    per_head = (Hq // Hk) * (L // 128) * (L // 128 + 1) // 2  # tiles of work per KV head
+    assert per_head * Hk > 32768, "the case must not fit one section"
     q, k, v, dout = (torch.randn(1, L, h, d, device="cuda", generator=g).bfloat16()
                      for h in (Hq, Hk, Hk, Hq))
     q, k, v = (x.requires_grad_(True) for x in (q, k, v))

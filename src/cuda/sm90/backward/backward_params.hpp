@@ -100,21 +100,27 @@ inline std::int64_t lse_row_start(int b, int len_q, const int* cu_q) {
   return (std::int64_t(cu_q[b]) + std::int64_t(b) * kLseRowAlign) / kLseRowAlign * kLseRowAlign;
 }
 
-// KV heads per section of the causal launch order (BackwardScheduler): as many as make about
-// kCausalSectionTiles (128 x 128) tiles of work, at least 1 and at most hk. A section is launched
-// longest key block first across its heads. Few heads per section keep the CTAs that run side by
-// side on the same query rows (L2 reuse of Q, dO and the dQ accumulator); many give the
-// longest-first order enough CTAs to even out the last wave. Measured on the H200 (d 128, B 1,
-// H 32, TFLOP/s, bench/RESULTS.md 2026-12-04): GQA 32/8 at 8k, 1 / 2 / 4 / 8 heads: 401-404 /
-// 476-484 / 480 / 477; at 16k: 478-480 / 470 / 469 / 469; MHA at 8k, 1 / 3 / 8 / 32 heads: 445 /
-// 448-452 / 463-468 / 442-467; at 16k: 480-484 / 481 / 473 / 452. The best of each lies between
-// 16k and 66k tiles per section; 32k tiles picks 3 / 1 / 15 / 3 heads for the four shapes.
+// KV heads per section of the causal launch order (BackwardScheduler): the largest divisor of hk
+// that makes at most about kCausalSectionTiles (128 x 128) tiles of work, at least 1. A section
+// is launched longest key block first across its heads. Few heads per section keep the CTAs that
+// run side by side on the same query rows (L2 reuse of Q, dO and the dQ accumulator); many give
+// the longest-first order enough CTAs to even out the last wave; a divisor, because a short last
+// section leaves an uneven tail. Measured on the H200 (d 128, B 1, H 32, TFLOP/s, bench/RESULTS.md
+// 2026-12-04): GQA 32/8 at 8k, 1 / 2 / 3 / 4 / 8 heads: 401-404 / 476-484 / 422 / 480 / 477; at
+// 16k: 478-480 / 470 / - / 469 / 469; MHA at 8k, 1 / 3 / 8 / 15 / 32 heads: 445 / 448-452 /
+// 463-468 / 441 / 442-467; at 16k: 480-484 / 481 / 473 / 479 (15) / 452. A list-scheduling model
+// of the 132 SMs (tail over the balanced time) gives the same ranking: GQA 8k 1.23 / 1.01 / 1.18 /
+// 1.00 / 1.00, MHA 8k 1.06 / 1.05 / 1.00 / 1.06 / 1.00. The rule picks 2 / 1 / 8 / 2 heads for
+// GQA 8k, 16k and MHA 8k, 16k. A prime hk falls back to one head a section (the launch order
+// before this rule).
 inline constexpr std::int64_t kCausalSectionTiles = 32768;
 inline int causal_launch_section_heads(int hk, int group, int num_n_blocks) {
   const std::int64_t nb = num_n_blocks;
   const std::int64_t per_head = std::int64_t(group) * nb * (nb + 1) / 2;  // tiles of one KV head (Lq = Lk)
-  const std::int64_t heads = per_head > 0 ? kCausalSectionTiles / per_head : hk;
-  return static_cast<int>(heads < 1 ? 1 : (heads > hk ? hk : heads));
+  const std::int64_t fit = per_head > 0 ? kCausalSectionTiles / per_head : hk;
+  for (int s = static_cast<int>(fit < hk ? fit : hk); s > 1; --s)
+    if (hk % s == 0) return s;
+  return 1;
 }
 
 // (key block, KV head) of launch index x in [0, num_n_blocks * hk) (BackwardScheduler's grid x).
