@@ -205,6 +205,10 @@ CUtensorMapDataType tensor_map_type(DType t) {
 // K or V cache [S0, S1, Hk, d] (S0 = sequences or pages, S1 = keys or page slots, any 16-byte
 // multiple strides, e.g. [B, L, Hk, d] or a head-major [B, Hk, L, d] view) as a 4-D tensor map
 // {d, S1, Hk, S0} with {64, box_rows, 1, 1} boxes and the 128B swizzle. Rows past S1 read as zeros.
+// L2 promotion 128 B, the box row: 256 B (each first half-row fetching the second half that the
+// next box requests anyway) ran the L2 at 91 % for 81 % of DRAM (ncu, B = 8, 32k) and cost 6-7 %:
+// 270.7 -> 252.4-253.1 us at B = 8, 32k; 2053 -> 1928 us at B = 64; 41.1 -> 40.0 us at B = 1
+// (bench/RESULTS.md 2026-12-04; none and 64 B measured the same as 128 B).
 bool make_kv_map(CUtensorMap* map, const Tensor& t, int box_rows) {
   EncodeTiled enc = encode_tiled();
   if (!enc) return false;
@@ -219,7 +223,7 @@ bool make_kv_map(CUtensorMap* map, const Tensor& t, int box_rows) {
   const cuuint32_t box[4] = {64, static_cast<cuuint32_t>(box_rows), 1, 1};
   const cuuint32_t estr[4] = {1, 1, 1, 1};
   return enc(map, tensor_map_type(t.dtype), 4, t.data, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
-             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
