@@ -8,9 +8,9 @@
 // launches the last head's long blocks at the very end and leaves a tail (a list-scheduling model
 // on 132 SMs: +5.8 % over the balanced time at B 1, H 32, L 8k; +0.5 % at 16k). So causal runs
 // longest first: key block outer, KV head inner, over sections of causal_launch_section_heads
-// KV heads (backward_params.hpp: about 32k tiles of work each, a measured compromise between the
-// L2 reuse of few heads side by side and the even last wave of many; the next section starts as
-// this one's short blocks end).
+// KV heads (backward_params.hpp: the largest divisor of hk within about 32k tiles of work, a
+// measured compromise between the L2 reuse of few heads side by side and the even last wave of
+// many; the next section starts as this one's short blocks end).
 #pragma once
 
 #include <cstdint>
