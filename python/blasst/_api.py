@@ -99,6 +99,15 @@ def attention(q, k, v, *, causal: bool = False, scale: Optional[float] = None,
     lse stay those of the kept keys. Eager, no autograd; CUDA tensors: float32 seeds (the prefill
     kernel's skip instances; docs/reference.md).
     """
+    # The common eager call first (issue 18): plain torch tensors that autograd does not record,
+    # no statistics or seeds, not traced; the same test as _torch_route's "eager".
+    if (_torch_ops is not None and stats is None and seed_max is None and type(q) is _Tensor
+            and type(k) is _Tensor and type(v) is _Tensor and not _is_compiling()
+            and not (_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))):
+        res = _torch_eager.attention(q, k, v, causal, scale, skip, cu_seqlens_q, cu_seqlens_k,
+                                     max_seqlen_q, max_seqlen_k, return_lse)
+        if res is not None:
+            return res
     route = _torch_route(q, k, v)
     if seed_max is not None and (route == "op" or route == "grad"):
         raise ValueError("seed_max: not available inside torch.compile or while autograd records "
@@ -136,6 +145,14 @@ def decode(q, k_cache, v_cache, *, page_table=None, seqlens=None,
     int32 page_table [B, max_pages_per_seq] and seqlens. out [B, q_len, Hq, dv], lse [B, Hq, q_len].
     With q_len > 1 (speculative decoding) query i sees key j iff j <= i + Lk - q_len (causal=True).
     """
+    # The common eager call first (issue 18: host cost per call): plain torch tensors, no
+    # statistics, not traced. Decode has no gradient, so autograd's state does not matter here.
+    if (_torch_ops is not None and stats is None and type(q) is _Tensor and type(k_cache) is _Tensor
+            and type(v_cache) is _Tensor and not _is_compiling()):
+        res = _torch_eager.decode(q, k_cache, v_cache, page_table, seqlens, max_seqlen_k, skip,
+                                  scale, causal, return_lse)
+        if res is not None:
+            return res
     route = _torch_route(q, k_cache, v_cache)
     if route == "op":
         _no_stats_when_compiling(stats, "blasst.decode")

@@ -94,7 +94,7 @@ def attention(q, k, v, causal, scale, skip, cu_seqlens_q, cu_seqlens_k, max_seql
         return None
     if not (_plain_length(max_seqlen_q) and _plain_length(max_seqlen_k)):
         return None  # the generic path's checks and messages
-    cfg, _ = _effective_skip(skip)
+    cfg = None if skip is None else _effective_skip(skip)[0]
     out, lse = _outputs(q, *_calls.attention_shapes(qs, vs, ragged), return_lse)
     stream, switch = _stream_and_device(q)
     return _run(_core.attention, switch, out, lse,
@@ -116,8 +116,11 @@ def decode(q, k_cache, v_cache, page_table, seqlens, max_seqlen_k, skip, scale, 
         return None
     if not _plain_length(max_seqlen_k):
         return None
-    cfg, _ = _effective_skip(skip)
-    out, lse = _outputs(q, *_calls.decode_shapes(qs, vs), return_lse)
+    cfg = None if skip is None else _effective_skip(skip)[0]
+    if vs[3] == qs[3] and q.is_contiguous() and not return_lse:  # out like q (decode_shapes)
+        out, lse = torch.empty_like(q), None
+    else:
+        out, lse = _outputs(q, *_calls.decode_shapes(qs, vs), return_lse)
     stream, switch = _stream_and_device(q)
     return _run(_core.decode, switch, out, lse,
                 _export(q), _export(k_cache), _export(v_cache), _to_dlpack(out),
