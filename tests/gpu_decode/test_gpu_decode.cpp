@@ -988,6 +988,41 @@ TEST(GpuDecode, CallerWorkspace) {
   cudaFree(ws);
 }
 
+// Ordinary caches load through tensor maps, not the cp.async fallback: a tensor map the driver
+// refuses makes the call fall back silently (same results, slower), so only this says which path
+// ran. Every dtype, head dim, contiguous and paged (16, 64, 128 keys a page), both instance
+// families; device buffers (the maps encode their addresses).
+TEST(GpuDecode, OrdinaryCachesLoadThroughTensorMaps) {
+  SKIP_WITHOUT_GPU();
+  using blasst::sm90::decode::Warps;
+  for (DType dt : {DType::bf16, DType::f16}) {
+    for (int d : {64, 128}) {
+      for (int page : {0, 16, 64, 128}) {
+        Case c;
+        c.dt = dt;
+        c.d = d;
+        c.page = page;
+        c.lens = {300, 1000};
+        SCOPED_TRACE(describe(c));
+        HostProblem hp(c, 7);
+        void* dq = device_copy(hp.q.data(), hp.q.size() * 2);
+        void* dk = device_copy(hp.k.data(), hp.k.size() * 2);
+        void* dv = device_copy(hp.v.data(), hp.v.size() * 2);
+        void* dsl = device_copy(hp.seqlens.data(), hp.seqlens.size() * 4);
+        void* dpt = page ? device_copy(hp.page_table.data(), hp.page_table.size() * 4) : nullptr;
+        void* dout = device_copy(nullptr, hp.out_elems() * 4);
+        auto p = hp.problem(dq, dk, dv, static_cast<std::int32_t*>(dpt), static_cast<std::int32_t*>(dsl), dout,
+                            nullptr, blasst::DeviceKind::cuda);
+        for (Warps w : {Warps::eight, Warps::four})
+          EXPECT_TRUE(blasst::sm90::decode::tensor_map_loads(p, {}, w))
+              << (w == Warps::four ? "4" : "8") << "-warp instance: the call would load by cp.async";
+        for (void* x : {dq, dk, dv, dsl, dpt, dout})
+          if (x) cudaFree(x);
+      }
+    }
+  }
+}
+
 // The merge runs in the split kernel: a CTA that finds every split flag of its (sequence, KV head)
 // raised merges (decode_merge.cuh); the flags live in the workspace, which nothing zeroes. So: a
 // caller's workspace of 0xff garbage, the same workspace again in a second call, and CUDA-graph

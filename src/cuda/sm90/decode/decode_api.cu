@@ -227,6 +227,19 @@ bool make_kv_map(CUtensorMap* map, const Tensor& t, int box_rows) {
              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+// The K and V tensor maps of a call, with boxes of at most the instance's K slot (4 warps: 64-key
+// half tiles; its V tiles take two boxes) and at most a page: false when a map cannot describe the
+// cache (the call then loads by cp.async). run() and tensor_map_loads() both ask here.
+bool make_kv_maps(const DecodeProblem& p, const ResolvedDecode& r, const Plan& pl, CUtensorMap* k_map,
+                  CUtensorMap* v_map, int* box_rows_out) {
+  const int box_rows = static_cast<int>(std::min<std::int64_t>(
+      r.paged ? std::min<std::int64_t>(r.page_size, kTileKeys) : kTileKeys, pl.kernel.load_box_keys()));
+  if (box_rows < 8 || !make_kv_map(k_map, p.k_cache, box_rows) || !make_kv_map(v_map, p.v_cache, box_rows))
+    return false;
+  *box_rows_out = box_rows;
+  return true;
+}
+
 #ifdef BLASST_DECODE_TRACE
 // Trace builds only: the kernel's per-CTA timer stamps appended to the file named by
 // BLASST_DECODE_TRACE as CSV lines "tag,cta,b,h,split,t0,..." (tag from BLASST_DECODE_TRACE_TAG).
@@ -350,16 +363,7 @@ void run(const DecodeProblem& p, const SkipConfig& skip, const RunOptions& opt, 
   // Loads: tensor-map boxes through the copy engine where a map describes the cache, else (or
   // when asked) 16-byte cp.async per thread.
   kp.tma = 0;
-  if (loads == LoadPath::automatic) {
-    // At most the instance's K slot (4 warps: 64-key half tiles; its V tiles take two boxes).
-    const int box_rows = static_cast<int>(std::min<std::int64_t>(r.paged ? std::min<std::int64_t>(r.page_size, kTileKeys)
-                                                                         : kTileKeys,
-                                                                 pl.kernel.load_box_keys()));
-    if (box_rows >= 8 && make_kv_map(&kp.tmk, p.k_cache, box_rows) && make_kv_map(&kp.tmv, p.v_cache, box_rows)) {
-      kp.tma = 1;
-      kp.tma_box_rows = box_rows;
-    }
-  }
+  if (loads == LoadPath::automatic && make_kv_maps(p, r, pl, &kp.tmk, &kp.tmv, &kp.tma_box_rows)) kp.tma = 1;
 #ifdef BLASST_DECODE_TRACE
   kp.trace = trace_file ? ws.take<unsigned long long>(n_ctas * kTracePoints) : nullptr;
   if (kp.trace) BLASST_CUDA_CHECK(cudaMemsetAsync(kp.trace, 0, n_ctas * kTracePoints * sizeof(unsigned long long), stream));
@@ -404,6 +408,14 @@ FlagsRegion split_flags_region(const DecodeProblem& p, const SkipConfig& skip, W
   if (pl.num_splits == 1) return {};
   const auto b = workspace_blocks(r, pl, false, false);
   return {detail::Workspace::bytes_for({b[0], b[1]}), b[2]};
+}
+
+bool tensor_map_loads(const DecodeProblem& p, const SkipConfig& skip, Warps warps) {
+  const ResolvedDecode r = detail::validate_decode(p, p.q.device);
+  can_implement(p, r, skip);
+  CUtensorMap k_map, v_map;
+  int box_rows = 0;
+  return make_kv_maps(p, r, plan(r, skip, warps), &k_map, &v_map, &box_rows);
 }
 
 int planned_warps(const DecodeProblem& p, const SkipConfig& skip, Warps warps) {

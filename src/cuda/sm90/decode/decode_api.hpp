@@ -25,6 +25,10 @@ inline constexpr int kFourWarpMinTilesPerCta = 16;
 // detail::cuda_decode with the load path (and instance family) given.
 void run(const DecodeProblem& p, const SkipConfig& skip, const RunOptions& opt, SkipStats* stats, LoadPath loads,
          Warps warps = Warps::automatic);
+// Whether that call, with LoadPath::automatic, loads K and V through tensor maps (false: its
+// cache layout falls back to cp.async; a slower path that gives the same results, so only this
+// says which one ran): for tests.
+bool tensor_map_loads(const DecodeProblem& p, const SkipConfig& skip, Warps warps = Warps::automatic);
 // The warps per CTA of the instance that call would run (8 or 4): for tests and the benchmark.
 int planned_warps(const DecodeProblem& p, const SkipConfig& skip, Warps warps = Warps::automatic);
 // RunOptions::workspace bytes of that call (statistics counters included when `stats`).
