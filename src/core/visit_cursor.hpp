@@ -34,5 +34,3 @@ struct VisitCursor {
 };
 
 }  // namespace blasst::detail
-
-#undef BLASST_HOST_DEVICE
