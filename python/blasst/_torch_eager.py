@@ -95,7 +95,10 @@ def attention(q, k, v, causal, scale, skip, cu_seqlens_q, cu_seqlens_k, max_seql
     if not (_plain_length(max_seqlen_q) and _plain_length(max_seqlen_k)):
         return None  # the generic path's checks and messages
     cfg = None if skip is None else _effective_skip(skip)[0]
-    out, lse = _outputs(q, *_calls.attention_shapes(qs, vs, ragged), return_lse)
+    if vs[-1] == qs[-1] and q.is_contiguous() and not return_lse:  # out like q (attention_shapes)
+        out, lse = torch.empty_like(q), None
+    else:
+        out, lse = _outputs(q, *_calls.attention_shapes(qs, vs, ragged), return_lse)
     stream, switch = _stream_and_device(q)
     return _run(_core.attention, switch, out, lse,
                 _export(q), _export(k), _export(v), _to_dlpack(out),
