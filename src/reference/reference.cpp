@@ -454,7 +454,7 @@ class Engine {
       for (i64 hh = 0; hh < nh; ++hh)
         for (i64 i = 0; i < t.nr; ++i) {
           const i64 ri = hh * t.nr + i;
-          Acc x;
+          Acc x = Acc(0);  // load_row writes it (GCC cannot see that)
           load_row(&x, v_.seedd, v_.seed_base[t.b] + (t.h0 + hh) * v_.seed_sh + (t.r0 + i) * v_.seed_si,
                    v_.seed_t, 1);
           seed_[ri] = running_max(seed_[ri], x);
