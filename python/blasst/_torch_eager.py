@@ -51,17 +51,17 @@ def _plain_length(n) -> bool:
     return n is None or (type(n) is int and n >= 0)
 
 
-def _out_like(q, shape):
-    """Uninitialised out [shape] in q's dtype and device: empty_like(q) when that is the shape
-    and q is contiguous (the common case, and the cheaper allocation call), else new_empty."""
-    if q.shape == shape and q.is_contiguous():
-        return torch.empty_like(q)
-    return q.new_empty(shape)
-
-
-def _outputs(q, out_shape, lse_shape, return_lse: bool):
-    """(out, lse or None) of a call, shaped as blasst._calls says (attention_shapes)."""
-    return _out_like(q, out_shape), (q.new_empty(lse_shape, dtype=_f32) if return_lse else None)
+def _outputs(q, qs, vs, ragged: bool, return_lse: bool):
+    """(out, lse or None) of a call, uninitialised, shaped as blasst._calls.attention_shapes says
+    (decode: ragged False). out is empty_like(q) when it has q's shape (dv == d) and q is
+    contiguous, the common case and the cheaper allocation call; without lse the shapes are then
+    not computed at all."""
+    like_q = vs[-1] == qs[-1] and q.is_contiguous()
+    if like_q and not return_lse:
+        return torch.empty_like(q), None
+    out_shape, lse_shape = _calls.attention_shapes(qs, vs, ragged)
+    out = torch.empty_like(q) if like_q else q.new_empty(out_shape)
+    return out, (q.new_empty(lse_shape, dtype=_f32) if return_lse else None)
 
 
 def _run(entry, switch, out, lse, *args):
@@ -95,10 +95,7 @@ def attention(q, k, v, causal, scale, skip, cu_seqlens_q, cu_seqlens_k, max_seql
     if not (_plain_length(max_seqlen_q) and _plain_length(max_seqlen_k)):
         return None  # the generic path's checks and messages
     cfg = None if skip is None else _effective_skip(skip)[0]
-    if vs[-1] == qs[-1] and q.is_contiguous() and not return_lse:  # out like q (attention_shapes)
-        out, lse = torch.empty_like(q), None
-    else:
-        out, lse = _outputs(q, *_calls.attention_shapes(qs, vs, ragged), return_lse)
+    out, lse = _outputs(q, qs, vs, ragged, return_lse)
     stream, switch = _stream_and_device(q)
     return _run(_core.attention, switch, out, lse,
                 _export(q), _export(k), _export(v), _to_dlpack(out),
@@ -120,10 +117,7 @@ def decode(q, k_cache, v_cache, page_table, seqlens, max_seqlen_k, skip, scale, 
     if not _plain_length(max_seqlen_k):
         return None
     cfg = None if skip is None else _effective_skip(skip)[0]
-    if vs[3] == qs[3] and q.is_contiguous() and not return_lse:  # out like q (decode_shapes)
-        out, lse = torch.empty_like(q), None
-    else:
-        out, lse = _outputs(q, *_calls.decode_shapes(qs, vs), return_lse)
+    out, lse = _outputs(q, qs, vs, False, return_lse)  # decode_shapes
     stream, switch = _stream_and_device(q)
     return _run(_core.decode, switch, out, lse,
                 _export(q), _export(k_cache), _export(v_cache), _to_dlpack(out),
