@@ -36,11 +36,12 @@ def _load_torch_ops():
     return _torch_ops
 
 
-def _torch_route(q, k, v):
+def _torch_route(q, k, v, differentiable: bool = True):
     """How a call with query q goes: None (not a torch tensor: blasst._calls), "op" (torch.compile
     traces the call: the custom op), "grad" (autograd records it: the custom op, whose backward is
-    registered, SPEC §9) or "eager" (blasst._torch_eager). With torch imported, the first call
-    loads the custom ops (torch.compile needs them registered before it traces)."""
+    registered, SPEC §9; never for a call that is not differentiable, i.e. decode) or "eager"
+    (blasst._torch_eager). With torch imported, the first call loads the custom ops
+    (torch.compile needs them registered before it traces)."""
     if _torch_ops is None:
         if sys.modules.get("torch") is None:
             return None
@@ -49,7 +50,7 @@ def _torch_route(q, k, v):
         return None
     if _is_compiling():
         return "op"
-    if _grad_enabled() and (q.requires_grad or (isinstance(k, _Tensor) and k.requires_grad)
+    if differentiable and _grad_enabled() and (q.requires_grad or (isinstance(k, _Tensor) and k.requires_grad)
                             or (isinstance(v, _Tensor) and v.requires_grad)):
         return "grad"
     return "eager"
@@ -99,15 +100,6 @@ def attention(q, k, v, *, causal: bool = False, scale: Optional[float] = None,
     lse stay those of the kept keys. Eager, no autograd; CUDA tensors: float32 seeds (the prefill
     kernel's skip instances; docs/reference.md).
     """
-    # The common eager call first (issue 18): plain torch tensors that autograd does not record,
-    # no statistics or seeds, not traced; the same test as _torch_route's "eager".
-    if (_torch_ops is not None and stats is None and seed_max is None and type(q) is _Tensor
-            and type(k) is _Tensor and type(v) is _Tensor and not _is_compiling()
-            and not (_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))):
-        res = _torch_eager.attention(q, k, v, causal, scale, skip, cu_seqlens_q, cu_seqlens_k,
-                                     max_seqlen_q, max_seqlen_k, return_lse)
-        if res is not None:
-            return res
     route = _torch_route(q, k, v)
     if seed_max is not None and (route == "op" or route == "grad"):
         raise ValueError("seed_max: not available inside torch.compile or while autograd records "
@@ -145,15 +137,7 @@ def decode(q, k_cache, v_cache, *, page_table=None, seqlens=None,
     int32 page_table [B, max_pages_per_seq] and seqlens. out [B, q_len, Hq, dv], lse [B, Hq, q_len].
     With q_len > 1 (speculative decoding) query i sees key j iff j <= i + Lk - q_len (causal=True).
     """
-    # The common eager call first (issue 18: host cost per call): plain torch tensors, no
-    # statistics, not traced. Decode has no gradient, so autograd's state does not matter here.
-    if (_torch_ops is not None and stats is None and type(q) is _Tensor and type(k_cache) is _Tensor
-            and type(v_cache) is _Tensor and not _is_compiling()):
-        res = _torch_eager.decode(q, k_cache, v_cache, page_table, seqlens, max_seqlen_k, skip,
-                                  scale, causal, return_lse)
-        if res is not None:
-            return res
-    route = _torch_route(q, k_cache, v_cache)
+    route = _torch_route(q, k_cache, v_cache, differentiable=False)  # decode has no gradient
     if route == "op":
         _no_stats_when_compiling(stats, "blasst.decode")
         return _torch_ops.decode_op(q, k_cache, v_cache, page_table, seqlens, max_seqlen_k,
@@ -161,7 +145,7 @@ def decode(q, k_cache, v_cache, *, page_table=None, seqlens=None,
     if route is not None and not (type(q) is _Tensor and type(k_cache) is _Tensor and
                                   type(v_cache) is _Tensor):
         q, k_cache, v_cache = _plain(q, "q"), _plain(k_cache, "k_cache"), _plain(v_cache, "v_cache")
-    if route is not None and stats is None:  # eager, or grad (decode has no gradient)
+    if route is not None and stats is None:  # eager
         res = _torch_eager.decode(q, k_cache, v_cache, page_table, seqlens, max_seqlen_k, skip,
                                   scale, causal, return_lse)
         if res is not None:
