@@ -260,35 +260,101 @@ def _backend_fn(route: _Route):
 
 
 # -- context parallelism: the forward / backward ops diffusers' templated loops call ------------
-SEED_TILE = 128  # the SPEC tile: the seeded ring's sink and own tiles
+SEED_BLOCK_ROWS = 8192  # rows per batch of seed scores: memory rows * H * tile_keys * 4 bytes
 
 
-def _ring_seed(query, key, scale, cp):
-    """SPEC §2a seeded maxima for a ring rank's rows (pure ring): per row, the max of
-    scale * q . k over the sink tile (keys [0, 128) of the sequence, i.e. of ring rank 0's chunk,
-    broadcast once per call) and the row's own tile (of this rank's chunk: the tile holding the
-    first row of its 64-row vote group, i.e. tile row // 128), in lse's layout [B, H, S] and units,
-    float32. Computed once, before the first chunk; every chunk's call starts its running maxima
-    there. Scores in blocks of 128 rows (memory: one block's scores at a time)."""
+def _ring_sink(key, tile_keys, cp):
+    """The sink tile, keys [0, tile_keys) of the sequence, i.e. of ring rank 0's chunk, on every
+    rank of the ring: one broadcast (two on a ring_anything ring, whose rank 0 may hold fewer
+    keys than a tile: its count first)."""
     import torch
     import torch.distributed as dist
     group = cp._ring_mesh.get_group()
-    # a copy: broadcast writes into it on every rank but the source (a view would overwrite
-    # this rank's own keys; contiguous() of a leading slice is such a view)
-    sink = key[:, :SEED_TILE].clone(memory_format=torch.contiguous_format)
-    dist.broadcast(sink, src=dist.get_global_rank(group, 0), group=group)  # equal chunks: same shape
+    src = dist.get_global_rank(group, 0)
+    n = min(tile_keys, key.shape[1])
+    if getattr(cp, "ring_anything", False):
+        count = torch.tensor([n], dtype=torch.int64, device=key.device)
+        dist.broadcast(count, src=src, group=group)
+        n = int(count.item())
+    # a copy: broadcast writes into it on every rank but the source (a view would overwrite this
+    # rank's own keys; contiguous() of a leading slice is such a view)
+    b, _, h, d = key.shape
+    sink = key.new_empty((b, n, h, d))
+    if cp._ring_local_rank == 0:
+        sink.copy_(key[:, :n])
+    dist.broadcast(sink, src=src, group=group)
+    return sink
+
+
+def _ring_seed(query, key, scale, skip, cp):
+    """SPEC §2a seeded maxima for a ring rank's rows: per row, the max of scale * q . k over the
+    sink tile (_ring_sink) and the row's own tile (of this rank's chunk: the tile holding the
+    first row of its vote group), in lse's layout [B, H, S] and units: float64 for float64
+    tensors, else float32 (the kernels' seeds; scores from float32 copies of q and k). Computed
+    once per call, before the first chunk; every chunk's call starts its running maxima there.
+    The own tiles are scored tile by tile in one batched
+    product when tile_keys is a multiple of vote_rows (every row of a tile then has that tile as
+    its own), else per run of rows sharing an own tile."""
+    import torch
+    tile, rows = skip.tile_keys, skip.vote_rows
+    acc = torch.float64 if query.dtype == torch.float64 else torch.float32
+    sink = _ring_sink(key, tile, cp).to(acc)
     b, s, h, d = query.shape
+    lk = key.shape[1]
     sc = (1.0 / d ** 0.5) if scale is None else float(scale)
-    seed = torch.empty((b, h, s), dtype=torch.float32, device=query.device)
-    sinkf = sink.float()
-    for r0 in range(0, s, SEED_TILE):
-        qb = query[:, r0:r0 + SEED_TILE].float()                  # rows of one own tile
-        kb = key[:, r0:min(r0 + SEED_TILE, key.shape[1])].float()  # ... and its keys
-        m = torch.einsum("bshd,bthd->bhst", qb, sinkf).amax(-1)
-        if kb.shape[1]:
-            m = torch.maximum(m, torch.einsum("bshd,bthd->bhst", qb, kb).amax(-1))
-        seed[:, :, r0:r0 + SEED_TILE] = m * sc
+    seed = torch.empty((b, h, s), dtype=acc, device=query.device)
+    step = max(tile, SEED_BLOCK_ROWS // tile * tile)
+    for r0 in range(0, s, step):
+        q = query[:, r0:r0 + step].to(acc)
+        n = q.shape[1]
+        m = torch.einsum("bshd,bthd->bhst", q, sink).amax(-1) if sink.shape[1] else \
+            torch.full((b, h, n), float("-inf"), dtype=acc, device=query.device)
+        if tile % rows == 0:
+            nt = -(-n // tile)
+            pad = nt * tile - n
+            kt = key[:, r0:min(r0 + nt * tile, lk)].to(acc)
+            if pad:  # the block's last own tile: rows padded with zeros, keys beyond lk masked
+                q = torch.cat([q, q.new_zeros((b, pad, h, d))], 1)
+            kpad = nt * tile - kt.shape[1]
+            if kpad:
+                kt = torch.cat([kt, kt.new_zeros((b, kpad, h, d))], 1)
+            sco = torch.einsum("bnshd,bnthd->bnhst", q.view(b, nt, tile, h, d),
+                               kt.view(b, nt, tile, h, d))
+            if kpad:  # [b, nt, h, rows, keys]: the padded keys of the last tile(s)
+                real = torch.arange(r0, r0 + nt * tile, device=query.device) < lk
+                sco.masked_fill_(~real.view(1, nt, 1, 1, tile), float("-inf"))
+            own = sco.amax(-1).permute(0, 2, 1, 3).reshape(b, h, nt * tile)[..., :n]
+            m = torch.maximum(m, own)
+        else:
+            i = r0
+            while i < r0 + n:
+                t = ((i // rows) * rows) // tile  # the own tile of row i
+                j = min(r0 + n, ((t + 1) * tile + rows - 1) // rows * rows)  # rows sharing it
+                kt = key[:, min(t * tile, lk):min((t + 1) * tile, lk)].to(acc)
+                if kt.shape[1]:
+                    own = torch.einsum("bshd,bthd->bhst", q[:, i - r0:j - r0], kt).amax(-1)
+                    m[..., i - r0:j - r0] = torch.maximum(m[..., i - r0:j - r0], own)
+                i = j
+        seed[..., r0:r0 + n] = m * sc
     return seed
+
+
+EMPTY_FIRST_CHUNK_NATS = 20.0
+
+
+def _first_chunk_lse(lse, seed):
+    """The LSE a seeded ring's first call (the rank's own chunk) reports. A row whose kept set
+    there is empty has LSE -inf (SPEC §2a), which diffusers' ring merge cannot take first:
+    prev_lse - logsigmoid(prev_lse - lse) is -inf + inf = NaN for prev_lse = -inf, and the
+    backward then reads that NaN. Such a row reports seed - EMPTY_FIRST_CHUNK_NATS instead (its
+    out is 0): every row keeps the tile that reaches its seed (its delta there is >= 0), so the
+    merged LSE is >= the seed and this stand-in weighs at most e^-20 (2e-9) of the row's merged
+    result, below the float32 rounding of the merge itself (blasst's LSE is float32)."""
+    import torch
+    empty = torch.isneginf(lse) & torch.isfinite(seed)
+    if not bool(empty.any()):
+        return lse
+    return torch.where(empty, (seed - EMPTY_FIRST_CHUNK_NATS).to(lse.dtype), lse)
 
 
 def _cp_ops(route, parallel_config, recording):
@@ -297,19 +363,17 @@ def _cp_ops(route, parallel_config, recording):
     first (``_save_ctx``) is this rank's own chunk. Tensors in the model layout (B, S, H, D); the
     returned LSE is (B, S, H), the layout the ring's merge broadcasts.
 
-    forward: blasst attention over one K/V chunk. Inference on a pure ring with skipping: every
-    chunk starts from the rows' seeded maxima (_ring_seed), so a chunk that holds neither the
-    sink nor the own tile still skips against them (SPEC §2a); the CPU reference takes seeds,
-    the CUDA prefill kernel not yet, so CUDA rings (and Ulysses x ring, and training) run
-    unseeded, counted in Enabled.unseeded_ring. With gradients: the chunk's skip set is recorded
-    per call, and backward: the SPEC §9 gradient of each chunk against the merged out / LSE the
-    ring hands it (the same chunk order as the forward)."""
+    forward: blasst attention over one K/V chunk. A ring (pure, or the ring of Ulysses x ring)
+    with skipping seeds every chunk's running maxima with the rows' sink- and own-tile maxima
+    (_ring_seed, SPEC §2a), so a chunk that holds neither still skips against them, at inference
+    and in training alike. With gradients: the chunk's skip set (decided with the seeds) is
+    recorded per call, and backward: the SPEC §9 gradient of each chunk against the merged out /
+    LSE the ring hands it (the same chunk order as the forward)."""
     import torch
     from . import _torch_ops as ops
     skip = route.skip
     skip_str = ops.skip_to_str(skip)
-    cp = parallel_config.context_parallel_config
-    pure_ring = cp.ring_degree > 1 and cp.ulysses_degree == 1
+    ring = parallel_config.context_parallel_config.ring_degree > 1
 
     def forward_op(ctx, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
                    scale=None, enable_gqa=False, return_lse=False, _save_ctx=True,
@@ -321,17 +385,18 @@ def _cp_ops(route, parallel_config, recording):
         if _save_ctx:
             ctx.blasst_sets = []  # per call: the skip set its forward recorded
             ctx.blasst_next = 0   # the next call the backward takes
+            # seeds only where the skip test runs (not dense, not held off by timestep gating:
+            # decided once, here, for every chunk of the call)
             ctx.blasst_seed = None
-            seeded = skip is not None and skip.enabled and pure_ring and not grad
-            if seeded and query.device.type == "cpu":
-                ctx.blasst_seed = _ring_seed(query, key, scale, cp)
-            elif seeded:
-                route.handle.unseeded_ring += 1
-        if grad:
-            out, lse, words = torch.ops.blasst.attention(
-                query, key, value, None, None, 0, 0, bool(is_causal), scale, skip_str, True,
-                skip is not None and skip.enabled)
-            ctx.blasst_sets.append(words)
+            if ring and _calls._effective_skip(skip)[0] is not None:
+                ctx.blasst_seed = _ring_seed(query, key, scale, skip,
+                                             _parallel_config.context_parallel_config)
+        if grad:  # (autograd is off inside diffusers' autograd.Function: a direct call)
+            (out, lse), words = _calls.attention(
+                query, key, value, bool(is_causal), scale, skip, None, None, None, None, True,
+                None, record_skip_set=True, seed_max=ctx.blasst_seed)
+            ctx.blasst_sets.append(query.new_empty((0,), dtype=torch.int32) if words is None
+                                   else words)
         else:
             stats = {} if recording else None
             out, lse = _api.attention(query, key, value, causal=bool(is_causal), scale=scale,
@@ -340,6 +405,8 @@ def _cp_ops(route, parallel_config, recording):
             if recording:
                 _record(stats, None)
         if _save_ctx:
+            if ctx.blasst_seed is not None:
+                lse = _first_chunk_lse(lse, ctx.blasst_seed)
             ctx.save_for_backward(query, key, value, out, lse)
             ctx.blasst_causal, ctx.blasst_scale = bool(is_causal), scale
         lse_sh = lse.transpose(1, 2)  # [B, H, S] -> (B, S, H)
@@ -488,7 +555,6 @@ class Enabled:
         self.components: Dict[str, str] = {}          # component -> "routed" / "dense (...)"
         self.blasst_calls: Counter = Counter()
         self.fallbacks: Counter = Counter()
-        self.unseeded_ring = 0  # ring calls with skipping that ran without seeded maxima (_cp_ops)
         self._undo: List[Any] = []
 
     def skip_for(self, component: str, layer: str) -> Optional[SkipSoftmax]:

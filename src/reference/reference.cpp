@@ -537,8 +537,9 @@ class Engine {
           std::fill(orow_.begin(), orow_.end(), std::numeric_limits<Acc>::quiet_NaN());
           lse = std::numeric_limits<Acc>::quiet_NaN();
         } else if (L_[ri] > Acc(0)) {
-          const Acc inv = Acc(1) / L_[ri];
-          for (i64 c = 0; c < dv; ++c) orow_[c] = OO_[ri * dvp + c] * inv;
+          // Divided, not multiplied by 1 / L: a seed far above the row's kept scores (seed_max)
+          // can leave L subnormal, whose reciprocal overflows to inf (and 0 * inf is NaN).
+          for (i64 c = 0; c < dv; ++c) orow_[c] = OO_[ri * dvp + c] / L_[ri];
           lse = M_[ri] + std::log(L_[ri]);
         } else {  // fully masked row: O = 0, LSE = -inf, never NaN
           std::fill(orow_.begin(), orow_.end(), Acc(0));

@@ -19,6 +19,10 @@ REQUIRED_SUITES = {"test_torch.py": ("torch",), "test_backward_cpu.py": ("torch"
                    "test_diffusers_gpu.py": ("torch", "diffusers")}
 REQUIRE_TORCH = os.environ.get("BLASST_REQUIRE_TORCH") == "1"
 REQUIRE_GPU = os.environ.get("BLASST_REQUIRE_GPU") == "1"
+# Multi-GPU tests (marker "multigpu") skip on machines with fewer GPUs, also under
+# BLASST_REQUIRE_GPU=1 (the one-GPU device runs); BLASST_REQUIRE_GPUS=2 (or more) makes their skip a
+# failure (scripts/device_multi_gpu.sh).
+REQUIRE_GPUS = int(os.environ.get("BLASST_REQUIRE_GPUS", "0") or 0)
 
 _outcomes = {}  # file name -> Counter of passed / failed / skipped
 
@@ -50,7 +54,8 @@ def pytest_report_header(config):
     except Exception as e:  # noqa: BLE001 - the header only reports
         line = f"blasst not importable: {e}"
     return [line, f"required suites: {sorted(REQUIRED_SUITES)} (BLASST_REQUIRE_TORCH="
-                  f"{int(REQUIRE_TORCH)}), BLASST_REQUIRE_GPU={int(REQUIRE_GPU)}"]
+                  f"{int(REQUIRE_TORCH)}), BLASST_REQUIRE_GPU={int(REQUIRE_GPU)}, "
+                  f"BLASST_REQUIRE_GPUS={REQUIRE_GPUS}"]
 
 
 _skipped_suites = []  # (file name, reason): required suites skipped as a whole
@@ -85,8 +90,12 @@ def pytest_runtest_makereport(item, call):
     name = os.path.basename(str(item.path))
     if report.skipped and not hasattr(report, "wasxfail"):
         is_gpu = item.get_closest_marker("gpu") is not None
+        is_multi = item.get_closest_marker("multigpu") is not None
         rule = None
-        if is_gpu and REQUIRE_GPU:
+        if is_multi:
+            if REQUIRE_GPUS >= 2:
+                rule = f"BLASST_REQUIRE_GPUS={REQUIRE_GPUS}: a multi-GPU test must run"
+        elif is_gpu and REQUIRE_GPU:
             rule = "BLASST_REQUIRE_GPU=1: a GPU test must run"
         elif not is_gpu and _suite_required(name):
             rule = f"{name} must run on CPU ({_why_required(name)})"

@@ -200,6 +200,37 @@ TEST(SeedMax, SeedAboveEveryScoreSkipsTheRow) {
   EXPECT_LT(rel_err(D.lse, l), 1e-6);
 }
 
+// A seed far above one row's scores while its vote group keeps every tile (the other rows are
+// unseeded): with f32 inputs the row's exponentials fall to subnormals (e^-95 of the seed) and
+// its L is subnormal. Its O and LSE are still the exact softmax of its keys, to the few bits a
+// subnormal L holds, never NaN (1 / L overflows to inf; O * inf was NaN); the other rows are exact.
+TEST(SeedMax, SeedFarAboveARowOfAKeptGroupGivesItsSoftmax) {
+  Dense D(1, 64, 300, 1, 1, 32, 32, 4);
+  std::vector<double> o, l;
+  naive(D.q, D.k, D.v, 1, 64, 300, 1, 1, 32, 32, false, o, l);
+  std::vector<double> row_max(64, kNinf);
+  const double scale = 1.0 / std::sqrt(32.0);
+  for (std::int64_t i = 0; i < 64; ++i)
+    for (std::int64_t j = 0; j < 300; ++j) {
+      double s = 0;
+      for (std::int64_t c = 0; c < 32; ++c) s += double(D.q[i * 32 + c]) * D.k[j * 32 + c];
+      row_max[i] = std::max(row_max[i], s * scale);
+    }
+  std::vector<double> seed(64, kNinf);
+  seed[7] = row_max[7] + 95.0;  // e^-95 = 5.5e-42: subnormal in f32 (min normal 1.2e-38)
+  AttentionProblem p = D.problem(MaskKind::full);
+  p.seed_max = Tensor::contiguous(seed.data(), DType::f64, {1, 1, 64});
+  SkipStats st;
+  reference::attention(p, thr(1e-3, VisitOrder::natural), stats_opt(), &st);
+  EXPECT_EQ(st.total_skipped(), 0);  // the unseeded rows keep every tile
+  for (std::int64_t i = 0; i < 64; ++i) {
+    const double tol = i == 7 ? 1e-2 : 1e-5;  // row 7: a subnormal L (about 12 bits)
+    EXPECT_NEAR(D.lse[i], l[i], tol) << "row " << i;
+    for (std::int64_t e = 0; e < 32; ++e)
+      ASSERT_NEAR(D.out[i * 32 + e], o[i * 32 + e], tol) << "row " << i << ", column " << e;
+  }
+}
+
 // NaN rule (docs/reference.md): a NaN seed is a NaN running max: the row's tiles are never
 // skipped and its O and LSE are NaN; the other rows are unchanged.
 TEST(SeedMax, NanSeedFollowsTheNanRule) {

@@ -31,8 +31,10 @@ __device__ __forceinline__ void epilogue(KernelParams<Traits> const& kp, Prefill
   CUTLASS_PRAGMA_UNROLL
   for (int mi = 0; mi < kRows; ++mi) {
     const float l = quad_sum(sm.l[mi]);
-    // l = 0 only when the row saw nothing (the row maximum's weight is 1); a NaN l (NaN rule)
-    // makes O and LSE NaN.
+    // l = 0 when the row saw nothing (the row maximum's weight is 1), or when a seed (seed_max)
+    // far above the row's kept scores flushed each of their exponentials to 0 (ftz: below
+    // 2^-126 of the seed's weight, a mass an LSE merge cannot see): O = 0, LSE = -inf. Otherwise
+    // l >= 2^-126 and 1 / l is finite. A NaN l (NaN rule) makes O and LSE NaN.
     const bool empty = l == 0.f;
     const float inv = empty ? 0.f : 1.f / l;
     const int row = row0 + int(get<0>(tOcO_rc(mi, 0)));
