@@ -87,14 +87,7 @@ def _timed(step, device, n):
 
 
 def _sparsity(rec, reduce):
-    v = sum(e["visited"] for e in rec.layers.values())
-    s = sum(e["skipped"] for e in rec.layers.values())
-    if reduce:
-        t = torch.tensor([v, s], dtype=torch.float64, device="cpu" if dist.get_backend() == "gloo"
-                         else torch.cuda.current_device())
-        dist.all_reduce(t)
-        v, s = t.tolist()
-    return s / v if v else 0.0
+    return (rec.merged() if reduce else rec).sparsity()  # merged: summed over the ranks
 
 
 def _worker(rank, args, init_file):

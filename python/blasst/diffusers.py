@@ -116,6 +116,31 @@ class StatsRecorder:
         v = sum(e["visited"] for e in self.layers.values())
         return sum(e["skipped"] for e in self.layers.values()) / v if v else 0.0
 
+    def merged(self, group=None) -> "StatsRecorder":
+        """These statistics summed over the ranks of a torch.distributed process group (None:
+        the world), e.g. of a model under context parallelism, where each rank records the calls
+        it made (Ulysses: its heads over the whole sequence; ring: its rows against each key
+        chunk). A collective: every rank of the group calls it. Layers and fallbacks are summed
+        by name, steps by position (each rank runs the same steps; component and t are the
+        first rank's)."""
+        import torch.distributed as dist
+        parts = [None] * dist.get_world_size(group)
+        dist.all_gather_object(parts, (self.layers, self.steps, dict(self.fallbacks)), group=group)
+        out = StatsRecorder()
+        for layers, steps, fallbacks in parts:
+            for name, entry in layers.items():
+                acc = out._layer(name)
+                for k, v in entry.items():
+                    acc[k] += v
+            for i, st in enumerate(steps):
+                if i == len(out.steps):
+                    out.steps.append(dict(st))
+                    continue
+                for k in ("blasst", "gated", "fallback", "visited", "skipped"):
+                    out.steps[i][k] += st[k]
+            out.fallbacks.update(fallbacks)
+        return out
+
     def __repr__(self) -> str:
         return (f"StatsRecorder(steps={len(self.steps)}, layers={len(self.layers)}, "
                 f"sparsity={self.sparsity():.4f}, fallbacks={dict(self.fallbacks)})")

@@ -73,6 +73,9 @@ def _worker(rank, init_file, out_dir, mode):
             "fallbacks": dict(handle.fallbacks),
             "one": [one.layers["transformer/blocks.0.attn1"][k] for k in ("visited", "skipped")],
             "par": [par.layers["transformer/blocks.0.attn1"][k] for k in ("visited", "skipped")],
+            "merged": [par.merged().layers["transformer/blocks.0.attn1"][k]
+                       for k in ("visited", "skipped")],
+            "merged_sparsity": par.merged().sparsity(), "one_sparsity": one.sparsity(),
         }
         bd.disable(model)
     # Direct calls of the registered backend with diffusers' ParallelConfig (the templated loops
@@ -218,6 +221,10 @@ def test_context_parallel_matches_one_process(tmp_path, mode):
     visited = sum(r["skip"]["par"][0] for r in ranks)
     skipped = sum(r["skip"]["par"][1] for r in ranks)
     assert visited == one[0], (visited, one)
+    for r in ranks:  # StatsRecorder.merged: the same sums on every rank
+        assert r["skip"]["merged"] == [visited, skipped], (r["skip"], visited, skipped)
+    if mode == "ulysses":
+        assert ranks[0]["skip"]["merged_sparsity"] == ranks[0]["skip"]["one_sparsity"]
     if mode == "ulysses":  # the whole sequence per head: the same decisions
         assert skipped == one[1], (skipped, one)
     else:
