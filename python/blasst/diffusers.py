@@ -375,10 +375,8 @@ def _first_chunk_lse(lse, seed):
     out is 0): every row keeps the tile that reaches its seed (its delta there is >= 0), so the
     merged LSE is >= the seed and this stand-in weighs at most e^-20 (2e-9) of the row's merged
     result, below the float32 rounding of the merge itself (blasst's LSE is float32)."""
-    import torch
+    import torch  # (no test of empty.any(): that would be a host sync per call on CUDA)
     empty = torch.isneginf(lse) & torch.isfinite(seed)
-    if not bool(empty.any()):
-        return lse
     return torch.where(empty, (seed - EMPTY_FIRST_CHUNK_NATS).to(lse.dtype), lse)
 
 
