@@ -44,26 +44,17 @@ MODES = {"ulysses": lambda w: dict(ulysses_degree=w), "ring": lambda w: dict(rin
 def _model_and_inputs(args, device):
     import bench_wan as bw
     import torch.nn.functional as F
-    if args.cpu_check:  # a tiny Wan: 2 heads x 16, float32
-        from diffusers import WanTransformer3DModel
-        torch.manual_seed(0)
-        m = WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16,
-                                  in_channels=4, out_channels=4, text_dim=32, freq_dim=32, ffn_dim=64,
-                                  num_layers=2, rope_max_seq_len=64).eval()
-        with torch.no_grad():
-            for blk in m.blocks:
-                a = blk.attn1
-                a.to_k.weight.copy_(a.to_q.weight)
-                a.to_k.bias.copy_(a.to_q.bias)
-                a.norm_q.weight.mul_(6.0)
-                a.norm_k.weight.copy_(a.norm_q.weight)
+    if args.cpu_check:  # a tiny Wan: 2 heads x 16, float32, 1,024 tokens
+        m = bw.model(2, device, 6.0, torch.float32, num_attention_heads=2, attention_head_dim=16,
+                     in_channels=4, out_channels=4, text_dim=32, freq_dim=32, ffn_dim=64,
+                     rope_max_seq_len=64)
         g = torch.Generator().manual_seed(7)
         shape = (1, 4, 2, 32, 64)
         low = torch.randn(1, 4, 2, 4, 4, generator=g)
         x = F.interpolate(low, size=shape[2:], mode="trilinear", align_corners=True)
         x = x + 0.1 * torch.randn(*shape, generator=g)
         enc = torch.randn(1, 8, 32, generator=g)
-        return m.to(device), x.to(device), enc.to(device), 2 * 16 * 32
+        return m, x.to(device), enc.to(device), 2 * 16 * 32
     m = bw.model(args.layers, device, args.qk_gain)
     x, enc = bw.inputs(device)
     return m, x, enc, bw.LATENT[2] * (bw.LATENT[3] // 2) * (bw.LATENT[4] // 2)
@@ -155,13 +146,15 @@ def _worker(rank, args, init_file):
         lams[target] = 10 ** hi
     configs = [(p, "peer", p) for p in peers] + [("blasst dense", "dense", None)] + \
         [(f"skip {t:.0%}", "skip", lams[t]) for t in args.targets]
+    def outputs(m, step, cfgs, reduce):
+        """name -> (output, sparsity, fallbacks) of each configuration (statistics on)."""
+        return {name: (run_peer(m, step, lam), 0.0, {}) if kind == "peer" else
+                measure(step, m, lam, reduce) for name, kind, lam in cfgs}
+
+    lam_of = {name: None if kind == "peer" else lam for name, kind, lam in configs}
     one = {}
-    for name, kind, lam in configs:
-        if kind == "peer":
-            out, sp, fb = run_peer(m1, step1, lam), 0.0, {}
-        else:
-            out, sp, fb = measure(step1, m1, lam, False)
-        one[name] = dict(out=out, sparsity=sp, fallbacks=fb, lam=lam,
+    for name, (out, sp, fb) in outputs(m1, step1, configs, False).items():
+        one[name] = dict(out=out, sparsity=sp, fallbacks=fb, lam=lam_of[name],
                          rel_err_native=float((out - ref_native).norm() / ref_native.norm()))
     def timed_config(m, step, kind, lam):
         if kind == "peer":
@@ -195,14 +188,11 @@ def _worker(rank, args, init_file):
         # diffusers' "native" backend has no LSE, so no ring (on the CPU check: no peer there)
         mode_configs = [c for c in configs if not (c[2] == "native" and cfg.ring_degree > 1)]
         rows = {}
-        for name, kind, lam in mode_configs:
-            if kind == "peer":
-                out, sp, fb = run_peer(m, step, lam), 0.0, {}
-            else:
-                out, sp, fb = measure(step, m, lam, True)
+        for name, (out, sp, fb) in outputs(m, step, mode_configs, True).items():
             rows[name] = dict(sparsity=sp, fallbacks=fb,
                               rel_err_one=float((out - one[name]["out"]).norm() /
                                                 one[name]["out"].norm()))
+        for name, kind, lam in mode_configs:
             if kind == "skip" and cfg.ring_degree > 1:  # the same ring without seeds
                 seed_fn = bd._ring_seed
                 bd._ring_seed = lambda q, k, scale, skip, cp: torch.full(

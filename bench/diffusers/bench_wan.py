@@ -34,11 +34,14 @@ LATENT = (1, 16, 21, 60, 104)
 TEXT = (1, 512, 4096)
 
 
-def model(layers, device, qk_gain):
+def model(layers, device, qk_gain, dtype=torch.bfloat16, **dims):
+    """The Wan-like model (dims: WanTransformer3DModel arguments over the defaults here)."""
     torch.manual_seed(0)
-    m = WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=HEADS, attention_head_dim=HEAD_DIM,
-                              in_channels=16, out_channels=16, text_dim=4096, freq_dim=256, ffn_dim=8960,
-                              num_layers=layers).eval()
+    args = dict(patch_size=(1, 2, 2), num_attention_heads=HEADS, attention_head_dim=HEAD_DIM,
+                in_channels=16, out_channels=16, text_dim=4096, freq_dim=256, ffn_dim=8960,
+                num_layers=layers)
+    args.update(dims)
+    m = WanTransformer3DModel(**args).eval()
     with torch.no_grad():
         for blk in m.blocks:
             a = blk.attn1
@@ -46,7 +49,7 @@ def model(layers, device, qk_gain):
             a.to_k.bias.copy_(a.to_q.bias)
             a.norm_q.weight.mul_(qk_gain)
             a.norm_k.weight.copy_(a.norm_q.weight)
-    return m.to(device=device, dtype=torch.bfloat16)
+    return m.to(device=device, dtype=dtype)
 
 
 def inputs(device):

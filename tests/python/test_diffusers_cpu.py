@@ -28,14 +28,18 @@ DENSE_ATOL = 5e-6
 SHARPEN = 4.0                # scales q and k (RMSNorm weights): peaked attention, as trained DiTs
 
 
-def tiny_wan(seed, dtype=torch.float64, sharpen=SHARPEN):
+def local_wan(seed=0, dtype=torch.float64, sharpen=SHARPEN, device="cpu", **dims):
     """A random-weight Wan transformer whose self-attention has the locality of trained DiTs:
-    keys share the queries' projection (q_i . k_i large) and q, k are scaled up, so smooth
-    latents give attention that falls off with distance and whole key tiles can be skipped."""
+    keys share the queries' projection (q_i . k_i large) and q, k are scaled up (sharpen), so
+    smooth latents give attention that falls off with distance and whole key tiles can be
+    skipped. dims: WanTransformer3DModel arguments over this tiny default (2 heads x 16, 2
+    layers), e.g. the GPU tests' head_dim 128."""
     torch.manual_seed(seed)
-    m = WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16,
-                              in_channels=4, out_channels=4, text_dim=32, freq_dim=32, ffn_dim=64,
-                              num_layers=2, rope_max_seq_len=64).eval().to(dtype)
+    args = dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16,
+                in_channels=4, out_channels=4, text_dim=32, freq_dim=32, ffn_dim=64,
+                num_layers=2, rope_max_seq_len=64)
+    args.update(dims)
+    m = WanTransformer3DModel(**args).eval()
     with torch.no_grad():
         for blk in m.blocks:
             a = blk.attn1
@@ -43,7 +47,11 @@ def tiny_wan(seed, dtype=torch.float64, sharpen=SHARPEN):
             a.to_k.bias.copy_(a.to_q.bias)
             a.norm_q.weight.mul_(sharpen)
             a.norm_k.weight.copy_(a.norm_q.weight)
-    return m
+    return m.to(device=device, dtype=dtype)
+
+
+def tiny_wan(seed, dtype=torch.float64, sharpen=SHARPEN):
+    return local_wan(seed, dtype, sharpen)
 
 
 def smooth_latents(dtype=torch.float64, seed=7, shape=LATENT):

@@ -14,7 +14,7 @@ diffusers = pytest.importorskip("diffusers")
 
 import blasst  # noqa: E402
 import blasst.diffusers as bd  # noqa: E402
-from diffusers import WanTransformer3DModel  # noqa: E402
+from test_diffusers_cpu import local_wan  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -45,20 +45,9 @@ def cuda():
 
 
 def wan(device):
-    """Random weights with DiT-like locality (keys share the queries' projection, q and k scaled
-    up; see test_diffusers_cpu.tiny_wan)."""
-    torch.manual_seed(0)
-    m = WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=128,
-                              in_channels=4, out_channels=4, text_dim=64, freq_dim=64,
-                              ffn_dim=512, num_layers=2, rope_max_seq_len=1024).eval()
-    with torch.no_grad():
-        for blk in m.blocks:
-            a = blk.attn1
-            a.to_k.weight.copy_(a.to_q.weight)
-            a.to_k.bias.copy_(a.to_q.bias)
-            a.norm_q.weight.mul_(4.0)
-            a.norm_k.weight.copy_(a.norm_q.weight)
-    return m.to(device=device, dtype=torch.bfloat16)
+    """Random weights with DiT-like locality (test_diffusers_cpu.local_wan), head dim 128."""
+    return local_wan(0, torch.bfloat16, 4.0, device, attention_head_dim=128, text_dim=64,
+                     freq_dim=64, ffn_dim=512, rope_max_seq_len=1024)
 
 
 def latents(device):
