@@ -94,3 +94,35 @@ def test_seed_max_errors():
                    np.full((1, 2, 100), 1000.0))
     assert st["skipped"] == st["visited"] > 0
     assert (o == 0).all() and np.isneginf(l).all()
+
+
+@pytest.mark.gpu
+def test_cuda_seeded_chunks_match_the_reference():
+    """The CUDA prefill kernel through blasst.attention(seed_max=) (float32 seeds on the device,
+    what every CUDA ring of blasst.diffusers passes): per K/V chunk of a 2-chunk ring, the skipped
+    pairs, the recorded skip set (bit for bit) and out / LSE against the CPU reference on the
+    same bf16 values with the same seeds."""
+    if not (torch.cuda.is_available() and blasst.cuda_available()):
+        pytest.skip("GPU test: needs a CUDA device and blasst built with the kernels")
+    from blasst import _calls
+    q, k, v = (torch.from_numpy(a).to(torch.bfloat16) for a in rh.sink_input(11, L=1024, d=64))
+    seed = t(rh.seed_tiles_max(q.double().numpy(), k.double().numpy()).astype(np.float32))
+    nat = blasst.SkipSoftmax(threshold=LAM, order="natural")
+    for sl in (slice(0, 512), slice(512, 1024)):
+        args = (q, k[:, sl].contiguous(), v[:, sl].contiguous())
+        st_c, st_g = {}, {}
+        o_c, l_c = blasst.attention(*(a.float() for a in args), skip=nat, return_lse=True,
+                                    stats=st_c, seed_max=seed)
+        o_g, l_g = blasst.attention(*(a.cuda() for a in args), skip=nat, return_lse=True,
+                                    stats=st_g, seed_max=seed.cuda())
+        assert st_c["skipped"] > 0 and st_g["skipped"] == st_c["skipped"], (sl, st_c, st_g)
+        assert st_g["visited"] == st_c["visited"]
+        assert float((o_g.float().cpu() - o_c).abs().max()) <= 2e-2, sl
+        fin = torch.isfinite(l_c)
+        assert torch.equal(torch.isfinite(l_g.cpu()), fin), sl  # rows that kept nothing: -inf
+        assert float((l_g.cpu()[fin] - l_c[fin]).abs().max()) <= 1e-2, sl
+        _, w_c = _calls.attention(*(a.float() for a in args), False, None, nat, None, None, None,
+                                  None, False, None, record_skip_set=True, seed_max=seed)
+        _, w_g = _calls.attention(*(a.cuda() for a in args), False, None, nat, None, None, None,
+                                  None, False, None, record_skip_set=True, seed_max=seed.cuda())
+        assert torch.equal(w_g.cpu(), w_c), sl
