@@ -18,8 +18,9 @@ Expected values and tolerances:
   the one-GPU skip run's order (<= 2x it + the bf16 tolerance).
 - direct ring (L = 2,048, 2 heads, d = 128, sink key): forward against per-chunk CPU reference
   calls with the SPEC §2a seeds (float64 from the bf16 values, ring_helpers.chunk_seed) merged by
-  LSE in float64; skipped pairs equal to those calls'; gradients against float64 autograd through
-  the skip sets the CUDA forward records per chunk (decoded by the test), merged by LSE.
+  LSE in float64; skipped pairs equal to those calls'; gradients against the float64 reference
+  backward per chunk with the skip set the CUDA forward records for it and the ring's merged out
+  and LSE, within 8 bf16 units of the largest entry (test_backward_cpu.py's bound).
 
     BLASST_REQUIRE_GPUS=2 python -m pytest tests/python/test_diffusers_cp_gpu.py -q -s
 """
@@ -196,32 +197,44 @@ def _worker(rank, init_file, out_dir):
     want, _ = rh.lse_merge(outs, lses)
     res["direct"] = {"err": float((got.cpu().double() - torch.from_numpy(want)).abs().max()),
                      "skipped": _counts(rec)[1], "want_skipped": want_skipped}
-    # gradients: the skip sets of the CUDA forward per chunk, float64 autograd through them
+    # gradients: against the float64 reference backward (blasst::attention_backward on CPU
+    # tensors) of each chunk, given the skip set the CUDA forward records for it and the ring's
+    # merged out (as the backward reads it: in the inputs' dtype) and LSE, summed over the chunks
+    # (dQ) and over the ranks' rows (dK, dV). Not float64 autograd from scratch: an oracle with
+    # the exact O differs by the bf16 rounding of O times |k|, which the sink amplifies past any
+    # relative bound (test_backward_cpu.py, the first H200 run).
+    from blasst import _torch_ops as ops
     leaves = [a[:, part].to(device).requires_grad_(True) for a in (q, k, v)]
     do = torch.randn(1, L, H, d, generator=torch.Generator().manual_seed(12)).to(dtype)
-    out = fn(*leaves, _parallel_config=pcfg)
+    out, lse = fn(*leaves, return_lse=True, _parallel_config=pcfg)  # lse (B, S, H)
     out.backward(do[:, part].to(device))
-    whole = [a.double().requires_grad_(True) for a in (q, k, v)]
-    refs_o, refs_l, skipped = [], [], 0
+    o_ex = out.detach().cpu().double()
+    l_ex = lse.detach().cpu().float().transpose(1, 2).contiguous()  # [B, H, S]
+    want = [torch.zeros(1, n, H, d, dtype=torch.float64)] + \
+        [torch.zeros(1, L, H, d, dtype=torch.float64) for _ in range(2)]
+    skipped = 0
     for c in chunks:
         _, words = _calls.attention(q[:, part].to(device), k[:, c].to(device), v[:, c].to(device),
                                     False, None, lam, None, None, None, None, True, None,
                                     record_skip_set=True, seed_max=seeds.to(device))
-        keep, ns = _keep_from_words(words, 1, H, n, n)
-        skipped += ns
-        o, lse = rh.masked_chunk(whole[0][:, part], whole[1][:, c], whole[2][:, c], keep)
-        refs_o.append(o)
-        refs_l.append(lse)
-    ref = rh.torch_merge(refs_o, refs_l)
-    ref.backward(do[:, part].double())
-    for tt in whole[1:]:
-        dist.all_reduce(tt.grad)
+        skipped += _keep_from_words(words, 1, H, n, n)[1]
+        dq, dk, dv = ops.backward_into(do[:, part].double(), q[:, part].double(),
+                                       k[:, c].double(), v[:, c].double(), o_ex, l_ex, None,
+                                       None, None, 0, 0, False, None, ops.skip_to_str(lam),
+                                       words.cpu())
+        want[0] += dq
+        want[1][:, c] += dk
+        want[2][:, c] += dv
+    for tt in want[1:]:
+        dist.all_reduce(tt)
+    want = [want[0], want[1][:, part], want[2][:, part]]
+    # bf16 P and dS in the tensor-core products, bf16 outputs: a few u = 2^-8 of the largest
+    # entry of the whole gradient (a key chunk that every row skipped has dK = dV = 0 on its rank)
     res["direct_grad"] = {
         "skipped": skipped,
-        # max error over the gradient's scale (the whole tensor's: a key chunk that every row
-        # skipped has dK = dV = 0 on its rank)
-        "rel": [float((a.grad.cpu().double() - b.grad[:, part]).abs().max() / b.grad.abs().max())
-                for a, b in zip(leaves, whole)],
+        "rel": [float((a.grad.cpu().double() - w).abs().max() / max(float(w.abs().max()), 1e-30))
+                for a, w in zip(leaves, want)],
+        "finite": all(bool(torch.isfinite(a.grad).all()) for a in leaves),
     }
     bd.disable(model)
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
@@ -258,4 +271,4 @@ def test_context_parallel_on_two_gpus(tmp_path):
         assert dd["want_skipped"] > 0 and dd["skipped"] == dd["want_skipped"], dd
         assert dd["err"] <= BF16_TOL, dd
         dg = res["direct_grad"]
-        assert dg["skipped"] > 0 and all(e <= BF16_TOL for e in dg["rel"]), dg
+        assert dg["skipped"] > 0 and dg["finite"] and all(e <= 8 * 2.0 ** -8 for e in dg["rel"]), dg
