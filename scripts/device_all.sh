@@ -6,7 +6,7 @@
 # benchmark; optionally GPU mutants (MUTANTS="name ...") and the eager host overhead (EAGER=1).
 # Logs under $OUT; a short table last. Full benchmarks: scripts/device_{prefill,decode}.sh.
 # Carry .deps/cutlass, .deps/include and .deps/googletest (scripts/bootstrap.sh makes them), and
-# .deps/wheels for the diffusers tests.
+# .deps/wheels for the diffusers tests (scripts/device_wheels.sh makes it).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/device_all}
@@ -33,7 +33,7 @@ SUMMARY+=("ctest: rc=$rc ($(( $(date +%s) - t0 )) s): $(grep -E 'tests passed' "
 SUMMARY+=("  skipped: $(grep -c '(Skipped)' "$OUT/ctest.log")  failed: $(grep -E '\(Failed\)|\(Timeout\)|Exception' "$OUT/ctest.log" | tr '\n' ' ')")
 
 # Python wheels the GPU machine lacks (it has no network): carried in .deps/wheels (made here with
-# `pip download --no-deps diffusers==<pin> importlib_metadata zipp pillow -d .deps/wheels`), each
+# scripts/device_wheels.sh: diffusers at the pin, importlib_metadata, zipp, pillow for py3.12), each
 # installed only when its module is missing.
 if [ -d .deps/wheels ]; then
   for w in .deps/wheels/*.whl; do

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # On a machine with 2+ GPUs (issue 20; a device call of kind nvidia-h100-x2 / nvidia-h200-x2 or
-# larger, carrying .deps/cutlass, .deps/include and .deps/wheels): build blasst._core with the
+# larger, carrying .deps/cutlass, .deps/include and .deps/wheels from scripts/bootstrap.sh and
+# scripts/device_wheels.sh): build blasst._core with the
 # sm_90a kernels (CMake, no pip, no network), install the carried diffusers wheels, run the
 # multi-GPU test (BLASST_REQUIRE_GPUS=2: a skip is a failure), the one-GPU seeded-maxima GPU test
 # of the prefill kernel, then bench/diffusers/bench_cp.py on every GPU. Logs and tables under $OUT
