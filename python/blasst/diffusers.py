@@ -405,7 +405,10 @@ def _cp_ops(route, parallel_config, recording):
         query, key, value = (_api._plain(x, n) for x, n in ((query, "query"), (key, "key"),
                                                              (value, "value")))
         grad = any(getattr(ctx, "needs_input_grad", (False,))[:3])
-        if _save_ctx:
+        # the first call of this templated forward: the rank's own chunk on a ring (_save_ctx;
+        # diffusers' Ulysses-anything loop passes _save_ctx=False to its only call)
+        first = not hasattr(ctx, "blasst_sets")
+        if first:
             ctx.blasst_sets = []  # per call: the skip set its forward recorded
             ctx.blasst_next = 0   # the next call the backward takes
             # seeds only where the skip test runs (not dense, not held off by timestep gating:
@@ -427,9 +430,9 @@ def _cp_ops(route, parallel_config, recording):
                                       seed_max=ctx.blasst_seed)
             if recording:
                 _record(stats, None)
+        if first and ctx.blasst_seed is not None:
+            lse = _first_chunk_lse(lse, ctx.blasst_seed)
         if _save_ctx:
-            if ctx.blasst_seed is not None:
-                lse = _first_chunk_lse(lse, ctx.blasst_seed)
             ctx.save_for_backward(query, key, value, out, lse)
             ctx.blasst_causal, ctx.blasst_scale = bool(is_causal), scale
         lse_sh = lse.transpose(1, 2)  # [B, H, S] -> (B, S, H)

@@ -26,16 +26,18 @@ dist = pytest.importorskip("torch.distributed")
 mp = pytest.importorskip("torch.multiprocessing")
 
 SHAPE = (1, 4, 2, 32, 64)  # latents -> 2 x 16 x 32 = 1024 tokens (8 tiles of 128)
-# mode -> (ring degree, Ulysses degree); processes = their product. ring_anything: diffusers'
-# ring for chunks of unequal lengths (the direct calls give the ranks 320 and 192 rows)
-MODES = {"ulysses": (1, 2), "ring": (2, 1), "unified": (2, 2), "ring_anything": (2, 1)}
+# mode -> (ring degree, Ulysses degree); processes = their product. *_anything: diffusers' loops
+# for chunks of unequal lengths (the direct calls give the ranks 320 and 192 rows)
+MODES = {"ulysses": (1, 2), "ring": (2, 1), "unified": (2, 2), "ring_anything": (2, 1),
+         "ulysses_anything": (1, 2)}
 
 
 def _cp_config(mode):
     from diffusers.models._modeling_parallel import ContextParallelConfig
     ring, ulysses = MODES[mode]
     return ContextParallelConfig(ring_degree=ring, ulysses_degree=ulysses,
-                                 ring_anything=mode == "ring_anything")
+                                 ring_anything=mode == "ring_anything",
+                                 ulysses_anything=mode == "ulysses_anything")
 
 
 def _worker(rank, init_file, out_dir, mode):
@@ -96,7 +98,7 @@ def _worker(rank, init_file, out_dir, mode):
     qn, kn, vn = rh.sink_input(31, L=L, H=2, d=64)  # a sink key 0: far tiles are skipped
     q, k, v = (torch.from_numpy(a).double() for a in (qn, kn, vn))
     do = torch.randn(q.shape, generator=torch.Generator().manual_seed(12), dtype=torch.float64)
-    cuts = [0, 320, L] if mode == "ring_anything" else [i * L // world for i in range(world + 1)]
+    cuts = [0, 320, L] if mode.endswith("_anything") else [i * L // world for i in range(world + 1)]
     parts = [slice(cuts[i], cuts[i + 1]) for i in range(world)]
     part = parts[rank]  # this rank's rows (the model layout's split)
     n = part.stop - part.start
@@ -180,8 +182,8 @@ def _worker(rank, init_file, out_dir, mode):
     # gradients through the templated autograd.Function and our backward op. Expected: torch
     # autograd through a float64 masked softmax per key chunk, the keep mask decoded from the
     # skip set that chunk's call records (with the seeds on a ring), merged by LSE.
-    # (diffusers 0.42.1 has no backward for its ring_anything: NotImplementedError)
-    grad_cases = () if mode == "ring_anything" else \
+    # (diffusers 0.42.1 has no backward for its *_anything loops: NotImplementedError)
+    grad_cases = () if mode.endswith("_anything") else \
         (("grad_dense", blasst.SkipSoftmax.dense()), ("grad_skip", lam_skip))
     for case, setting in grad_cases:
         handle, fn = backend(setting)
@@ -229,6 +231,7 @@ def _launch(tmp_path, mode):
 @pytest.mark.parametrize("mode", list(MODES))
 def test_context_parallel_matches_one_process(tmp_path, mode):
     ranks = _launch(tmp_path, mode)
+    ulysses = MODES[mode][0] == 1  # no ring: every rank attends over the whole sequence
     # block 0's self-attention pairs over the ranks (each rank: a subset of the heads under
     # Ulysses, of the rows under the ring) against the one-process run's
     one = ranks[0]["skip"]["one"]
@@ -237,9 +240,9 @@ def test_context_parallel_matches_one_process(tmp_path, mode):
     assert visited == one[0], (visited, one)
     for r in ranks:  # StatsRecorder.merged: the same sums on every rank
         assert r["skip"]["merged"] == [visited, skipped], (r["skip"], visited, skipped)
-    if mode == "ulysses":
+    if ulysses:
         assert ranks[0]["skip"]["merged_sparsity"] == ranks[0]["skip"]["one_sparsity"]
-    if mode == "ulysses":  # the whole sequence per head: the same decisions
+    if ulysses:  # the whole sequence per head: the same decisions
         assert skipped == one[1], (skipped, one)
     else:
         # Seeded chunks skip on their own running maxima (seed + the chunk's own tiles), so the
@@ -259,31 +262,31 @@ def test_context_parallel_matches_one_process(tmp_path, mode):
         # Ulysses with skipping: the same skip decisions as one process, so the same bound.
         # (A ring's chunks skip on their own, seeded: its skip output is checked exactly against
         # its own construction below, fwd_skip.)
-        for case in ("dense", "skip") if mode == "ulysses" else ("dense",):
+        for case in ("dense", "skip") if ulysses else ("dense",):
             r = res[case]
             assert r["max_abs"] <= 5e-6 * max(1.0, r["scale"]), (mode, rank, case, r)
         assert res["skip"]["one"][1] > 0, ("the one-process run skipped nothing", res["skip"])
         assert res["skip"]["finite"] and res["dense"]["finite"], (mode, rank, res["skip"])
-        if mode != "ulysses":
+        if not ulysses:
             # the seeded ring's skip error against the dense output: of the one-process run's
             # order (it skips other pairs, SPEC §2a): at most twice it, printed for the record
             one_err, par_err = res["skip"]["err_dense"]
             print(f"[{mode}, model] rank {rank}: skip error vs dense {par_err:.2e}, one process "
                   f"{one_err:.2e}")
             assert 0 < one_err and par_err <= 2 * one_err, (mode, rank, res["skip"])
-        if mode != "ulysses":  # the library's seeds are the SPEC's (float64: to rounding)
+        if not ulysses:  # the library's seeds are the SPEC's (float64: to rounding)
             assert res["seed_err_64"] <= 1e-12 and res["seed_err_48"] <= 1e-12, res
             assert all(f > 0.1 for f in res["seed_own"]), res  # own tiles decided some seeds
             assert res["seed_dtype"][0] == "torch.float32" and res["seed_dtype"][1] <= 1e-4, res
         f = res["fwd_skip"]
         assert f["skipped_one"] > 0, f
         assert f["err"] <= 1e-5, (mode, rank, f)  # diffusers merges the ring in float32
-        if mode != "ulysses":  # the seeds are what lets a chunk without the sink skip (SPEC §2a)
+        if not ulysses:  # the seeds are what lets a chunk without the sink skip (SPEC §2a)
             assert f["skipped"] > f["skipped_unseeded"], f
             print(f"[{mode}, direct] rank {rank}: seeded {f['skipped']} of {f['visited']}, "
                   f"unseeded {f['skipped_unseeded']}; one process {f['skipped_one']} of "
                   f"{f['visited_one']}")
-        if mode == "ring_anything":
+        if mode.endswith("_anything"):
             continue
         assert res["grad_skip"]["skipped"] > 0 and res["grad_dense"]["skipped"] == 0, res
         for case in ("grad_dense", "grad_skip"):
