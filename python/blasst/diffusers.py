@@ -317,9 +317,9 @@ def _ring_seed(query, key, scale, skip, cp):
     first row of its vote group), in lse's layout [B, H, S] and units: float64 for float64
     tensors, else float32 (the kernels' seeds; scores from float32 copies of q and k). Computed
     once per call, before the first chunk; every chunk's call starts its running maxima there.
-    The own tiles are scored tile by tile in one batched
-    product when tile_keys is a multiple of vote_rows (every row of a tile then has that tile as
-    its own), else per run of rows sharing an own tile."""
+    The own tiles are scored in one batched product per block of rows when tile_keys is a
+    multiple of vote_rows (every row of a tile then has that tile as its own), else per run of
+    rows sharing an own tile."""
     import torch
     tile, rows = skip.tile_keys, skip.vote_rows
     acc = torch.float64 if query.dtype == torch.float64 else torch.float32
