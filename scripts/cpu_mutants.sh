@@ -78,6 +78,10 @@ ROWS=(
   "g4-decode-accepts-q-len-9|_core|$PYT tests/python/test_decode_cpu.py -k q_len_8_is_the_largest_decode"
   "g5-config-gate-ignored|_core|$PYT tests/python/test_config_cpu.py -k config_drives_attention"
   "g6-config-prefill-uses-decode-fit|_core|$PYT tests/python/test_config_cpu.py -k config_drives_attention"
+  "k1-reference-times-reciprocal-of-l|test_reference_seed|$T/reference/test_reference_seed --gtest_filter=SeedMax.SeedFarAboveARowOfAKeptGroupGivesItsSoftmax"
+  "k2-ring-first-chunk-lse-minus-inf|_core|$PYT tests/python/test_diffusers_cp_cpu.py -k ring"
+  "k3-ring-training-unseeded|_core|$PYT tests/python/test_diffusers_cp_cpu.py -k ring"
+  "k4-ring-seed-own-tile-by-row|_core|$PYT tests/python/test_diffusers_cp_cpu.py -k ring"
 )
 
 SELECTED=("$@")
