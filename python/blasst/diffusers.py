@@ -29,7 +29,7 @@ pipeline scheduler's, else 1000; give 1 for pipelines that pass sigma in [0, 1],
 Calls blasst cannot serve run diffusers' own backend for that processor (the one it had before,
 or the dispatcher's active one), counted per reason in ``Enabled.fallbacks``: attention masks,
 dropout, context parallelism on a diffusers without the templated loops, inputs that need gradients
-outside context parallelism, unsupported dtypes,
+inside blasst.calibration.record(), unsupported dtypes,
 head dims or devices, mixed head counts without enable_gqa. Nothing is silently wrong.
 
 Context parallelism (``enable_parallelism`` with a ContextParallelConfig): diffusers' templated
@@ -205,9 +205,10 @@ def unsupported_reason(query, key, value, attn_mask=None, dropout_p=0.0, enable_
     ts = (query, key, value)
     if not all(isinstance(x, torch.Tensor) for x in ts) or any(x.dim() != 4 for x in ts):
         return "shape"
-    # (Under context parallelism diffusers' autograd.Function records the call and runs the
-    # backward through _cp_ops' backward_op.)
-    if parallel_config is None and torch.is_grad_enabled() and any(x.requires_grad for x in ts):
+    # Inputs that need gradients run blasst's differentiable op (SPEC §9; under context
+    # parallelism diffusers' autograd.Function and _cp_ops' backward_op), except inside
+    # blasst.calibration.record(), whose probe needs the statistics autograd's op path leaves out.
+    if parallel_config is None and _needs_grad(ts) and _recording.calibration() is not None:
         return "autograd"
     if query.dtype != key.dtype or query.dtype != value.dtype:
         return "dtype"
@@ -233,6 +234,16 @@ def unsupported_reason(query, key, value, attn_mask=None, dropout_p=0.0, enable_
     else:
         return "device"
     return None
+
+
+def _needs_grad(ts) -> bool:
+    import torch
+    return torch.is_grad_enabled() and any(x.requires_grad for x in ts)
+
+
+# what a StatsRecorder counts for a call that ran under autograd (blasst.attention takes no
+# stats= there): a blasst call without statistics
+_NO_STATS = {"gated": False, "visited": 0, "skipped": 0}
 
 
 def _backend_fn(route: _Route):
@@ -267,7 +278,8 @@ def _backend_fn(route: _Route):
         if cal is not None:
             skip, stats = cal.probe, cal.new_stats()
         else:
-            skip, stats = route.skip, ({} if recording else None)
+            grad = _needs_grad((query, key, value))
+            skip, stats = route.skip, ({} if recording and not grad else None)
         res = _api.attention(query, key, value, causal=bool(is_causal), scale=scale,
                              skip=skip, return_lse=bool(return_lse), stats=stats)
         if not compiling:
@@ -278,7 +290,7 @@ def _backend_fn(route: _Route):
             cal.add(route.component, layer[len(prefix):] if layer.startswith(prefix) else layer,
                     "prefill", query.shape[1], key.shape[1], bool(is_causal), stats)
         if recording:
-            _record(_recording.stats_counts(stats), None)
+            _record(_NO_STATS if stats is None else _recording.stats_counts(stats), None)
         return res  # out [B, S, H, dv]; with return_lse (out, lse [B, H, S]) like the flash backend
 
     return blasst_attention
