@@ -82,6 +82,7 @@ ROWS=(
   "k2-ring-first-chunk-lse-minus-inf|_core|$PYT tests/python/test_diffusers_cp_cpu.py -k ring"
   "k3-ring-training-unseeded|_core|$PYT tests/python/test_diffusers_cp_cpu.py -k ring"
   "k4-ring-seed-own-tile-by-row|_core|$PYT tests/python/test_diffusers_cp_cpu.py -k ring"
+  "k5-diffusers-training-falls-back|_core|$PYT tests/python/test_diffusers_cpu.py -k training_runs_through_blasst"
 )
 
 SELECTED=("$@")
