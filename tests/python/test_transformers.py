@@ -117,6 +117,31 @@ def test_cpu_dense_logits_match_sdpa():
     assert rec.sparsity() == 0.0
 
 
+@pytest.mark.parametrize("length", [40, 6])
+def test_cpu_training_step_matches_sdpa(length):
+    """A training step (loss.backward()) through attn_implementation="blasst": every parameter's
+    gradient equals SDPA's (float32, reference engine). At 6 tokens a no-grad call would be a
+    decode step (q_len <= 8, blasst.decode, which has no gradient): under autograd it runs the
+    differentiable blasst.attention, so the attention weights get their gradients too."""
+    ids = torch.randint(0, 512, (2, length), generator=torch.Generator().manual_seed(3))
+
+    def grads(model):
+        model.train()
+        model.zero_grad()
+        model(input_ids=ids, labels=ids).loss.backward()
+        return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    want = grads(tiny_llama("sdpa", torch.float32, "cpu"))
+    with bt.record_stats() as rec:
+        got = grads(tiny_llama("blasst", torch.float32, "cpu"))
+    assert got.keys() == want.keys() and any("q_proj" in n for n in got)
+    for n in want:
+        torch.testing.assert_close(got[n], want[n], atol=1e-5, rtol=1e-4, msg=n)
+    # the calls went through blasst (prefill phase, no statistics under autograd)
+    assert set(rec.layers) == {f"model.layers.{i}.self_attn:prefill" for i in range(2)}
+    assert all(e["calls"] == 1 and e["visited"] == 0 for e in rec.layers.values()), rec.layers
+
+
 LAYER = "model.layers.{}.self_attn:prefill"
 
 
