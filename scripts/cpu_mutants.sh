@@ -83,6 +83,7 @@ ROWS=(
   "k3-ring-training-unseeded|_core|$PYT tests/python/test_diffusers_cp_cpu.py -k ring"
   "k4-ring-seed-own-tile-by-row|_core|$PYT tests/python/test_diffusers_cp_cpu.py -k ring"
   "k5-diffusers-training-falls-back|_core|$PYT tests/python/test_diffusers_cpu.py -k training_runs_through_blasst"
+  "k6-transformers-short-training-decodes|_core|$PYT tests/python/test_transformers.py -k training_step_matches_sdpa"
 )
 
 SELECTED=("$@")
