@@ -39,7 +39,7 @@ def _load_torch_ops():
 def _torch_route(q, k, v, differentiable: bool = True):
     """How a call with query q goes: None (not a torch tensor: blasst._calls), "op" (torch.compile
     traces the call: the custom op), "grad" (autograd records it: the custom op, whose backward is
-    registered, SPEC §9; never for a call that is not differentiable, i.e. decode) or "eager"
+    registered, SPEC §9; a call that is not differentiable, i.e. decode, raises instead) or "eager"
     (blasst._torch_eager). With torch imported, the first call loads the custom ops
     (torch.compile needs them registered before it traces)."""
     if _torch_ops is None:
@@ -50,8 +50,12 @@ def _torch_route(q, k, v, differentiable: bool = True):
         return None
     if _is_compiling():
         return "op"
-    if differentiable and _grad_enabled() and (q.requires_grad or (isinstance(k, _Tensor) and k.requires_grad)
+    if _grad_enabled() and (q.requires_grad or (isinstance(k, _Tensor) and k.requires_grad)
                             or (isinstance(v, _Tensor) and v.requires_grad)):
+        if not differentiable:  # a result without a gradient would be silently wrong there
+            raise ValueError("blasst.decode is not differentiable: autograd is recording and an "
+                             "input requires grad; call it under torch.no_grad() (or on detached "
+                             "tensors), or use blasst.attention, which is (SPEC §9)")
         return "grad"
     return "eager"
 

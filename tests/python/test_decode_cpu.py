@@ -97,3 +97,22 @@ def test_q_len_8_is_the_largest_decode(rng):
         with pytest.raises(ValueError, match=rf"^q_len: .* got q_len = {q_len}; use "
                                              r"blasst\.attention"):
             blasst.decode(q, kc, vc)
+
+
+def test_decode_under_autograd_is_a_clear_error():
+    """blasst.decode has no gradient: while autograd records a call whose input requires grad it
+    refuses (a detached result would be a silently wrong gradient); under torch.no_grad(), or on
+    detached tensors, the same call runs and equals the call without requires_grad."""
+    torch = pytest.importorskip("torch")
+    g = torch.Generator().manual_seed(9)
+    q = torch.randn(1, 1, 4, 32, generator=g)
+    k, v = (torch.randn(1, 200, 2, 32, generator=g) for _ in range(2))
+    want = blasst.decode(q, k, v)
+    qg = q.clone().requires_grad_(True)
+    with pytest.raises(ValueError, match="blasst.decode is not differentiable"):
+        blasst.decode(qg, k, v)
+    with pytest.raises(ValueError, match="not differentiable"):
+        blasst.decode(q, k.clone().requires_grad_(True), v)
+    with torch.no_grad():
+        assert torch.equal(blasst.decode(qg, k, v), want)
+    assert torch.equal(blasst.decode(qg.detach(), k, v), want)
