@@ -49,11 +49,11 @@ def _worker(rank, init_file, out_dir, mode):
 
     ring_degree, ulysses_degree = MODES[mode]
     world = ring_degree * ulysses_degree
-    torch.accelerator.device_count = lambda: 1  # CPU stands in for the accelerator (docstring)
-    # "cpu:gloo": diffusers gathers the ring_anything chunk sizes on the accelerator unless the
-    # backend string names the CPU
-    dist.init_process_group("cpu:gloo", init_method="file://" + init_file, rank=rank,
-                            world_size=world)
+    # CPU stands in for the accelerator (docstring): enable_parallelism asks for the count, the
+    # *_anything loops gather chunk sizes on the current accelerator
+    torch.accelerator.device_count = lambda: 1
+    torch.accelerator.current_accelerator = lambda *a, **k: torch.device("cpu")
+    dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank, world_size=world)
     blasst.set_num_threads(1)
     torch.set_num_threads(1)
     res = {}
