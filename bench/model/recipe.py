@@ -194,13 +194,19 @@ def copy_probe_seqs(stream, length, n, rng):
 
 
 class AnalysisAttn:
-    """Explicit softmax (float32): sink mass (probability on key 0) and mass by distance."""
+    """Explicit softmax (float32): sink mass (probability on key 0), mass on document starts
+    (BOS keys, key 0 included: a model that sinks into each document's first token rather than
+    the sequence's shows it here, not in the sink mass) and mass by distance. bos_mask: [N, L]
+    bool, key j of the n-th sequence (in the order eval_loss feeds them) is a BOS."""
 
-    def __init__(self, n_layers, length, tile):
+    def __init__(self, n_layers, length, tile, bos_mask=None):
         self.n_layers, self.L, self.tile = n_layers, length, tile
         nb = int(math.floor(math.log2(length))) + 1
         self.nb = nb
         self.sink = [0.0] * n_layers
+        self.bos_mask = bos_mask
+        self.bos = [0.0] * n_layers
+        self._row = self._next = 0  # rows of bos_mask in the current batch (advanced at layer 0)
         self.by_log2 = [[0.0] * (nb + 1) for _ in range(n_layers)]
         self.by_tile = [[0.0] * (length // tile + 1) for _ in range(n_layers)]
         self.rows = [0] * n_layers
@@ -215,6 +221,10 @@ class AnalysisAttn:
         b_log = torch.where(dist > 0, torch.floor(torch.log2(dist.clamp(min=1).float())).long() + 1,
                             torch.zeros_like(dist)).clamp(max=self.nb)
         b_tile = ((i[:, None] // self.tile) - (i[None, :] // self.tile)).clamp(min=0)
+        if layer == 0:
+            self._row, self._next = self._next, self._next + B
+        isbos = None if self.bos_mask is None else torch.as_tensor(
+            self.bos_mask[self._row:self._row + B, :L], device=dev, dtype=torch.float32)
         outs = []
         for h in range(Hq):
             qh = q[:, :, h].float()
@@ -224,6 +234,8 @@ class AnalysisAttn:
             s = s.masked_fill(~causal, float("-inf"))
             p = torch.softmax(s, dim=-1)
             outs.append((p @ vh).to(q.dtype))
+            if isbos is not None:
+                self.bos[layer] += float((p * isbos[:, None, :]).sum())
             ps = p.sum(0)  # [L, L]
             self.sink[layer] += float(ps[:, 0].sum())
             self.by_log2[layer] = (torch.tensor(self.by_log2[layer], device=dev) + torch.zeros(
@@ -239,6 +251,7 @@ class AnalysisAttn:
         for l in range(self.n_layers):
             n = max(self.rows[l], 1)
             r.append({"sink_mass": self.sink[l] / n,
+                      "bos_mass": None if self.bos_mask is None else self.bos[l] / n,
                       "mass_by_log2_distance": [x / n for x in self.by_log2[l]],
                       "mass_by_tile_distance": [x / n for x in self.by_tile[l]]})
         return r
@@ -765,13 +778,18 @@ def main(argv=None):
     # sink mass and attention mass by distance (explicit softmax, held-out)
     try:
         sl = min(P["sink_len"], ctx)
-        an = AnalysisAttn(cfg.n_layers, sl, P["tile"])
         s_seqs = held.seqs(sl, P["sink_seqs"], np.random.default_rng(args.seed + 2))
+        bos = s_seqs[:, :-1] == corpus.BOS  # the keys (input positions) that start a document
+        an = AnalysisAttn(cfg.n_layers, sl, P["tile"], bos_mask=bos)
         sink_loss = eval_loss(model, s_seqs, an, dev, mt)
         R["attention_analysis"] = {"length": sl, "seqs": P["sink_seqs"], "loss": sink_loss,
+                                   "bos_keys_per_seq": float(bos.sum(1).mean()),
                                    "layers": an.result()}
         log("sink mass per layer: " + " ".join(f"{l['sink_mass']:.3f}"
-                                              for l in R["attention_analysis"]["layers"]))
+                                              for l in R["attention_analysis"]["layers"]) +
+            "; mass on document starts (BOS keys, %.1f per sequence): " %
+            R["attention_analysis"]["bos_keys_per_seq"] +
+            " ".join(f"{l['bos_mass']:.3f}" for l in R["attention_analysis"]["layers"]))
     except Exception as e:
         R["errors"].append(f"attention analysis: {e!r}")
         log(f"attention analysis failed: {traceback.format_exc()}")

@@ -56,6 +56,10 @@ def markdown(R):
     if a:
         o.write(f"\nSink mass (mean probability on key 0, held-out, L = {a['length']}): " +
                 ", ".join(f"L{i} {l['sink_mass']:.3f}" for i, l in enumerate(a["layers"])) + "\n")
+        if a["layers"] and a["layers"][0].get("bos_mass") is not None:
+            o.write(f"\nMass on document starts (BOS keys, key 0 included; "
+                    f"{a.get('bos_keys_per_seq', float('nan')):.1f} per sequence): " +
+                    ", ".join(f"L{i} {l['bos_mass']:.3f}" for i, l in enumerate(a["layers"])) + "\n")
     if R["errors"]:
         o.write("\nErrors:\n" + "".join(f"- {e}\n" for e in R["errors"]))
     return o.getvalue()

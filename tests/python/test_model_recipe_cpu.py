@@ -88,6 +88,9 @@ def test_every_row_present_and_skipping_skips(tiny_run):
         assert abs(r["sparsity"] - r["target"]) < 0.2, r
     a = R["attention_analysis"]["layers"]
     assert len(a) == R["model"]["n_layers"] and all(0 <= l["sink_mass"] <= 1 for l in a)
+    # sequences start at a document start: key 0 is a BOS, so its mass is part of the BOS mass
+    assert R["attention_analysis"]["bos_keys_per_seq"] >= 1
+    assert all(l["sink_mass"] - 1e-6 <= l["bos_mass"] <= 1 + 1e-6 for l in a), a
     for l in a:
         assert abs(sum(l["mass_by_log2_distance"]) - 1.0) < 1e-3
         assert abs(sum(l["mass_by_tile_distance"]) - 1.0) < 1e-3
@@ -234,3 +237,20 @@ def test_decode_rows(tiny_run):
                 assert r["sparsity_per_layer"][l] == 0.0
     assert max(r["sparsity"] for r in cal) > 0.0
     assert "## Decode" in open(out / "results.md").read()
+
+
+def test_analysis_masses_of_uniform_attention():
+    """AnalysisAttn on q = 0 (uniform causal attention, p[i, j] = 1 / (i + 1) for j <= i):
+    sink mass = mean over rows of 1 / (i + 1); BOS mass with BOS keys {0, 5} adds 1 / (i + 1)
+    for the rows i >= 5 (the formulas, float64)."""
+    import recipe
+    L, B = 16, 2
+    an = recipe.AnalysisAttn(1, L, 4, bos_mask=__import__("numpy").zeros((B, L), bool))
+    an.bos_mask[:, [0, 5]] = True
+    q = torch.zeros(B, L, 2, 8)
+    k = torch.randn(B, L, 1, 8, generator=torch.Generator().manual_seed(0))
+    an(q, k, k, 0)
+    r = an.result()[0]
+    sink = sum(1 / (i + 1) for i in range(L)) / L
+    bos = sum((1 + (i >= 5)) / (i + 1) for i in range(L)) / L
+    assert abs(r["sink_mass"] - sink) < 1e-6 and abs(r["bos_mass"] - bos) < 1e-6, (r, sink, bos)
