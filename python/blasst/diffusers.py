@@ -435,6 +435,8 @@ def _cp_ops(route, parallel_config, recording):
                 None, record_skip_set=True, seed_max=ctx.blasst_seed)
             ctx.blasst_sets.append(query.new_empty((0,), dtype=torch.int32) if words is None
                                    else words)
+            if recording:  # (as outside context parallelism: a call without statistics)
+                _record(_NO_STATS, None)
         else:
             stats = {} if recording else None
             out, lse = _api.attention(query, key, value, causal=bool(is_causal), scale=scale,

@@ -188,8 +188,11 @@ def _worker(rank, init_file, out_dir, mode):
     for case, setting in grad_cases:
         handle, fn = backend(setting)
         leaves = [t[:, part].clone().requires_grad_(True) for t in (q, k, v)]
-        out = fn(*leaves, _parallel_config=pcfg)
+        with bd.record_stats() as rg:  # under autograd: blasst calls without statistics
+            out = fn(*leaves, _parallel_config=pcfg)
         out.backward(do[:, part])
+        rg_calls = sum(e["blasst"] for e in rg.layers.values())
+        rg_visited = sum(e["visited"] for e in rg.layers.values())
         whole = [t.clone().requires_grad_(True) for t in (q, k, v)]
         outs, lses, skipped = [], [], 0
         for c, (_, words) in zip(chunks, chunk_calls(setting, seeds if setting.enabled else None)):
@@ -211,6 +214,7 @@ def _worker(rank, init_file, out_dir, mode):
                      [float((a.grad - b.grad[:, part]).abs().max())
                       for a, b in zip(leaves[1:], whole[1:])],
             "scale": [float(b.grad.abs().max()) for b in whole], "skipped": skipped,
+            "recorded": [rg_calls, rg_visited],
         }
         bd.disable(model)
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
@@ -291,5 +295,6 @@ def test_context_parallel_matches_one_process(tmp_path, mode):
         assert res["grad_skip"]["skipped"] > 0 and res["grad_dense"]["skipped"] == 0, res
         for case in ("grad_dense", "grad_skip"):
             r = res[case]
+            assert r["recorded"] == [MODES[mode][0], 0], (mode, case, r)  # one call per chunk
             assert r["out"] <= 1e-5 and all(e <= 1e-5 * max(1.0, s) for e, s in
                                             zip(r["grads"], r["scale"])), (mode, rank, case, r)
