@@ -144,6 +144,11 @@ def _worker(rank, args, init_file):
             else:
                 hi = mid
         lams[target] = 10 ** hi
+    # every rank bisected the same model and inputs; rank 0's lambdas for all (bit-identical runs
+    # are likely but not guaranteed across GPUs)
+    shared = [lams]
+    dist.broadcast_object_list(shared, src=0)
+    lams = shared[0]
     configs = [(p, "peer", p) for p in peers] + [("blasst dense", "dense", None)] + \
         [(f"skip {t:.0%}", "skip", lams[t]) for t in args.targets]
     def outputs(m, step, cfgs, reduce):

@@ -126,6 +126,9 @@ def _worker(rank, init_file, out_dir):
         mid = 0.5 * (lo + hi)
         _, (v, s) = one_gpu(blasst.SkipSoftmax(threshold=10 ** mid, order="max_first"))
         lo, hi = (mid, hi) if s / v < 0.5 else (lo, mid)
+    shared = [hi]  # rank 0's bisection for every rank (the runs are likely, not surely, equal)
+    dist.broadcast_object_list(shared, src=0)
+    hi = shared[0]
     skip = blasst.SkipSoftmax(threshold=10 ** hi, order="max_first")
     skip1, (v1, s1) = one_gpu(skip)
     res["one"] = {"lambda": 10 ** hi, "sparsity": s1 / v1, "skip_err_dense": rel(skip1, dense1)}
