@@ -47,8 +47,18 @@ def calibrating(rec: Any) -> Iterator[Any]:
             _calibration.remove(rec)
 
 
+def needs_grad(*ts) -> bool:
+    """Whether autograd records a call on these tensors (grad mode on, one of them requires
+    grad): the integrations then run blasst's differentiable op, which takes no statistics."""
+    import torch
+    return torch.is_grad_enabled() and any(t.requires_grad for t in ts)
+
+
 def stats_counts(stats: Any) -> dict:
-    """The visited / skipped / gated counts the StatsRecorders read, from a dict or a SkipStats."""
+    """The visited / skipped / gated counts the StatsRecorders read, from a dict or a SkipStats;
+    None (a call that ran under autograd, without statistics): a blasst call with no pairs."""
+    if stats is None:
+        return {"visited": 0, "skipped": 0, "gated": False}
     if isinstance(stats, dict):
         return stats
     return {"visited": stats.total_visited, "skipped": stats.total_skipped,

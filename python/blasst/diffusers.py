@@ -208,7 +208,8 @@ def unsupported_reason(query, key, value, attn_mask=None, dropout_p=0.0, enable_
     # Inputs that need gradients run blasst's differentiable op (SPEC §9; under context
     # parallelism diffusers' autograd.Function and _cp_ops' backward_op), except inside
     # blasst.calibration.record(), whose probe needs the statistics autograd's op path leaves out.
-    if parallel_config is None and _needs_grad(ts) and _recording.calibration() is not None:
+    if parallel_config is None and _recording.needs_grad(*ts) and \
+            _recording.calibration() is not None:
         return "autograd"
     if query.dtype != key.dtype or query.dtype != value.dtype:
         return "dtype"
@@ -234,16 +235,6 @@ def unsupported_reason(query, key, value, attn_mask=None, dropout_p=0.0, enable_
     else:
         return "device"
     return None
-
-
-def _needs_grad(ts) -> bool:
-    import torch
-    return torch.is_grad_enabled() and any(x.requires_grad for x in ts)
-
-
-# what a StatsRecorder counts for a call that ran under autograd (blasst.attention takes no
-# stats= there): a blasst call without statistics
-_NO_STATS = {"gated": False, "visited": 0, "skipped": 0}
 
 
 def _backend_fn(route: _Route):
@@ -278,7 +269,7 @@ def _backend_fn(route: _Route):
         if cal is not None:
             skip, stats = cal.probe, cal.new_stats()
         else:
-            grad = _needs_grad((query, key, value))
+            grad = _recording.needs_grad(query, key, value)
             skip, stats = route.skip, ({} if recording and not grad else None)
         res = _api.attention(query, key, value, causal=bool(is_causal), scale=scale,
                              skip=skip, return_lse=bool(return_lse), stats=stats)
@@ -290,7 +281,7 @@ def _backend_fn(route: _Route):
             cal.add(route.component, layer[len(prefix):] if layer.startswith(prefix) else layer,
                     "prefill", query.shape[1], key.shape[1], bool(is_causal), stats)
         if recording:
-            _record(_NO_STATS if stats is None else _recording.stats_counts(stats), None)
+            _record(_recording.stats_counts(stats), None)
         return res  # out [B, S, H, dv]; with return_lse (out, lse [B, H, S]) like the flash backend
 
     return blasst_attention
@@ -436,7 +427,7 @@ def _cp_ops(route, parallel_config, recording):
             ctx.blasst_sets.append(query.new_empty((0,), dtype=torch.int32) if words is None
                                    else words)
             if recording:  # (as outside context parallelism: a call without statistics)
-                _record(_NO_STATS, None)
+                _record(_recording.stats_counts(None), None)
         else:
             stats = {} if recording else None
             out, lse = _api.attention(query, key, value, causal=bool(is_causal), scale=scale,

@@ -113,29 +113,17 @@ def skip_for(module, phase: str) -> Optional[SkipSoftmax]:
     return skip
 
 
-_NO_STATS = {"visited": 0, "skipped": 0}
-
-
-def _needs_grad(*ts) -> bool:
-    import torch
-    return torch.is_grad_enabled() and any(t.requires_grad for t in ts)
-
-
 def attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
                       **kwargs):
     """transformers attention function: query [B, Hq, Lq, d], key/value [B, Hk, Lk, d] (the whole
     cache) -> (out [B, Lq, Hq, dv], None)."""
-    if attention_mask is not None or (dropout and module.training) or \
-            kwargs.get("sliding_window") or kwargs.get("softcap"):
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
-        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling,
-                                      dropout=dropout, **kwargs)
     # Training (autograd records the call): blasst.attention's differentiable op (SPEC §9) for
     # every length (blasst.decode has no gradient), without statistics (the op takes none);
     # inside blasst.calibration.record(), whose probe needs them, transformers' SDPA runs.
-    grad = _needs_grad(query, key, value)
+    grad = _recording.needs_grad(query, key, value)
     cal = _recording.calibration()
-    if grad and cal is not None:
+    if attention_mask is not None or (dropout and module.training) or \
+            kwargs.get("sliding_window") or kwargs.get("softcap") or (grad and cal is not None):
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling,
                                       dropout=dropout, **kwargs)
@@ -164,7 +152,7 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
         if cal is not None:
             cal.add("default", name, phase, lq, lk, bool(is_causal), stats)
         if recording:  # (under autograd: a call without statistics)
-            counts = _NO_STATS if stats is None else _recording.stats_counts(stats)
+            counts = _recording.stats_counts(stats)
             with _lock:
                 for rec in _recorders:
                     rec.add(name, phase, counts)

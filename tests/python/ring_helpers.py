@@ -23,18 +23,9 @@ def sink_input(seed, L=1024, H=2, d=64):
 
 def seed_tiles_max(q, k, scale=None, rows=ROWS, tile=TILE):
     """[1, H, L] float64: per row, the max of scale * q.k over the sink tile 0 and the row's own
-    tile (the tile holding key r0, r0 = the first row of its vote group; full mask, Lq = Lk)."""
-    _, L, H, d = q.shape
-    scale = 1.0 / math.sqrt(d) if scale is None else scale
-    qd, kd = q[0].astype(np.float64), k[0].astype(np.float64)
-    out = np.empty((1, H, L))
-    for h in range(H):
-        s = (qd[:, h, :] @ kd[:, h, :].T) * scale  # [L, L]
-        for i in range(L):
-            own = (i // rows) * rows // tile
-            cols = np.r_[0:min(tile, L), own * tile:min((own + 1) * tile, L)]
-            out[0, h, i] = s[i, cols].max()
-    return out
+    tile (the tile holding key r0, r0 = the first row of its vote group; full mask, Lq = Lk): the
+    seeds of one call over the whole sequence (chunk_seed)."""
+    return chunk_seed(q, k, np.asarray(k)[:, :tile], rows, tile, scale)
 
 
 def chunk_seed(qc, kc, k_sink, rows=ROWS, tile=TILE, scale=None):
