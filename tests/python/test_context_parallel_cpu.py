@@ -103,7 +103,8 @@ def _worker(rank, init_file, out_dir):
              ring_out=seeded[0], ring_lse=seeded[1], counts=counts.numpy(), u_out=u_out,
              u_lse=u_lse, u_counts=torch.stack(parts_c).numpy())
     dist.barrier()
-    dist.destroy_process_group()
+    from mp_helpers import end_worker
+    end_worker()  # (the process ends here)
 
 
 def test_ring_and_ulysses_on_two_processes(tmp_path):

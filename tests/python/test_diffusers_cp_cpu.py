@@ -219,7 +219,8 @@ def _worker(rank, init_file, out_dir, mode):
         bd.disable(model)
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(res, f)
-    dist.destroy_process_group()
+    from mp_helpers import end_worker
+    end_worker()  # (the process ends here)
 
 
 def _launch(tmp_path, mode):

@@ -242,7 +242,8 @@ def _worker(rank, init_file, out_dir):
     bd.disable(model)
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(res, f)
-    dist.destroy_process_group()
+    from mp_helpers import end_worker
+    end_worker()  # (the process ends here)
 
 
 def test_context_parallel_on_two_gpus(tmp_path):
