@@ -267,17 +267,25 @@ struct Quantised {
   double scale = 0, norm = 0, qnorm = 0, err = 0;
 };
 
+// max |x_c| in float over a finite vector; -1 when an element is not finite (SPEC §2b: a vector with
+// a non-finite element has NaN codes and norms and takes no part in its tile's scale).
 template <class Acc>
-Quantised quantise(const Acc* x, i64 n, float* values) {
+float finite_abs_max(const Acc* x, i64 n) {
   float a = 0;
-  bool finite = true;
   for (i64 c = 0; c < n; ++c) {
     const float xf = static_cast<float>(x[c]);
-    finite = finite && std::isfinite(xf) && std::isfinite(x[c]);
+    if (!(std::isfinite(xf) && std::isfinite(x[c]))) return -1.0f;
     a = std::max(a, std::fabs(xf));
   }
+  return a;
+}
+
+// x quantised with the scale fp32(a / 448) (a: its own max |x_c| for a query row, the tile's for
+// a key; finite_abs_max's -1 makes the values and norms NaN).
+template <class Acc>
+Quantised quantise(const Acc* x, i64 n, float a, float* values) {
   Quantised r;
-  if (!finite) {
+  if (a < 0) {
     const float nan = std::numeric_limits<float>::quiet_NaN();
     for (i64 c = 0; c < n; ++c) values[c] = nan;
     r.scale = r.norm = r.qnorm = r.err = std::numeric_limits<double>::quiet_NaN();
@@ -393,7 +401,7 @@ class Engine {
     if (screen) {
       Q8_.assign(static_cast<size_t>(Rp * d), 0.0f);
       qq_.resize(R);
-      for (i64 ri = 0; ri < R; ++ri) qq_[ri] = quantise(&Q_[ri * d], d, &Q8_[ri * d]);
+      for (i64 ri = 0; ri < R; ++ri) qq_[ri] = quantise(&Q_[ri * d], d, finite_abs_max(&Q_[ri * d], d), &Q8_[ri * d]);
     }
     // Own tile for max_first: decode and causal: the last visible (diagonal) tile; full
     // attention: the tile holding key r0 * Lk / Lq.
@@ -588,8 +596,9 @@ class Engine {
     return static_cast<float>(delta8);
   }
 
-  // The FP8 copy of a K tile (transposed [d][Tp], padding 0), its keys' scales and the tile's
-  // norm maxima; cached per (sequence, KV head) like k_tile.
+  // The FP8 copy of a K tile (transposed [d][Tp], padding 0), its keys' scale (one per tile,
+  // SPEC §2b: the largest |k| of the tile's finite keys) and the tile's norm maxima; cached per
+  // (sequence, KV head) like k_tile.
   const float* k8_tile(const Task& t, i64 tile, i64 j0, i64 nk, i64 Tp) {
     const i64 d = v_.d;
     float* kt = &K8all_[static_cast<size_t>(tile * d * Tp)];
@@ -597,9 +606,15 @@ class Engine {
       k8row_.resize(d);
       double* sk = &SK_[static_cast<size_t>(tile * Tp)];
       KeyTileNorms mx;
+      float a_tile = 0;
       for (i64 jj = 0; jj < nk; ++jj) {
         load_row(krow_.data(), v_.kd, v_.k_off(t.b, j0 + jj, t.kh), v_.in_t, d);
-        const Quantised kq = quantise(krow_.data(), d, k8row_.data());
+        a_tile = std::max(a_tile, finite_abs_max(krow_.data(), d));
+      }
+      for (i64 jj = 0; jj < nk; ++jj) {
+        load_row(krow_.data(), v_.kd, v_.k_off(t.b, j0 + jj, t.kh), v_.in_t, d);
+        const float a_key = finite_abs_max(krow_.data(), d);
+        const Quantised kq = quantise(krow_.data(), d, a_key < 0 ? a_key : a_tile, k8row_.data());
         for (i64 c = 0; c < d; ++c) kt[c * Tp + jj] = k8row_[c];
         sk[jj] = kq.scale;
         mx.norm = running_max(mx.norm, kq.norm);

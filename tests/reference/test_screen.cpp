@@ -324,10 +324,16 @@ struct QuantRow {
   double scale = 0, norm = 0, qnorm = 0, err = 0;
 };
 
-QuantRow quant(const float* x, std::int64_t d) {
-  QuantRow r;
+float abs_max(const float* x, std::int64_t d) {
   float a = 0;
   for (std::int64_t c = 0; c < d; ++c) a = std::max(a, std::fabs(x[c]));
+  return a;
+}
+
+// x quantised with the scale fp32(a / 448): a = its own max |x| for a query row, the tile's for a
+// key (SPEC §2b).
+QuantRow quant(const float* x, std::int64_t d, float a) {
+  QuantRow r;
   const float s = a / 448.0f;
   r.scale = s;
   r.val.resize(d);
@@ -356,11 +362,18 @@ Recount recount_tight(const Dense& D, double lambda, double z, int rows, int T) 
   rc.skip.assign(H * groups, std::vector<bool>(ntiles, false));
   for (std::int64_t h = 0; h < H; ++h) {
     std::vector<QuantRow> kq(Lk);
-    for (std::int64_t j = 0; j < Lk; ++j) kq[j] = quant(&D.k[(j * H + h) * d], d);
+    for (std::int64_t j0 = 0; j0 < Lk; j0 += T) {  // one scale per tile of T keys
+      float a = 0;
+      for (std::int64_t j = j0; j < std::min(Lk, j0 + T); ++j) a = std::max(a, abs_max(&D.k[(j * H + h) * d], d));
+      for (std::int64_t j = j0; j < std::min(Lk, j0 + T); ++j) kq[j] = quant(&D.k[(j * H + h) * d], d, a);
+    }
     for (std::int64_t g = 0; g < groups; ++g) {
       const std::int64_t r0 = g * rows, nr = std::min<std::int64_t>(rows, L - r0);
       std::vector<QuantRow> qq(nr);
-      for (std::int64_t r = 0; r < nr; ++r) qq[r] = quant(&D.q[((r0 + r) * H + h) * d], d);
+      for (std::int64_t r = 0; r < nr; ++r) {
+        const float* q = &D.q[((r0 + r) * H + h) * d];
+        qq[r] = quant(q, d, abs_max(q, d));
+      }
       std::vector<double> m(nr, -kInfD);
       for (std::int64_t t = 0; t < ntiles; ++t) {
         const std::int64_t j0 = t * T, nk = std::min<std::int64_t>(T, Lk - j0);

@@ -62,12 +62,9 @@ struct ScreenArgs {
   // Per query row: {sq, |q|, |q~|, |eq|} (float4) at ((b * rows_q + token) * hq + h); ragged:
   // token = the flattened row, b = 0.
   const float* q_rows = nullptr;
-  // Per key: sk at (kh * sk_head + b * rows_k + token), padded by one tile (reads past the end
-  // of the last sequence stay inside; those keys are masked).
-  const float* k_scale = nullptr;
-  std::int64_t sk_head = 0;
-  // Per (sequence, KV head, key tile): {KN, KT, EK, 0} (float4) at ((b * hk + kh) * tiles + t);
-  // NaN when a key of the tile has a non-finite element (that tile is never screened).
+  // Per (sequence, KV head, key tile): {KN, KT, EK, sk} (float4) at ((b * hk + kh) * tiles + t),
+  // sk the tile's key scale (SPEC §2b: one per tile); KN, KT, EK NaN when a key of the tile has a
+  // non-finite element (that tile is never screened).
   const float* k_tiles = nullptr;
   int tiles = 0;  // key tiles of the longest sequence
   // Margin (raw-score units, SPEC §2b): strict (tight = false) or tight(z); gamma_{d+1}(u) of the

@@ -161,7 +161,6 @@ __device__ __forceinline__ void consumer_mainloop_screen(KernelParams<Traits> co
   Tensor tOrO_rc = make_tensor(tOrO.data(), acc_rowcol(tOrO.layout()));
   Tensor tOrP = make_tensor<Element>(acc_to_a(tSrS0.layout()));
   constexpr int kRows = decltype(size<0>(tSrS0_rc))::value;
-  constexpr int kCols8 = decltype(size<1>(tScS8_rc))::value;
 
   const int row0 = w.m_block * kBlockM;
   int row[kRows];
@@ -194,12 +193,6 @@ __device__ __forceinline__ void consumer_mainloop_screen(KernelParams<Traits> co
     }
   }
   const int hk = w.h / p.group;
-  // This thread's key scales: its accumulator columns are col0 plus compile-time offsets, so each
-  // tile's 32 loads are one 64-bit base and immediate offsets (a 64-bit index per load had cost
-  // three LEAs each: ncu, bench/RESULTS.md 2026-12-04).
-  const int col0 = int(get<1>(tScS8_rc(0, 0)));
-  const float* const sk_thr = sa.k_scale + std::int64_t(hk) * sa.sk_head +
-                              (ragged ? 0 : std::int64_t(w.b) * p.rows_k) + w.k_start + col0;
   const float4* const kt_seq =
       reinterpret_cast<const float4*>(sa.k_tiles) + (std::int64_t(w.b) * p.hk + hk) * sa.tiles;
 
@@ -219,12 +212,8 @@ __device__ __forceinline__ void consumer_mainloop_screen(KernelParams<Traits> co
   for (int n = 0; n < w.n_max; ++n) {
     const int tile = walk.tile();
     walk.advance();
-    // The tile's key quantities: loads issued before the wgmma waits.
+    // The tile's key quantities (its norm maxima and its one key scale): issued before the waits.
     const float4 kt = __ldg(kt_seq + tile);
-    const float* const sk_tile = sk_thr + std::int64_t(tile) * kBlockN;
-    float sk[kCols8];
-    CUTLASS_PRAGMA_UNROLL
-    for (int ni = 0; ni < kCols8; ++ni) sk[ni] = __ldg(sk_tile + (int(get<1>(tScS8_rc(0, ni))) - col0));
 
     Tensor acc8 = partition_fragment_C(mma8, select<0, 1>(typename Traits::TileShapeQK{}));
     Tensor acc8_rc = make_tensor(acc8.data(), acc_rowcol(acc8.layout()));
@@ -243,19 +232,16 @@ __device__ __forceinline__ void consumer_mainloop_screen(KernelParams<Traits> co
     warpgroup_wait<1>();
     warpgroup_fence_operand(acc8);
 
-    // FP8 tile maxima: acc * sk rounded upwards, invisible keys -inf, row maximum (NaN propagates).
-    CUTLASS_PRAGMA_UNROLL
-    for (int mi = 0; mi < kRows; ++mi) {
-      CUTLASS_PRAGMA_UNROLL
-      for (int ni = 0; ni < kCols8; ++ni) acc8_rc(mi, ni) = __fmul_ru(acc8_rc(mi, ni), sk[ni]);
-    }
+    // FP8 tile maxima: the row maximum of the raw sums (invisible keys -inf, NaN propagates), then
+    // times the tile's key scale and the row's scale, each rounded upwards (max and a positive
+    // scale commute, and rounding upwards is monotone: the maximum of the scaled scores).
     const bool needs_mask = tile_needs_mask(tile, kBlockN, row0, w.q_len, w.k_len, p.causal);
     if (needs_mask) apply_mask(acc8_rc, tScS8_rc, row0, tile * kBlockN, w.q_len, w.k_len, p.causal);
     float up8[kRows];
     sm.template tile_max<true>(acc8_rc, up8);
     CUTLASS_PRAGMA_UNROLL
     for (int mi = 0; mi < kRows; ++mi) {
-      const float up = __fadd_ru(__fmul_ru(up8[mi], qrow[mi].sq), screen_margin(qrow[mi], kt, sa));
+      const float up = __fadd_ru(__fmul_ru(__fmul_ru(up8[mi], kt.w), qrow[mi].sq), screen_margin(qrow[mi], kt, sa));
       up8[mi] = up8[mi] == -INFINITY ? -INFINITY : up;  // no visible key: the row does not vote
     }
     const bool keep8 = vote_keep(up8, sm.m, row, w.q_len, p.scale, ln_lambda);

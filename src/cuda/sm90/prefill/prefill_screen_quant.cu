@@ -33,12 +33,12 @@ struct VecNorms {
   float scale, norm, qnorm, err;  // rounded upwards; NaN for a non-finite vector
 };
 
-// One warp quantises the d elements at src (contiguous) into d codes at dst; lane l holds
-// elements [l * kPer, l * kPer + kPer).
+// One warp's d elements at src (contiguous; lane l holds [l * kPer, l * kPer + kPer)): their
+// largest |x| as float, or -1 when one is not finite (SPEC §2b: such a vector has NaN codes and
+// norms and takes no part in its tile's scale).
 template <class T, int kD>
-__device__ __forceinline__ VecNorms quantise_warp(const T* src, std::uint8_t* dst, int lane) {
+__device__ __forceinline__ float abs_max_warp(const T* src, int lane, float (&x)[kD / 32]) {
   constexpr int kPer = kD / 32;
-  float x[kPer];
   bool finite = true;
   float a = 0.f;
 #pragma unroll
@@ -49,10 +49,18 @@ __device__ __forceinline__ VecNorms quantise_warp(const T* src, std::uint8_t* ds
   }
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
-  finite = __all_sync(0xffffffffu, finite);
+  return __all_sync(0xffffffffu, finite) ? a : -1.f;
+}
+
+// The warp's d elements x (as abs_max_warp loaded them) quantised into d codes at dst with the
+// scale fp32(a / 448) (a: the vector's own abs_max_warp for a query row, the tile's for a key;
+// a < 0: NaN codes and norms).
+template <int kD>
+__device__ __forceinline__ VecNorms quantise_warp(const float (&x)[kD / 32], float a, std::uint8_t* dst, int lane) {
+  constexpr int kPer = kD / 32;
   VecNorms r;
   std::uint8_t code[kPer];
-  if (!finite) {
+  if (a < 0.f) {
 #pragma unroll
     for (int i = 0; i < kPer; ++i) code[i] = 0x7f;  // NaN
     r.scale = r.norm = r.qnorm = r.err = NAN;
@@ -99,38 +107,62 @@ __global__ void __launch_bounds__(32 * kWarps) quantise_q_kernel(PrefillParams p
   const int lane = threadIdx.x % 32;
   const std::int64_t h = v % p.hq, tok = (v / p.hq) % p.rows_q, b = v / (std::int64_t(p.hq) * p.rows_q);
   const T* src = static_cast<const T*>(p.q) + b * p.q_batch + tok * p.q_row + h * p.q_head;
-  const VecNorms r = quantise_warp<T, kD>(src, q8 + v * kD, lane);
+  float x[kD / 32];
+  const float a = abs_max_warp<T, kD>(src, lane, x);
+  const VecNorms r = quantise_warp<kD>(x, a, q8 + v * kD, lane);
   if (lane == 0) q_rows[v] = make_float4(r.scale, r.norm, r.qnorm, r.err);
 }
 
-// Keys: one CTA per (tile, KV head, sequence).
+// Keys: one CTA per (tile, KV head, sequence): the tile's scale from the largest |k| of its finite
+// keys (SPEC §2b), then each key's codes and norms; the tile's {KN, KT, EK, scale}.
 template <class T, int kD>
-__global__ void __launch_bounds__(32 * kWarps) quantise_k_kernel(PrefillParams p, std::int64_t tiles, std::int64_t sk_head,
-                                                                std::uint8_t* k8, float* k_scale, float4* k_tiles) {
+__global__ void __launch_bounds__(32 * kWarps) quantise_k_kernel(PrefillParams p, std::int64_t tiles,
+                                                                std::uint8_t* k8, float4* k_tiles) {
+  constexpr int kKeysPerWarp = kTileKeys / kWarps;
   const int t = blockIdx.x, kh = blockIdx.y, b = blockIdx.z;
   const bool ragged = p.cu_k != nullptr;
   const std::int64_t start = ragged ? p.cu_k[b] : 0;
   const std::int64_t len = ragged ? p.cu_k[b + 1] - p.cu_k[b] : p.rows_k;
   const std::int64_t nb_row = ragged ? 0 : std::int64_t(b) * p.rows_k;  // row of token 0 in the copies
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  __shared__ float red[kWarps][3];
-  float kn = 0.f, kt = 0.f, ek = 0.f;
-  for (int j = warp; j < kTileKeys; j += kWarps) {
-    const std::int64_t tok = std::int64_t(t) * kTileKeys + j;
-    if (tok >= len) break;
-    const std::int64_t row = nb_row + start + tok;  // row in the (nb * rows_k) flattening
-    const T* src = static_cast<const T*>(p.k) + (ragged ? 0 : std::int64_t(b) * p.k_batch) + (start + tok) * p.k_row +
-                   std::int64_t(kh) * p.k_head;
-    const VecNorms r = quantise_warp<T, kD>(src, k8 + (row * p.hk + kh) * kD, lane);
-    if (lane == 0) k_scale[std::int64_t(kh) * sk_head + row] = r.scale;
-    kn = nan_max(kn, r.norm);
-    kt = nan_max(kt, r.qnorm);
-    ek = nan_max(ek, r.err);
+  __shared__ float red[kWarps][4];
+  float x[kKeysPerWarp][kD / 32];
+  float a_key[kKeysPerWarp];
+  float a = 0.f;
+#pragma unroll
+  for (int i = 0; i < kKeysPerWarp; ++i) {
+    const std::int64_t tok = std::int64_t(t) * kTileKeys + warp + i * kWarps;
+    a_key[i] = 0.f;
+    if (tok < len) {
+      const T* src = static_cast<const T*>(p.k) + (ragged ? 0 : std::int64_t(b) * p.k_batch) + (start + tok) * p.k_row +
+                     std::int64_t(kh) * p.k_head;
+      a_key[i] = abs_max_warp<T, kD>(src, lane, x[i]);
+      a = fmaxf(a, a_key[i]);
+    }
   }
+  if (lane == 0) red[warp][3] = a;
+  __syncthreads();
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) a = fmaxf(a, red[w][3]);
+  float kn = 0.f, kt = 0.f, ek = 0.f, scale = 0.f;
+#pragma unroll
+  for (int i = 0; i < kKeysPerWarp; ++i) {
+    const std::int64_t tok = std::int64_t(t) * kTileKeys + warp + i * kWarps;
+    if (tok < len) {
+      const std::int64_t row = nb_row + start + tok;  // row in the (nb * rows_k) flattening
+      const VecNorms r = quantise_warp<kD>(x[i], a_key[i] < 0.f ? a_key[i] : a, k8 + (row * p.hk + kh) * kD, lane);
+      kn = nan_max(kn, r.norm);
+      kt = nan_max(kt, r.qnorm);
+      ek = nan_max(ek, r.err);
+      if (a_key[i] >= 0.f) scale = r.scale;
+    }
+  }
+  __syncthreads();
   if (lane == 0) {
     red[warp][0] = kn;
     red[warp][1] = kt;
     red[warp][2] = ek;
+    red[warp][3] = scale;
   }
   __syncthreads();
   if (threadIdx.x == 0 && std::int64_t(t) * kTileKeys < len) {
@@ -138,8 +170,9 @@ __global__ void __launch_bounds__(32 * kWarps) quantise_k_kernel(PrefillParams p
       kn = nan_max(kn, red[w][0]);
       kt = nan_max(kt, red[w][1]);
       ek = nan_max(ek, red[w][2]);
+      scale = fmaxf(scale, red[w][3]);
     }
-    k_tiles[(std::int64_t(b) * p.hk + kh) * tiles + t] = make_float4(kn, kt, ek, 0.f);
+    k_tiles[(std::int64_t(b) * p.hk + kh) * tiles + t] = make_float4(kn, kt, ek, scale);
   }
 }
 
@@ -148,10 +181,7 @@ void run(const PrefillParams& p, const ScreenLayout& L, unsigned char* ws, cudaS
   auto* q8 = reinterpret_cast<std::uint8_t*>(ws + L.q8);
   auto* k8 = reinterpret_cast<std::uint8_t*>(ws + L.k8);
   auto* q_rows = reinterpret_cast<float4*>(ws + L.q_rows);
-  auto* k_scale = reinterpret_cast<float*>(ws + L.k_scale);
   auto* k_tiles = reinterpret_cast<float4*>(ws + L.k_tiles);
-  // The padding tile of each KV head's scales is read (masked keys): zero it (no NaN * 0 there).
-  BLASST_CUDA_CHECK(cudaMemsetAsync(k_scale, 0, static_cast<std::size_t>(L.hk * L.sk_head) * sizeof(float), stream));
   const std::int64_t nq = L.nb * L.rows_q * L.hq;
   if (nq > 0) {
     quantise_q_kernel<T, kD><<<static_cast<unsigned>((nq + kWarps - 1) / kWarps), 32 * kWarps, 0, stream>>>(p, nq, q8, q_rows);
@@ -159,14 +189,12 @@ void run(const PrefillParams& p, const ScreenLayout& L, unsigned char* ws, cudaS
   }
   if (L.tiles > 0 && L.hk > 0 && L.batch > 0) {
     const dim3 grid(static_cast<unsigned>(L.tiles), static_cast<unsigned>(L.hk), static_cast<unsigned>(L.batch));
-    quantise_k_kernel<T, kD><<<grid, 32 * kWarps, 0, stream>>>(p, L.tiles, L.sk_head, k8, k_scale, k_tiles);
+    quantise_k_kernel<T, kD><<<grid, 32 * kWarps, 0, stream>>>(p, L.tiles, k8, k_tiles);
     BLASST_CUDA_CHECK(cudaGetLastError());
   }
   a.q8 = q8;
   a.k8 = k8;
   a.q_rows = reinterpret_cast<const float*>(q_rows);
-  a.k_scale = k_scale;
-  a.sk_head = L.sk_head;
   a.k_tiles = reinterpret_cast<const float*>(k_tiles);
   a.tiles = static_cast<int>(L.tiles);
 }
@@ -183,7 +211,6 @@ ScreenLayout screen_layout(const PrefillParams& p, int d, std::int64_t tiles) {
   L.d = d;
   L.batch = p.batch;
   L.tiles = tiles;
-  L.sk_head = L.nb * L.rows_k + kTileKeys;
   std::size_t off = 0;
   auto take = [&](std::size_t bytes) {
     const std::size_t at = off;
@@ -194,7 +221,6 @@ ScreenLayout screen_layout(const PrefillParams& p, int d, std::int64_t tiles) {
   L.q8 = take(u(L.nb * L.rows_q * L.hq * d));
   L.k8 = take(u(L.nb * L.rows_k * L.hk * d));
   L.q_rows = take(u(L.nb * L.rows_q * L.hq) * sizeof(float4));
-  L.k_scale = take(u(L.hk * L.sk_head) * sizeof(float));
   L.k_tiles = take(u(L.batch * L.hk * L.tiles) * sizeof(float4));
   L.bytes = off;
   return L;

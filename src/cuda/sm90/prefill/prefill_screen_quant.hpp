@@ -17,13 +17,12 @@ namespace blasst::sm90::prefill {
 // a PrefillParams: nb = batch (batched) or 1 (ragged, tokens flattened into rows_q / rows_k).
 struct ScreenLayout {
   std::int64_t nb = 0, rows_q = 0, rows_k = 0, hq = 0, hk = 0, d = 0, batch = 0, tiles = 0;
-  std::size_t q8 = 0, k8 = 0, q_rows = 0, k_scale = 0, k_tiles = 0, bytes = 0;
-  std::int64_t sk_head = 0;  // floats per KV head in k_scale: nb * rows_k + one tile of padding
+  std::size_t q8 = 0, k8 = 0, q_rows = 0, k_tiles = 0, bytes = 0;
 };
 // tiles: key tiles of the longest sequence.
 ScreenLayout screen_layout(const PrefillParams& p, int d, std::int64_t tiles);
 
-// Quantises Q (per query row) and K (per key, with per-tile norm maxima) of p into ws (at least
+// Quantises Q (per query row) and K (per key tile: one scale, the norm maxima) of p into ws (at least
 // L.bytes, 256-byte aligned) on `stream` and points args' buffers at it (SPEC §2b: e4m3 codes as
 // cvt.rn.satfinite, scales fp32(max|x| / 448), norms in double rounded upwards to float).
 void screen_quantise(const PrefillParams& p, DType dtype, const ScreenLayout& L, void* ws, cudaStream_t stream,
