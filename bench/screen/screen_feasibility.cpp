@@ -5,8 +5,11 @@
 // (a dense tile = 1: FP8 Q.K^T 0.25, bf16 Q.K^T 0.5, exp + P.V 0.5), the aim of a GPU kernel.
 //
 // Usage: blasst_screen_feasibility [--length 4096] [--heads 2] [--threads 2] [--targets 0.5,0.7,0.9]
-//          [--workloads llm,dit] [--commit HASH] [--out FILE.md]
+//          [--workloads llm,dit] [--orders natural,max_first] [--margins NAME;NAME] [--commit HASH]
+//          [--out FILE.md]
+// --margins: a ';'-separated subset of the margin names below (default: all).
 // llm runs causal, dit full mask (the SPEC §8 workloads), d = 128, vote 64 rows x 1 head x 128 keys.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -31,12 +34,16 @@ struct Margin {
   const char* name;
   ScreenMargin margin;
   double z;
+  bool ahead;  // SPEC §2b screen ahead (against lower bounds of the running maxima)
 };
-const Margin kMargins[] = {{"off", ScreenMargin::off, 0.0},
-                           {"strict", ScreenMargin::strict, 0.0},
-                           {"tight z=8", ScreenMargin::tight, 8.0},
-                           {"tight z=6", ScreenMargin::tight, 6.0},
-                           {"tight z=4", ScreenMargin::tight, 4.0}};
+const Margin kMargins[] = {{"off", ScreenMargin::off, 0.0, false},
+                           {"strict", ScreenMargin::strict, 0.0, false},
+                           {"tight z=8", ScreenMargin::tight, 8.0, false},
+                           {"tight z=6", ScreenMargin::tight, 6.0, false},
+                           {"tight z=4", ScreenMargin::tight, 4.0, false},
+                           {"strict ahead", ScreenMargin::strict, 0.0, true},
+                           {"tight z=6 ahead", ScreenMargin::tight, 6.0, true},
+                           {"tight z=4 ahead", ScreenMargin::tight, 4.0, true}};
 
 std::vector<std::string> split(const std::string& s) {
   std::vector<std::string> out;
@@ -57,6 +64,8 @@ int main(int argc, char** argv) {
     int threads = 2;
     std::vector<double> targets = {0.5, 0.7, 0.9};
     std::vector<std::string> workloads = {"llm", "dit"};
+    std::vector<VisitOrder> orders = {VisitOrder::natural, VisitOrder::max_first};
+    std::vector<std::string> margins;
     std::string commit = "unknown", out_path;
     for (int i = 1; i < argc; ++i) {
       const std::string a = argv[i];
@@ -71,7 +80,13 @@ int main(int argc, char** argv) {
         targets.clear();
         for (auto& t : split(val())) targets.push_back(std::stod(t));
       } else if (a == "--workloads") workloads = split(val());
-      else if (a == "--commit") commit = val();
+      else if (a == "--orders") {
+        orders.clear();
+        for (auto& o : split(val())) orders.push_back(parse_visit_order(o));
+      } else if (a == "--margins") {
+        std::stringstream ms(val());
+        for (std::string t; std::getline(ms, t, ';');) margins.push_back(t);
+      } else if (a == "--commit") commit = val();
       else if (a == "--out") out_path = val();
       else throw Error("unknown argument " + a);
     }
@@ -100,7 +115,7 @@ int main(int argc, char** argv) {
       p.v = Tensor::contiguous(w.v.data(), DType::f32, {1, L, H, kD});
       p.out = Tensor::contiguous(out.data(), DType::f32, {1, L, H, kD});
       p.mask = mask;
-      for (const VisitOrder order : {VisitOrder::natural, VisitOrder::max_first}) {
+      for (const VisitOrder order : orders) {
         const VoteGranularity vote = calibration::default_prefill_granularity(order);
         RunOptions ro;
         ro.record_deltas = true;
@@ -116,12 +131,15 @@ int main(int argc, char** argv) {
             continue;
           }
           for (const Margin& m : kMargins) {
+            if (!margins.empty() && std::find(margins.begin(), margins.end(), std::string(m.name)) == margins.end())
+              continue;
             const double t0 = now_s();
             SkipConfig sk = SkipConfig::from_threshold(lambda);
             sk.vote = vote;
             sk.order_explicit = true;
             sk.screen.margin = m.margin;
             sk.screen.z = m.z;
+            sk.screen.ahead = m.ahead;
             RunOptions rs;
             rs.collect_stats = true;
             rs.num_threads = threads;

@@ -173,9 +173,14 @@ struct VoteGranularity {
 // under the stated failure model (wrong screens possible, counted in SkipStats::screen_wrong).
 // The reference models it; the CUDA prefill kernel implements it with its own FP8 accumulation
 // roundoff (docs/prefill_kernel.md, "FP8 screen"); the CUDA decode kernels refuse margin != off.
+// ahead (SPEC §2b "Screen ahead"): the screen decides every pair before the pass, from the FP8
+// scores alone, against lower bounds of the running maxima; the pass then loads and computes only
+// the tiles some vote group still needs. Fewer pairs are screened than in the loop (the bounds are
+// below the maxima), but a screened tile costs no bf16 Q K^T and no K / V load. Needs a margin.
 struct Fp8Screen {
   ScreenMargin margin = ScreenMargin::off;
   double z = 6.0;  // tight only: finite, >= 0 (0 = the raw FP8 estimate, a diagnostic)
+  bool ahead = false;
 };
 
 // Skip-Softmax settings. Default-constructed: skipping off, the exact dense path.

@@ -325,6 +325,8 @@ void validate(const SkipConfig& cfg) {
     throw Error("skip.screen.margin: invalid value " + std::to_string(static_cast<int>(sm)));
   if (!std::isfinite(cfg.screen.z) || cfg.screen.z < 0.0)
     throw Error("skip.screen.z must be finite and >= 0, got " + num(cfg.screen.z));
+  if (cfg.screen.ahead && sm == ScreenMargin::off)
+    throw Error("skip.screen.ahead: the screen ahead needs a margin (strict or tight), got margin off");
   if (!std::isfinite(cfg.target_sparsity) || cfg.target_sparsity < 0.0 || cfg.target_sparsity > 1.0)
     throw Error("skip.target_sparsity must lie in [0, 1], got " + num(cfg.target_sparsity));
   if (cfg.enabled && !cfg.threshold && !cfg.factor && !cfg.calibration && !cfg.piecewise)

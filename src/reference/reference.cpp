@@ -320,6 +320,13 @@ Acc round_upwards(double x) {
   if (static_cast<double>(f) < x) f = std::nextafter(f, std::numeric_limits<Acc>::infinity());
   return f;
 }
+// The largest Acc <= x.
+template <class Acc>
+Acc round_downwards(double x) {
+  Acc f = static_cast<Acc>(x);
+  if (static_cast<double>(f) > x) f = std::nextafter(f, -std::numeric_limits<Acc>::infinity());
+  return f;
+}
 
 // Per-tile maxima of the key quantities (SPEC §2b: KN_t, KT_t, EK_t), NaN propagating.
 struct KeyTileNorms {
@@ -469,6 +476,7 @@ class Engine {
         }
     }
     m_ = seed_;
+    lo_ = seed_;  // SPEC §2b screen ahead: the lower bounds start where the maxima do
 
     i64 cur_split = -1;
     for (const i64 tile : order_) {
@@ -493,6 +501,8 @@ class Engine {
       }
       bool skip = skip_on && static_cast<double>(delta_f) < ln_lambda;
       // SPEC §2b: the screen's decision stands; a screened pair the exact test keeps is counted.
+      // The screen ahead compares with lo_ (then raised by this tile's lower bounds, whatever the
+      // decision: it follows the FP8 scores alone).
       const float delta8 = screen ? screen_delta(t, tile, T, Lk, R, Rp, Tp) : std::numeric_limits<float>::quiet_NaN();
       if (s_.stats && screen_deltas) screen_deltas->push_back(delta8);
       if (screen && static_cast<double>(delta8) < ln_lambda) {
@@ -562,7 +572,9 @@ class Engine {
  private:
   // SPEC §2b: delta8 of the current tile, rounded to float like delta: max over the rows with a
   // visible key (tmax_ != -inf, as for delta) of up_r - m_r, up_r = the FP8 tile max plus the
-  // margin, rounded upwards to Acc. Call after scores() for the same tile.
+  // margin, rounded upwards to Acc. Call after scores() for the same tile. The screen ahead uses
+  // lo_r instead of m_r and then raises lo_r to the tile's lower bound low_r = the FP8 tile max
+  // minus the margin, rounded downwards (NaN propagating).
   float screen_delta(const Task& t, i64 tile, i64 T, i64 Lk, i64 R, i64 Rp, i64 Tp) {
     const Acc ninf = -std::numeric_limits<Acc>::infinity();
     const double dninf = -std::numeric_limits<double>::infinity();
@@ -591,7 +603,13 @@ class Engine {
       const double margin = sigma * (core + rnd) * (1.0 + 0x1p-30) + (sigma * dd + 1.0) * 0x1p-149;
       double up = t8 + margin;
       up += std::fabs(up) * 0x1p-52;  // the rounding of this sum
-      delta8 = running_max(delta8, round_upwards<Acc>(up) - m_[ri]);  // m = -inf: +inf
+      const Acc ref = s_.screen.ahead ? lo_[ri] : m_[ri];
+      delta8 = running_max(delta8, round_upwards<Acc>(up) - ref);  // ref = -inf: +inf
+      if (s_.screen.ahead) {
+        double low = t8 - margin;
+        low -= std::fabs(low) * 0x1p-52;
+        lo_[ri] = running_max(lo_[ri], round_downwards<Acc>(low));
+      }
     }
     return static_cast<float>(delta8);
   }
@@ -694,6 +712,7 @@ class Engine {
         M_[ri] = mn;
       }
       m_[ri] = seed_[ri];
+      lo_[ri] = seed_[ri];
       l_[ri] = Acc(0);
       for (i64 c = 0; c < dvp; ++c) O_[ri * dvp + c] = Acc(0);
     }
@@ -702,6 +721,7 @@ class Engine {
   const View& v_;
   const Settings& s_;
   std::vector<Acc> Q_, S_, O_, OO_, m_, l_, M_, L_, tmax_, krow_, orow_, Kall_, Vall_, seed_;
+  std::vector<Acc> lo_;  // SPEC §2b screen ahead: the lower bounds of the running maxima
   std::vector<i64> lim_, order_;
   std::vector<char> k_ok_, v_ok_, row_nan_;
   // SPEC §2b screen state: Q8_ [Rp][d] and K8all_ e4m3 values, S8_ FP8 dot products, SK_ key

@@ -351,8 +351,10 @@ QuantRow quant(const float* x, std::int64_t d, float a) {
 }
 
 // Full mask, B = 1, Hq = Hk, natural order, one head per vote group, fp64 exact scores (the
-// engine's oracle mode), tight margin with z; the screen's decision stands.
-Recount recount_tight(const Dense& D, double lambda, double z, int rows, int T) {
+// engine's oracle mode), tight margin with z; the screen's decision stands. ahead: the screen
+// ahead (SPEC §2b), against lower bounds lo_r that every tile raises to its FP8 tile max minus
+// the margin.
+Recount recount_tight(const Dense& D, double lambda, double z, int rows, int T, bool ahead = false) {
   const std::int64_t L = D.Lq, Lk = D.Lk, d = D.d, H = D.Hq;
   const double scale = 1.0 / std::sqrt(static_cast<double>(d)), lnl = std::log(lambda);
   const double u = std::ldexp(1.0, -53), u8 = std::ldexp(1.0, -24);
@@ -374,7 +376,7 @@ Recount recount_tight(const Dense& D, double lambda, double z, int rows, int T) 
         const float* q = &D.q[((r0 + r) * H + h) * d];
         qq[r] = quant(q, d, abs_max(q, d));
       }
-      std::vector<double> m(nr, -kInfD);
+      std::vector<double> m(nr, -kInfD), lo(nr, -kInfD);
       for (std::int64_t t = 0; t < ntiles; ++t) {
         const std::int64_t j0 = t * T, nk = std::min<std::int64_t>(T, Lk - j0);
         double KN = 0, KT = 0, EK = 0;
@@ -407,7 +409,10 @@ Recount recount_tight(const Dense& D, double lambda, double z, int rows, int T) 
           double up = t8 + margin;
           up += std::fabs(up) * std::ldexp(1.0, -52);
           delta = std::max(delta, tmax[r] - m[r]);
-          delta8 = std::max(delta8, up - m[r]);
+          delta8 = std::max(delta8, up - (ahead ? lo[r] : m[r]));
+          double low = t8 - margin;
+          low -= std::fabs(low) * std::ldexp(1.0, -52);
+          if (ahead) lo[r] = std::max(lo[r], low);
         }
         const bool exact_skip = static_cast<double>(static_cast<float>(delta)) < lnl;
         const bool screened = static_cast<double>(static_cast<float>(delta8)) < lnl;
@@ -425,12 +430,13 @@ Recount recount_tight(const Dense& D, double lambda, double z, int rows, int T) 
   return rc;
 }
 
-void expect_recount(Dense& D, double lambda, double z, int rows, int T, bool want_wrong) {
-  SCOPED_TRACE("z = " + std::to_string(z));
+void expect_recount(Dense& D, double lambda, double z, int rows, int T, bool want_wrong, bool ahead = false) {
+  SCOPED_TRACE("z = " + std::to_string(z) + (ahead ? ", ahead" : ""));
   SkipConfig c = cfg_of(lambda, VisitOrder::natural, ScreenMargin::tight, z, rows);
   c.vote.tile_keys = T;
+  c.screen.ahead = ahead;
   const Result r = run(D, MaskKind::full, c, /*fp64=*/true);
-  const Recount rc = recount_tight(D, lambda, z, rows, T);
+  const Recount rc = recount_tight(D, lambda, z, rows, T, ahead);
   EXPECT_EQ(r.st.total_screened(), rc.screened);
   EXPECT_EQ(r.st.total_screen_wrong(), rc.wrong);
   EXPECT_EQ(r.st.total_skipped(), rc.skipped);
@@ -440,7 +446,8 @@ void expect_recount(Dense& D, double lambda, double z, int rows, int T, bool wan
         ASSERT_EQ(r.set.skipped(0, h, g, t), rc.skip[h * r.set.groups + g][t]) << h << " " << g << " " << t;
   EXPECT_GT(rc.screened, 0);
   if (want_wrong) EXPECT_GT(rc.wrong, 0);  // the counter is shown at work
-  std::printf("  [z = %g] screened %lld, wrong %lld, skipped %lld\n", z, static_cast<long long>(rc.screened),
+  std::printf("  [z = %g%s] screened %lld, wrong %lld, skipped %lld\n", z, ahead ? ", ahead" : "",
+              static_cast<long long>(rc.screened),
               static_cast<long long>(rc.wrong), static_cast<long long>(rc.skipped));
 }
 
@@ -451,6 +458,56 @@ TEST(Screen, TightWrongScreensEqualAnIndependentRecount) {
   expect_recount(D, 0.3, 6.0, 1, 64, false);
   Dense S = sink_dense(512, 2, 2, 64, 83);
   expect_recount(S, 0.2, 6.0, 16, 128, false);
+}
+
+TEST(Screen, TheScreenAheadEqualsAnIndependentRecount) {
+  Dense D(1, 256, 1024, 2, 2, 32, 32, 81, 1.6f);
+  expect_recount(D, 0.3, 0.0, 1, 64, true, true);
+  expect_recount(D, 0.3, 6.0, 1, 64, false, true);
+  Dense S = sink_dense(512, 2, 2, 64, 83);
+  expect_recount(S, 0.2, 6.0, 16, 128, false, true);
+}
+
+// SPEC §2b screen ahead, strict: no wrong screen (lo_r <= m_r on the plain path), so everything
+// equals the plain skip path bit for bit; and it screens a subset of what the screen in the loop
+// screens (delta8 with lo_r >= delta8 with m_r), here a non-empty one.
+void expect_ahead_equals_plain(Dense& D, MaskKind mask, double lambda, VisitOrder order, int rows, int heads,
+                               ScreenMargin margin, const char* what) {
+  SCOPED_TRACE(what);
+  const Result plain = run(D, mask, cfg_of(lambda, order, ScreenMargin::off, 6.0, rows, heads));
+  const Result loop = run(D, mask, cfg_of(lambda, order, margin, 6.0, rows, heads));
+  SkipConfig ca = cfg_of(lambda, order, margin, 6.0, rows, heads);
+  ca.screen.ahead = true;
+  const Result ahead = run(D, mask, ca);
+  ASSERT_EQ(loop.st.total_screen_wrong(), 0);
+  EXPECT_EQ(ahead.st.total_screen_wrong(), 0);
+  EXPECT_GT(ahead.st.total_screened(), 0);  // the case this test exists for happened
+  EXPECT_LE(ahead.st.total_screened(), loop.st.total_screened());
+  EXPECT_EQ(ahead.st.visited, plain.st.visited);
+  EXPECT_EQ(ahead.st.skipped, plain.st.skipped);
+  EXPECT_EQ(ahead.set.bits, plain.set.bits);
+  EXPECT_TRUE(same_bits(ahead.st.deltas, plain.st.deltas));
+  EXPECT_TRUE(same_bits(ahead.out, plain.out));
+  EXPECT_TRUE(same_bits(ahead.lse, plain.lse));
+  ASSERT_EQ(ahead.st.screen_deltas.size(), loop.st.screen_deltas.size());
+  for (std::size_t i = 0; i < ahead.st.screen_deltas.size(); ++i)
+    if (!std::isnan(loop.st.screen_deltas[i])) EXPECT_GE(ahead.st.screen_deltas[i], loop.st.screen_deltas[i]) << i;
+  std::printf("  [%s] visited %lld, skipped %lld, screened in the loop %lld, ahead %lld\n", what,
+              static_cast<long long>(plain.st.total_visited()), static_cast<long long>(plain.st.total_skipped()),
+              static_cast<long long>(loop.st.total_screened()), static_cast<long long>(ahead.st.total_screened()));
+}
+
+TEST(Screen, StrictAheadHasNoWrongScreenAndEqualsThePlainSkipPath) {
+  Dense S = sink_dense(1024, 2, 1, 64, 31);
+  expect_ahead_equals_plain(S, MaskKind::full, 0.2, VisitOrder::natural, 64, 1, ScreenMargin::strict,
+                            "sink full natural");
+  expect_ahead_equals_plain(S, MaskKind::causal, 0.2, VisitOrder::max_first, 64, 1, ScreenMargin::strict,
+                            "sink causal max-first");
+  Dense D = llm_dense(1024, 4, 2, 64, 53);
+  expect_ahead_equals_plain(D, MaskKind::causal, 0.05, VisitOrder::max_first, 64, 1, ScreenMargin::strict,
+                            "llm causal max-first");
+  expect_ahead_equals_plain(D, MaskKind::causal, 0.05, VisitOrder::max_first, 64, 1, ScreenMargin::tight,
+                            "llm causal max-first, tight z = 6");
 }
 
 TEST(Screen, TightScreensMoreThanStrictAndLargeZIsNoLooserThanStrict) {
@@ -609,6 +666,12 @@ TEST(Screen, ConfigurationIsValidated) {
   EXPECT_NO_THROW(validate(c));
   c.screen.margin = static_cast<ScreenMargin>(7);
   expect_error(c, "skip.screen.margin: invalid value 7");
+  c.screen.margin = ScreenMargin::off;
+  c.screen.ahead = true;
+  expect_error(c, "skip.screen.ahead: the screen ahead needs a margin (strict or tight), got margin off");
+  c.screen.margin = ScreenMargin::strict;
+  EXPECT_NO_THROW(validate(c));
+  c.screen.margin = static_cast<ScreenMargin>(7);
   // The engine validates too.
   Dense D(1, 8, 8, 1, 1, 4, 4, 3);
   RunOptions opt;
