@@ -92,7 +92,8 @@ int blasst_prefill(const void* q, const void* k, const void* v, void* o, float* 
 
 // The SPEC §2b FP8 screen (a separate entry, so blasst_prefill's ABI stays that of older builds):
 // skipping at lambda (> 0) in visit order max-first (max_first != 0) or natural, margin 1 strict /
-// 2 tight(z); the screen's workspace is a buffer of ours (kept between calls). Counters (device,
+// 2 tight(z), plus 4 for the screen ahead (5 strict ahead, 6 tight ahead; screen_wrong must be
+// null there: the pass counts none); the screen's workspace is a buffer of ours (kept between calls). Counters (device,
 // [Hq], zeroed by the caller, or null): visited, skipped, screened; a non-null screen_wrong runs
 // the checking instance (bf16 scores of screened tiles too). Returns 0, or 1 with the message in
 // blasst_prefill_last_error().
@@ -107,7 +108,9 @@ int blasst_prefill_screen(const void* q, const void* k, const void* v, void* o, 
     if (!(lambda > 0)) throw Error("blasst_prefill_screen: lambda must be > 0");
     SkipConfig sk = SkipConfig::from_threshold(lambda);
     sk.with_order(max_first ? VisitOrder::max_first : VisitOrder::natural);
-    sk.screen.margin = margin == 1 ? ScreenMargin::strict : margin == 2 ? ScreenMargin::tight : ScreenMargin::off;
+    const int base = margin & 3;
+    sk.screen.margin = base == 1 ? ScreenMargin::strict : base == 2 ? ScreenMargin::tight : ScreenMargin::off;
+    sk.screen.ahead = (margin & 4) != 0;
     sk.screen.z = z;
     sm90::prefill::ScreenRun run;
     run.workspace_bytes = sm90::prefill::screen_workspace_bytes(p, sk);

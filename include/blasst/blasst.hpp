@@ -273,7 +273,9 @@ struct SkipStats {
   // SPEC §2b, per head like visited; filled by the reference when skip.screen is on (else empty).
   // Pairs decided by the exact test = visited - screened; skipped counts screened pairs too.
   std::vector<std::int64_t> screened;      // pairs skipped by the FP8 screen, wrong ones included
-  std::vector<std::int64_t> screen_wrong;  // screened pairs the exact test would have kept
+  // Screened pairs the exact test would have kept; empty where the path does not count them (the
+  // CUDA prefill kernel's screen ahead: its pass never computes a screened tile's exact scores).
+  std::vector<std::int64_t> screen_wrong;
   // With record_deltas and the screen on: each visited pair's screen delta delta8 (SPEC §2b),
   // parallel to deltas (NaN where the sequence has no screen). Screened iff < ln(lambda).
   std::vector<float> screen_deltas;

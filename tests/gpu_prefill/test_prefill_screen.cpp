@@ -7,7 +7,9 @@
 //     reference's plus the FP8 wgmma's accumulation term, prefill_screen.hpp) up to 1 % of the
 //     pairs (its FP8 sums are not the reference's exact fp32 sums);
 //   - a crafted wrong-screen-prone input (tight z = 0): the wrong screens are counted, equal to the
-//     reference's count, and the output follows the screened skip set as the reference's does.
+//     reference's count, and the output follows the screened skip set as the reference's does;
+//   - the screen ahead (strict) against the plain skip kernel and the reference's screen ahead,
+//     and on the crafted input (z = 0: screened ahead as the reference does, the output follows).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -136,6 +138,82 @@ TEST(GpuPrefillScreen, StrictEqualsThePlainSkipKernelWithoutWrongScreens) {
   }
 }
 
+// SPEC §2b screen ahead, strict: the screen-ahead kernel's plan and the skip_ahead pass against
+// the plain skip kernel (no wrong screen by the theorem, so the per-head skipped counts and the
+// outputs equal the plain kernel's: only tiles nobody needs are left out), something screened,
+// no more than the reference's screen ahead screens (its FP8 sums differ: up to 1 % of the pairs),
+// and no wrong-screen counts reported (the pass does not compute them).
+void ahead_case(const Case& c, const Inputs& in, double target) {
+  const VisitOrder order = VisitOrder::max_first;
+  std::vector<float> out, lse;
+  AttentionProblem p = host_problem(c, in, out, lse);
+  SkipConfig probe;
+  probe.vote.rows = 64;
+  probe.vote.heads = 1;
+  probe.vote.tile_keys = 128;
+  probe.vote.order = order;
+  RunOptions ropt;
+  ropt.record_deltas = true;
+  SkipStats curve;
+  reference::attention(p, probe, ropt, &curve);
+  const double ln = ln_lambda_for(curve.deltas, target);
+  ASSERT_TRUE(std::isfinite(ln)) << "target " << target << " unreachable: the fixed data is inadequate";
+  const double lambda = std::exp(ln);
+  SCOPED_TRACE(c.name() + " target " + std::to_string(target) + " lambda " + std::to_string(lambda));
+  SkipConfig ahead = screen_cfg(lambda, order, ScreenMargin::strict);
+  ahead.screen.ahead = true;
+
+  RunOptions sopt;
+  sopt.collect_stats = true;
+  SkipStats rs, ps, as, fs;
+  reference::attention(p, ahead, sopt, &rs);
+  const KernelOut plain = run_gpu(c, in, screen_cfg(lambda, order, ScreenMargin::off), sopt, &ps);
+  const KernelOut a = run_gpu(c, in, ahead, sopt, &as);
+  const KernelOut f = run_gpu(c, in, ahead, RunOptions{}, &fs);
+  EXPECT_EQ(rs.total_screen_wrong(), 0);
+  ASSERT_EQ(as.screened.size(), std::size_t(c.hq));
+  EXPECT_TRUE(as.screen_wrong.empty()) << "the pass counts no wrong screens: none may be reported";
+  EXPECT_GT(as.total_screened(), 0) << "nothing screened ahead: the case this test exists for did not happen";
+  EXPECT_EQ(as.visited, ps.visited);
+  EXPECT_EQ(as.skipped, ps.skipped) << "strict: the screen ahead only leaves out tiles the plain kernel skips";
+  EXPECT_LE(as.total_screened(), rs.total_screened() + as.total_visited() / 100);
+  std::printf("[ahead] %s target %.2f: visited %lld, skipped %lld (plain %lld), screened ahead %lld (reference %lld)\n",
+              c.name().c_str(), target, (long long)as.total_visited(), (long long)as.total_skipped(),
+              (long long)ps.total_skipped(), (long long)as.total_screened(), (long long)rs.total_screened());
+  const double u = unit_roundoff(c.dt);
+  EXPECT_EQ(count_beyond(plain.o, a.o, u, "O: plain skip vs screen ahead"), 0u);
+  EXPECT_EQ(count_beyond(a.o, f.o, u, "O: screen ahead with vs without statistics"), 0u);
+  EXPECT_EQ(count_beyond(plain.lse, f.lse, u, "LSE: plain skip vs screen ahead"), 0u);
+}
+
+TEST(GpuPrefillScreen, StrictAheadEqualsThePlainSkipKernel) {
+  BLASST_GPU_OR_SKIP("the sm_90a prefill kernel needs a Hopper device");
+  int i = 0;
+  for (const bool causal : {true, false}) {
+    for (const std::int64_t d : {128, 64}) {
+      Case c;
+      c.B = d == 64 ? 2 : 1;  // a batch: the plan's CTA index runs over sequences too
+      c.Lq = c.Lk = 3000;
+      c.hq = 4;
+      c.hk = 2;
+      c.d = d;
+      c.causal = causal;
+      WorkloadSpec ws;
+      ws.kind = causal ? WorkloadKind::llm : WorkloadKind::dit;
+      ws.seq_len = c.Lk;
+      ws.heads_q = c.hq;
+      ws.heads_k = c.hk;
+      ws.head_dim = c.d;
+      ws.batch = c.B;
+      ws.seed = test_seed(950 + std::uint64_t(i++));
+      SCOPED_TRACE("seed " + std::to_string(ws.seed));
+      const Workload w = make_workload(ws);
+      const Inputs in = make_inputs(c, w.q, w.k, w.v);
+      for (const double target : {0.6, 0.8}) ahead_case(c, in, target);
+    }
+  }
+}
+
 // d = 128, L = 256 (4 vote groups x 2 tiles), one head, q_i = e0 for every row. Tile 0: key 0 =
 // 4 e0 (score 4, every other key 0); tile 1: key 128 = (x, 1, 0, ...) with x = 0.890625 (bf16):
 // x * 448 = 399 rounds to the e4m3 value 384, so its FP8 score 384/448 = 0.857 underestimates x
@@ -188,6 +266,23 @@ TEST(GpuPrefillScreen, WrongScreensOfTightZeroAreCounted) {
     for (std::size_t i = 0; i < lse.size(); ++i) bad += !(std::abs(double(g.lse[i]) - lse[i]) <= u + 1e-5 * std::abs(lse[i]));
     EXPECT_EQ(bad, 0u);
   }
+  // The screen ahead on the same input: tile 0 comes first (lo = -inf: never screened) and raises
+  // lo to about 4, so with z = 0 every group screens tile 1 ahead, wrongly; the reference counts
+  // 4 wrong screens, the kernel reports none (it does not count them) and follows the plan.
+  SkipConfig cfg = screen_cfg(std::exp(ln), VisitOrder::natural, ScreenMargin::tight, 0.0);
+  cfg.screen.ahead = true;
+  SkipStats rs, gs;
+  reference::attention(p, cfg, sopt, &rs);
+  const KernelOut g = run_gpu(c, in, cfg, sopt, &gs);
+  EXPECT_EQ(rs.total_screened(), 4);
+  EXPECT_EQ(rs.total_screen_wrong(), 4);
+  EXPECT_EQ(gs.total_screened(), 4);
+  EXPECT_TRUE(gs.screen_wrong.empty());
+  EXPECT_EQ(gs.total_skipped(), rs.total_skipped());
+  const double u = unit_roundoff(c.dt);
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < out.size(); ++i) bad += !(std::abs(double(g.o[i]) - out[i]) <= 2 * u * (1 + std::abs(out[i])));
+  EXPECT_EQ(bad, 0u);
 }
 
 // The screen refuses what it does not cover yet, naming the argument.

@@ -15,6 +15,7 @@ const char* to_string(KernelVariant v) {
     case KernelVariant::skip_record: return "skip_record";
     case KernelVariant::skip_screen: return "skip_screen";
     case KernelVariant::skip_screen_check: return "skip_screen_check";
+    case KernelVariant::skip_ahead: return "skip_ahead";
   }
   return "?";
 }

@@ -17,8 +17,9 @@ namespace blasst::sm90 {
 // own instance, because its code costs the plain skip kernel 4-9 % even when off; decode: one skip
 // instance, histogram by pointer). skip_screen: the SPEC §2b FP8 screen before the exact test;
 // skip_screen_check: the same decisions, with the bf16 scores of screened tiles computed anyway to
-// count wrong screens (statistics calls). Their launch takes a PrefillScreenParams.
-enum class KernelVariant : int { dense, skip, skip_hist, skip_record, skip_screen, skip_screen_check };
+// count wrong screens (statistics calls). Their launch takes a PrefillScreenParams. skip_ahead: the
+// pass after the SPEC §2b screen ahead, over the tiles its plan lists (launch: PrefillAheadParams).
+enum class KernelVariant : int { dense, skip, skip_hist, skip_record, skip_screen, skip_screen_check, skip_ahead };
 const char* to_string(KernelVariant v);
 
 namespace prefill {

@@ -20,6 +20,7 @@
 #include "cuda/sm90/kernel_table.hpp"
 #include "cuda/sm90/prefill/prefill_api.hpp"
 #include "cuda/sm90/prefill/prefill_params.hpp"
+#include "cuda/sm90/prefill/prefill_screen_ahead.hpp"
 #include "cuda/sm90/prefill/prefill_screen_quant.hpp"
 
 namespace blasst::sm90::prefill {
@@ -72,6 +73,11 @@ void can_implement(const AttentionProblem& p, const detail::ResolvedAttention& r
     if (p.skip_set != nullptr)
       throw Error(std::string("skip.screen.margin: ") + kKernel +
                   " does not record the skip set (skip_set) with the FP8 screen on yet");
+    // The screen ahead keeps each group's decisions in shared memory (kAheadMaxTiles tiles).
+    if (skip.screen.ahead && (r.max_k_len + kTileKeys - 1) / kTileKeys > kAheadMaxTiles)
+      throw Error("skip.screen.ahead: " + std::string(kKernel) + " screens ahead sequences of at most " +
+                  std::to_string(static_cast<long long>(kAheadMaxTiles) * kTileKeys) + " keys, got " +
+                  std::to_string(r.max_k_len));
   }
   check_i32(r.hq * r.batch * ((r.max_q_len + kBlockM - 1) / kBlockM), "CTA count (heads x batch x query blocks)");
   check_i32(r.batch, "batch");
@@ -175,7 +181,7 @@ std::size_t screen_workspace_bytes(const AttentionProblem& p, const SkipConfig& 
   if (!screen_on(skip)) return 0;
   const detail::ResolvedAttention r = detail::validate_attention(p, p.q.device);
   PrefillParams prm = make_params(p, r, skip, true);
-  return screen_layout(prm, static_cast<int>(r.d), max_k_tiles(r)).bytes;
+  return screen_layout(prm, static_cast<int>(r.d), max_k_tiles(r), skip.screen.ahead).bytes;
 }
 
 std::vector<double> launch_attention(const AttentionProblem& p, const SkipConfig& skip_in, void* stream,
@@ -220,13 +226,18 @@ std::vector<double> launch_attention(const AttentionProblem& p, const SkipConfig
 
   // The skip set is recorded by the skip_record instance (and by skip_hist, which also bins).
   // The FP8 screen (SPEC §2b) runs skip_screen, or skip_screen_check when wrong screens are counted;
-  // a histogram call runs skip_hist without the screen (its deltas are the exact ones anyway, and
-  // the decisions equal the screen's while there is no wrong screen).
+  // the screen ahead runs its own kernel, then skip_ahead (it counts no wrong screens: the caller
+  // passes no counter); a histogram call runs skip_hist without the screen (its deltas are the exact
+  // ones anyway, and the decisions equal the screen's while there is no wrong screen).
   const bool screen = screen_on(skip) && hist == nullptr;
+  const bool ahead = screen && skip.screen.ahead;
   const bool count_wrong = screen_ptr != nullptr && screen_ptr->screen_wrong != nullptr;
+  if (ahead && count_wrong)
+    throw Error(std::string("skip.screen.ahead: ") + kKernel + " does not count wrong screens of the screen ahead");
   const KernelVariant v = !skip_kernel        ? KernelVariant::dense
                           : hist != nullptr   ? KernelVariant::skip_hist
                           : prm.skip_set      ? KernelVariant::skip_record
+                          : ahead             ? KernelVariant::skip_ahead
                           : screen            ? (count_wrong ? KernelVariant::skip_screen_check : KernelVariant::skip_screen)
                                               : KernelVariant::skip;
   const PrefillLaunchFn run = find_prefill_kernel(r.dtype, static_cast<int>(r.d), v);
@@ -238,8 +249,9 @@ std::vector<double> launch_attention(const AttentionProblem& p, const SkipConfig
     run(prm, static_cast<cudaStream_t>(stream));
     return lambdas;
   }
-  // SPEC §2b: quantise Q and K into the screen's workspace, then the screen instance.
-  const ScreenLayout L = screen_layout(prm, static_cast<int>(r.d), max_k_tiles(r));
+  // SPEC §2b: quantise Q and K into the screen's workspace, then the screen instance (ahead: the
+  // screen-ahead kernel, then the skip_ahead instance over its plan).
+  const ScreenLayout L = screen_layout(prm, static_cast<int>(r.d), max_k_tiles(r), ahead);
   if (screen_ptr == nullptr || screen_ptr->workspace == nullptr || screen_ptr->workspace_bytes < L.bytes)
     throw Error("skip.screen: the FP8 screen needs " + std::to_string(L.bytes) +
                 " bytes of workspace (screen_workspace_bytes), got " +
@@ -256,6 +268,17 @@ std::vector<double> launch_attention(const AttentionProblem& p, const SkipConfig
   sp.screen.gamma_fp8 = gamma_up(d + 3, kScreenU8);
   sp.screen.screened = screen_ptr->screened;
   sp.screen.screen_wrong = screen_ptr->screen_wrong;
+  if (ahead) {
+    PrefillAheadParams ap;
+    static_cast<PrefillParams&>(ap) = prm;
+    auto* base = static_cast<unsigned char*>(screen_ptr->workspace);
+    ap.plan.list = reinterpret_cast<std::uint32_t*>(base + L.plan_list);
+    ap.plan.count = reinterpret_cast<int*>(base + L.plan_count);
+    ap.plan.stride = static_cast<int>(check_i32(L.tiles, "key tiles"));
+    screen_ahead(sp, static_cast<int>(r.d), ap.plan, static_cast<cudaStream_t>(stream));
+    run(ap, static_cast<cudaStream_t>(stream));
+    return lambdas;
+  }
   run(sp, static_cast<cudaStream_t>(stream));
   return lambdas;
 }
@@ -352,6 +375,8 @@ void cuda_attention(const AttentionProblem& p, const SkipConfig& skip, const Run
       screen.screen_wrong = ws.take<unsigned long long>(static_cast<std::size_t>(hq));
       BLASST_CUDA_CHECK(cudaMemsetAsync(screen.screened, 0, static_cast<std::size_t>(hq) * 8, stream));
       BLASST_CUDA_CHECK(cudaMemsetAsync(screen.screen_wrong, 0, static_cast<std::size_t>(hq) * 8, stream));
+      // The screen ahead counts no wrong screens on the GPU: SkipStats::screen_wrong stays empty.
+      if (skip.screen.ahead) screen.screen_wrong = nullptr;
     }
   }
   VisitOrder order = VisitOrder::natural;  // the order used (SPEC §2a), from the launch
@@ -368,11 +393,12 @@ void cuda_attention(const AttentionProblem& p, const SkipConfig& skip, const Run
       std::vector<unsigned long long> a(static_cast<std::size_t>(hq)), b(a.size());
       if (screen.screened != nullptr) {
         BLASST_CUDA_CHECK(cudaMemcpyAsync(a.data(), screen.screened, a.size() * 8, cudaMemcpyDeviceToHost, stream));
-        BLASST_CUDA_CHECK(cudaMemcpyAsync(b.data(), screen.screen_wrong, b.size() * 8, cudaMemcpyDeviceToHost, stream));
+        if (screen.screen_wrong != nullptr)
+          BLASST_CUDA_CHECK(cudaMemcpyAsync(b.data(), screen.screen_wrong, b.size() * 8, cudaMemcpyDeviceToHost, stream));
         BLASST_CUDA_CHECK(cudaStreamSynchronize(stream));
       }
       stats->screened.assign(a.begin(), a.end());
-      stats->screen_wrong.assign(b.begin(), b.end());
+      if (!skip.screen.ahead) stats->screen_wrong.assign(b.begin(), b.end());
     }
   }
 }

@@ -27,6 +27,8 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
 
   PrefillWork w;
   if (!HeavyFirstScheduler::get<Traits::kBlockM, Traits::kBlockN>(kp.p, w)) return;
+  // skip_ahead: the CTA's steps are the entries of its plan (SPEC §2b screen ahead).
+  if constexpr (Traits::kAhead) w.n_max = kp.plan.count[blockIdx.x];
 
   const int warp_idx = cutlass::canonical_warp_idx_sync();
   const int wg_idx = cutlass::canonical_warp_group_idx();
@@ -130,6 +132,7 @@ void launch_prefill(const PrefillParams& p, cudaStream_t stream) {
   kp.tma_v = make_tma_copy(SM90_TMA_LOAD{}, gv, take<0, 2>(typename Traits::SmemLayoutV{}),
                            Shape<Int<Traits::kBlockN>, Int<Traits::kHeadDim>>{}, _1{});
 
+  if constexpr (Traits::kAhead) kp.plan = static_cast<const PrefillAheadParams&>(p).plan;
   if constexpr (Traits::kScreen) {
     // The screen instances are called with a PrefillScreenParams (prefill_api.cu).
     const ScreenArgs& s = static_cast<const PrefillScreenParams&>(p).screen;

@@ -21,12 +21,17 @@ struct KernelParamsCore {
   typename Traits::GLayout layout_k;
   typename Traits::GLayout layout_v;
 };
-// The screen instances append the FP8 screen's arguments and TMA descriptors; every other
-// instance's parameters are KernelParamsCore's, byte for byte.
-template <class Traits, bool kScreen = Traits::kScreen>
+// The screen instances append the FP8 screen's arguments and TMA descriptors, the skip_ahead
+// instances the plan of the screen ahead; every other instance's parameters are
+// KernelParamsCore's, byte for byte.
+template <class Traits, int kExtra = Traits::kScreen ? 1 : Traits::kAhead ? 2 : 0>
 struct KernelParams : KernelParamsCore<Traits> {};
 template <class Traits>
-struct KernelParams<Traits, true> : KernelParamsCore<Traits> {
+struct KernelParams<Traits, 2> : KernelParamsCore<Traits> {
+  AheadPlan plan;
+};
+template <class Traits>
+struct KernelParams<Traits, 1> : KernelParamsCore<Traits> {
   ScreenArgs s;
   typename Traits::TmaQ8 tma_q8;
   typename Traits::TmaK8 tma_k8;
@@ -36,19 +41,41 @@ struct KernelParams<Traits, true> : KernelParamsCore<Traits> {
 
 // The key tiles of a CTA's steps, one step at a time: the skip kernel walks the visit order
 // (natural or max-first, SPEC §2a); the dense kernel always visits in natural order (its code
-// stays free of the order, and the order changes nothing but rounding there).
+// stays free of the order, and the order changes nothing but rounding there); skip_ahead walks its
+// plan's list (w.n_max entries, in the visit order; the next entry is loaded one step ahead).
 template <class Traits>
 struct TileWalk {
   ::blasst::detail::VisitCursor cur;
   int n = 0;
-  __device__ __forceinline__ explicit TileWalk(PrefillWork const& w) : cur(w.n_max, w.own) {}
+  const std::uint32_t* list = nullptr;  // skip_ahead
+  std::uint32_t cur_e = 0, next_e = 0;
+  int count = 0;
+  template <class KP>
+  __device__ __forceinline__ TileWalk(KP const& kp, PrefillWork const& w) : cur(w.n_max, w.own) {
+    if constexpr (Traits::kAhead) {
+      list = kp.plan.list + std::size_t(blockIdx.x) * std::size_t(kp.plan.stride);
+      count = w.n_max;
+      cur_e = count > 0 ? __ldg(list) : 0u;
+      next_e = count > 1 ? __ldg(list + 1) : 0u;
+    }
+  }
   __device__ __forceinline__ int tile() const {
+    if constexpr (Traits::kAhead) return int(cur_e & kAheadTileMask);
     if constexpr (Traits::kSkip) return cur.tile;
     return n;
   }
+  // skip_ahead: the current entry (the tile and the two groups' bits).
+  __device__ __forceinline__ std::uint32_t entry() const { return cur_e; }
   __device__ __forceinline__ void advance() {
-    if constexpr (Traits::kSkip) cur.advance();
-    else ++n;
+    if constexpr (Traits::kAhead) {
+      ++n;
+      cur_e = next_e;
+      next_e = n + 1 < count ? __ldg(list + n + 1) : 0u;
+    } else if constexpr (Traits::kSkip) {
+      cur.advance();
+    } else {
+      ++n;
+    }
   }
 };
 
@@ -88,7 +115,7 @@ __device__ __forceinline__ void producer_run(KernelParams<Traits> const& kp, Pre
   if constexpr (Traits::kKAhead) {
     // K_{n+1} before V_n: V_n is first read one step after K_n, so K gets the earlier slot.
     auto st_v = st;
-    TileWalk<Traits> walk_k(w), walk_v(w);
+    TileWalk<Traits> walk_k(kp, w), walk_v(kp, w);
     auto load_k = [&]() {
       pipe_k.producer_acquire(st);
       copy(kp.tma_k.with(*pipe_k.producer_get_barrier(st)), tKgK(_, walk_k.tile()),
@@ -106,7 +133,7 @@ __device__ __forceinline__ void producer_run(KernelParams<Traits> const& kp, Pre
       ++st_v;
     }
   } else {
-    TileWalk<Traits> walk(w);
+    TileWalk<Traits> walk(kp, w);
     for (int n = 0; n < w.n_max; ++n) {
       const int t = walk.tile();  // key tile of step n
       pipe_k.producer_acquire(st);
@@ -143,7 +170,7 @@ __device__ __forceinline__ void hist_warp_run(KernelParams<Traits> const& kp, Pr
     d = warp_delta(d);
     if (lane == 0 && tile < n_vis && p.hist != nullptr) atomicAdd(head_hist + hist_bin(d), 1ull);
   };
-  TileWalk<Traits> walk(w);
+  TileWalk<Traits> walk(kp, w);
   int prev_tile = 0;
   for (int n = 0; n < w.n_max; ++n) {
     named_sync_or(kBarVote0 + cwg, Traits::kVoteThreads, false);
@@ -238,6 +265,7 @@ __device__ __forceinline__ void consumer_mainloop(KernelParams<Traits> const& kp
   // make the 0 %-sparsity cost look smaller than with a real lambda).
   const bool can_skip = ln_lambda > -INFINITY;
   int n_skipped = 0;
+  [[maybe_unused]] int n_listed_vis = 0;  // skip_ahead: listed tiles visible to the group
   // Non-null: the skip set is recorded (SPEC §9; skip_record and skip_hist instances only, null
   // elsewhere so its code folds away). set_row: bit index of this vote group's tile 0. For tiles
   // [0, kSetWindowTiles) the bits are gathered in one register spread over the warp (lane l holds
@@ -268,7 +296,7 @@ __device__ __forceinline__ void consumer_mainloop(KernelParams<Traits> const& kp
 
   cutlass::arch::ClusterTransactionBarrier::wait(&ss.barrier_q, 0);
 
-  TileWalk<Traits> walk(w);            // the key tile of step n
+  TileWalk<Traits> walk(kp, w);        // the key tile of step n
   typename Traits::PipelineState st;   // tile n
   typename Traits::PipelineState stp;  // tile n-1
   // The P V product of tile n-1 is still to issue (tile n-1 kept). Dense: always, after tile 0.
@@ -307,6 +335,10 @@ __device__ __forceinline__ void consumer_mainloop(KernelParams<Traits> const& kp
     pipe_k.consumer_release(st);
 
     const int tile = walk.tile();  // masks and counts go by the key tile
+    // skip_ahead: the plan skips this tile for this group (the other one needs it). The warp vote
+    // makes the entry's bit uniform for ptxas; it is the same in every thread.
+    bool planned = false;
+    if constexpr (Traits::kAhead) planned = __any_sync(0xffffffffu, ((walk.entry() >> (30 + cwg)) & 1u) == 0u);
     walk.advance();                // (the next step's tile: off this step's critical path)
     if (tile_needs_mask(tile, kBlockN, row0, w.q_len, w.k_len, p.causal)) {
       apply_mask(tSrS_rc, tScS_rc, row0, tile * kBlockN, w.q_len, w.k_len, p.causal);
@@ -316,24 +348,30 @@ __device__ __forceinline__ void consumer_mainloop(KernelParams<Traits> const& kp
 
     bool skip = false;
     if constexpr (Traits::kSkip) {
-      // One BAR.RED of per-thread predicates decides (no warpgroup max on the softmax's path;
-      // bar.red also orders shared memory like bar.sync, which the histogram slots rely on).
       const bool keep = vote_keep(tmax, sm.m, row, w.q_len, p.scale, ln_lambda);
-      const bool any_keep = named_sync_or(kBarVote0 + cwg, Traits::kVoteThreads, keep);
-      if constexpr (Traits::kHist) {
-        // This quad's delta of tile n (m is still the maximum before the tile), for the
-        // histogram warp after the next vote barrier; the slot of this parity was read before
-        // the barrier just passed.
-        const float d = thread_delta(tmax, sm.m, row, w.q_len, p.scale);
-        if (quad_leader) hist_slot[(n & 1) * Traits::kHistDeltaSlots] = d;
+      if (planned) {
+        skip = true;  // the plan's decision stands (SPEC §2b); no vote (every warp of the group agrees)
+      } else {
+        // One BAR.RED of per-thread predicates decides (no warpgroup max on the softmax's path;
+        // bar.red also orders shared memory like bar.sync, which the histogram slots rely on).
+        const bool any_keep = named_sync_or(kBarVote0 + cwg, Traits::kVoteThreads, keep);
+        if constexpr (Traits::kHist) {
+          // This quad's delta of tile n (m is still the maximum before the tile), for the
+          // histogram warp after the next vote barrier; the slot of this parity was read before
+          // the barrier just passed.
+          const float d = thread_delta(tmax, sm.m, row, w.q_len, p.scale);
+          if (quad_leader) hist_slot[(n & 1) * Traits::kHistDeltaSlots] = d;
+        }
+        // The BAR.RED gives all 128 threads the same answer, but ptxas cannot know it: a branch
+        // on it counts as divergent, and then the loop kept its loop-carried state (pipeline
+        // stages, wgmma descriptors, the visit cursor) in vector registers, moved to uniform
+        // ones before every wgmma (R2UR), with BSSY/BSYNC reconvergence around the branches. The
+        // warp vote of an equal value is that value, and ptxas knows its result is uniform
+        // (VOTEU).
+        skip = __any_sync(0xffffffffu, can_skip && !any_keep);
       }
-      // The BAR.RED gives all 128 threads the same answer, but ptxas cannot know it: a branch
-      // on it counts as divergent, and then the loop kept its loop-carried state (pipeline
-      // stages, wgmma descriptors, the visit cursor) in vector registers, moved to uniform ones
-      // before every wgmma (R2UR), with BSSY/BSYNC reconvergence around the branches. The warp
-      // vote of an equal value is that value, and ptxas knows its result is uniform (VOTEU).
-      skip = __any_sync(0xffffffffu, can_skip && !any_keep);
       n_skipped += skip && tile < n_vis ? 1 : 0;
+      if constexpr (Traits::kAhead) n_listed_vis += tile < n_vis ? 1 : 0;
     }
 
     // V stages: the one of tile n-1 is released after its P V product is done (kept) or unread
@@ -422,6 +460,8 @@ __device__ __forceinline__ void consumer_mainloop(KernelParams<Traits> const& kp
   // per-step count.
   cnt.visited = static_cast<unsigned long long>(n_vis);
   cnt.skipped = static_cast<unsigned long long>(n_skipped);
+  // skip_ahead: the visible tiles the plan did not list were skipped by both groups.
+  if constexpr (Traits::kAhead) cnt.skipped += static_cast<unsigned long long>(n_vis - n_listed_vis);
 }
 
 }  // namespace blasst::sm90::prefill

@@ -84,4 +84,23 @@ struct PrefillScreenParams : PrefillParams {
   ScreenArgs screen;
 };
 
+// SPEC §2b screen ahead: what the screen-ahead kernel (prefill_screen_ahead.cu) writes for the
+// pass (the skip_ahead instances). For the CTA of launch index c (the same 1-D grid for both),
+// count[c] entries list[c * stride + i] name the key tiles its pass visits, in its visit order:
+// bits 0..29 the tile, bit 30 + g set when vote group g (the CTA's consumer warpgroup g) is not
+// ahead-skipped there. A tile neither group needs is not listed: it is neither loaded nor
+// multiplied.
+inline constexpr std::uint32_t kAheadTileMask = (1u << 30) - 1u;
+// The screen-ahead kernel keeps each vote group's decisions as bits in shared memory: at most
+// this many key tiles per sequence (2^20 keys); the host refuses longer sequences.
+inline constexpr int kAheadMaxTiles = 8192;
+struct AheadPlan {
+  std::uint32_t* list = nullptr;
+  int* count = nullptr;
+  int stride = 0;  // entries per CTA: the key tiles of the longest sequence
+};
+struct PrefillAheadParams : PrefillParams {
+  AheadPlan plan;
+};
+
 }  // namespace blasst::sm90::prefill

@@ -100,7 +100,7 @@ __device__ __forceinline__ void producer_run_screen(KernelParams<Traits> const& 
   // V_n, as in the skip kernel.
   auto st = cutlass::make_producer_start_state<typename Traits::Pipeline>();
   auto st_v = st;
-  TileWalk<Traits> walk_k(w), walk_v(w);
+  TileWalk<Traits> walk_k(kp, w), walk_v(kp, w);
   auto load_k = [&]() {
     pipe_k.producer_acquire(st);
     auto* bar = pipe_k.producer_get_barrier(st);
@@ -203,7 +203,7 @@ __device__ __forceinline__ void consumer_mainloop_screen(KernelParams<Traits> co
 
   cutlass::arch::ClusterTransactionBarrier::wait(&ss.barrier_q, 0);
 
-  TileWalk<Traits> walk(w);
+  TileWalk<Traits> walk(kp, w);
   typename Traits::PipelineState st;   // tile n
   typename Traits::PipelineState stp;  // tile n-1
   bool pv_pending = false;             // the P V product of tile n-1 is still to issue

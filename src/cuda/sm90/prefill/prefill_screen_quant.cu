@@ -201,7 +201,7 @@ void run(const PrefillParams& p, const ScreenLayout& L, unsigned char* ws, cudaS
 
 }  // namespace
 
-ScreenLayout screen_layout(const PrefillParams& p, int d, std::int64_t tiles) {
+ScreenLayout screen_layout(const PrefillParams& p, int d, std::int64_t tiles, bool ahead) {
   ScreenLayout L;
   L.nb = p.cu_q != nullptr ? 1 : p.batch;
   L.rows_q = p.rows_q;
@@ -222,6 +222,11 @@ ScreenLayout screen_layout(const PrefillParams& p, int d, std::int64_t tiles) {
   L.k8 = take(u(L.nb * L.rows_k * L.hk * d));
   L.q_rows = take(u(L.nb * L.rows_q * L.hq) * sizeof(float4));
   L.k_tiles = take(u(L.batch * L.hk * L.tiles) * sizeof(float4));
+  if (ahead) {
+    L.ctas = static_cast<std::int64_t>(p.hq) * p.batch * p.num_m_blocks;  // HeavyFirstScheduler::grid
+    L.plan_list = take(u(L.ctas * L.tiles) * sizeof(std::uint32_t));
+    L.plan_count = take(u(L.ctas) * sizeof(int));
+  }
   L.bytes = off;
   return L;
 }

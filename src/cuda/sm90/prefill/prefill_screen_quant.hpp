@@ -15,12 +15,14 @@ namespace blasst::sm90::prefill {
 
 // Where each part of the screen's workspace lies (byte offsets, 256-aligned), for the tensors of
 // a PrefillParams: nb = batch (batched) or 1 (ragged, tokens flattened into rows_q / rows_k).
+// ahead (SPEC §2b screen ahead): also the plan (AheadPlan: one list of `tiles` entries and one
+// count per CTA of the pass's grid, ctas of them).
 struct ScreenLayout {
-  std::int64_t nb = 0, rows_q = 0, rows_k = 0, hq = 0, hk = 0, d = 0, batch = 0, tiles = 0;
-  std::size_t q8 = 0, k8 = 0, q_rows = 0, k_tiles = 0, bytes = 0;
+  std::int64_t nb = 0, rows_q = 0, rows_k = 0, hq = 0, hk = 0, d = 0, batch = 0, tiles = 0, ctas = 0;
+  std::size_t q8 = 0, k8 = 0, q_rows = 0, k_tiles = 0, plan_list = 0, plan_count = 0, bytes = 0;
 };
 // tiles: key tiles of the longest sequence.
-ScreenLayout screen_layout(const PrefillParams& p, int d, std::int64_t tiles);
+ScreenLayout screen_layout(const PrefillParams& p, int d, std::int64_t tiles, bool ahead = false);
 
 // Quantises Q (per query row) and K (per key tile: one scale, the norm maxima) of p into ws (at least
 // L.bytes, 256-byte aligned) on `stream` and points args' buffers at it (SPEC §2b: e4m3 codes as

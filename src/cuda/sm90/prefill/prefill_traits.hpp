@@ -62,6 +62,10 @@ struct PrefillTraits {
   static constexpr bool kScreen =
       kVariant_ == KernelVariant::skip_screen || kVariant_ == KernelVariant::skip_screen_check;
   static constexpr bool kScreenCheck = kVariant_ == KernelVariant::skip_screen_check;
+  // SPEC §2b screen ahead (prefill_screen_ahead.hpp decides; this is the pass after it): the walk
+  // visits the tiles of the plan's list, and a vote group the plan skips on a listed tile (the
+  // other group needs it) skips it without its vote.
+  static constexpr bool kAhead = kVariant_ == KernelVariant::skip_ahead;
   static_assert(!kRecordSet || kEarlyV, "the skip set is recorded on the early-V skipped-tile path");
   // 128 query rows per CTA = two consumer warpgroups of 64 rows (the skip vote group);
   // 128 keys per tile = the SPEC tile.
