@@ -9,7 +9,8 @@
 //   - a crafted wrong-screen-prone input (tight z = 0): the wrong screens are counted, equal to the
 //     reference's count, and the output follows the screened skip set as the reference's does;
 //   - the screen ahead (strict) against the plain skip kernel and the reference's screen ahead,
-//     and on the crafted input (z = 0: screened ahead as the reference does, the output follows).
+//     and on the crafted input (z = 0: the kernel's lower bound keeps its own FP8 accumulation
+//     term, so it does not screen where the reference, with fp32 sums, screens wrongly).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -266,19 +267,29 @@ TEST(GpuPrefillScreen, WrongScreensOfTightZeroAreCounted) {
     for (std::size_t i = 0; i < lse.size(); ++i) bad += !(std::abs(double(g.lse[i]) - lse[i]) <= u + 1e-5 * std::abs(lse[i]));
     EXPECT_EQ(bad, 0u);
   }
-  // The screen ahead on the same input: tile 0 comes first (lo = -inf: never screened) and raises
-  // lo to about 4, so with z = 0 every group screens tile 1 ahead, wrongly; the reference counts
-  // 4 wrong screens, the kernel reports none (it does not count them) and follows the plan.
+  // The screen ahead on the same input, at the same lambda. Tile 0 comes first (lo = -inf: never
+  // screened) and raises lo to its lower bound: the reference's 4 - (tiny: u8 = 2^-24), the
+  // kernel's 4 - gamma_131(2^-13) |q~| |k~_0| = 4 - 0.064 (its FP8 accumulation term, counted again
+  // below the maximum). The reference then screens tile 1 ahead in every group, wrongly (4 of 4,
+  // as in the loop); the kernel must not: its lower bound lies 0.064 below 4, more than the gap
+  // (x - up_kernel) / 2 = 0.006 that lambda leaves, so every group keeps tile 1 and the exact test
+  // keeps it too. It reports no wrong-screen counts (the pass computes none).
   SkipConfig cfg = screen_cfg(std::exp(ln), VisitOrder::natural, ScreenMargin::tight, 0.0);
   cfg.screen.ahead = true;
+  const double g131 = 131 * 0x1p-13 / (1 - 131 * 0x1p-13);
+  ASSERT_GT(g131 * 4.0, 0.5 * (x - up_kernel));  // the premise above, in float64
   SkipStats rs, gs;
   reference::attention(p, cfg, sopt, &rs);
-  const KernelOut g = run_gpu(c, in, cfg, sopt, &gs);
   EXPECT_EQ(rs.total_screened(), 4);
   EXPECT_EQ(rs.total_screen_wrong(), 4);
-  EXPECT_EQ(gs.total_screened(), 4);
+  const KernelOut g = run_gpu(c, in, cfg, sopt, &gs);
+  EXPECT_EQ(gs.total_visited(), 8);
+  EXPECT_EQ(gs.total_screened(), 0);
   EXPECT_TRUE(gs.screen_wrong.empty());
-  EXPECT_EQ(gs.total_skipped(), rs.total_skipped());
+  EXPECT_EQ(gs.total_skipped(), 0);
+  // Nothing skipped: the reference without a screen gives the output.
+  reference::attention(p, screen_cfg(std::exp(ln), VisitOrder::natural, ScreenMargin::off), sopt, &rs);
+  EXPECT_EQ(rs.total_skipped(), 0);
   const double u = unit_roundoff(c.dt);
   std::size_t bad = 0;
   for (std::size_t i = 0; i < out.size(); ++i) bad += !(std::abs(double(g.o[i]) - out[i]) <= 2 * u * (1 + std::abs(out[i])));
