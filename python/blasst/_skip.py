@@ -38,7 +38,10 @@ class SkipSoftmax:
     ``screen`` ("off", "strict" or "tight", with ``screen_z`` for tight) turns on the FP8 screen
     of SPEC §2b: the CPU reference models it and counts its wrong screens in the statistics
     (``SkipStats.screened``, ``screen_wrong``); the CUDA prefill kernel implements it, the CUDA
-    decode kernels refuse it.
+    decode kernels refuse it. ``screen_ahead=True`` (with a screen) decides every pair from the
+    FP8 scores before the pass (SPEC §2b "Screen ahead"): the CUDA prefill kernel then never loads
+    or multiplies a tile no vote group needs; wrong screens are not counted on the GPU then
+    (``screen_wrong`` stays empty; the strict margin has none by the SPEC's theorem).
     """
 
     __slots__ = ("_cfg", "_disabled_until", "_key", "_op_str")
@@ -48,7 +51,7 @@ class SkipSoftmax:
                  target_sparsity: Optional[float] = None, tile_keys: int = 128,
                  vote_rows: int = 64, vote_heads: int = 1, split_tiles: int = 0,
                  order: Optional[str] = None, disabled_until_timestep: Optional[float] = None,
-                 screen: str = "off", screen_z: float = 6.0):
+                 screen: str = "off", screen_z: float = 6.0, screen_ahead: bool = False):
         given = [n for n, v in (("threshold", threshold), ("factor", factor),
                                 ("calibration", calibration)) if v is not None]
         if len(given) != 1:
@@ -73,10 +76,10 @@ class SkipSoftmax:
             else:
                 cfg = _core.SkipConfig.from_factor(float(factor))
         self._init(cfg, tile_keys, vote_rows, vote_heads, split_tiles, order,
-                   disabled_until_timestep, screen, screen_z)
+                   disabled_until_timestep, screen, screen_z, screen_ahead)
 
     def _init(self, cfg, tile_keys, vote_rows, vote_heads, split_tiles, order, disabled_until,
-              screen="off", screen_z=6.0):
+              screen="off", screen_z=6.0, screen_ahead=False):
         # order None: keep cfg's own (the factories' SPEC §2a default, or a config's order).
         if order is not None and order not in _ORDERS:
             raise ValueError(f"SkipSoftmax: order must be one of {_ORDERS} or None, got {order!r}")
@@ -94,9 +97,12 @@ class SkipSoftmax:
             raise ValueError(f"SkipSoftmax: screen must be one of {_SCREENS}, got {screen!r}")
         if isinstance(screen_z, bool) or not isinstance(screen_z, (int, float)):
             raise ValueError(f"SkipSoftmax: screen_z must be a number, got {screen_z!r}")
+        if not isinstance(screen_ahead, bool):
+            raise ValueError(f"SkipSoftmax: screen_ahead must be a bool, got {screen_ahead!r}")
         cfg.screen = screen
         cfg.screen_z = float(screen_z)
-        if cfg.enabled or screen != "off":
+        cfg.screen_ahead = screen_ahead
+        if cfg.enabled or screen != "off" or screen_ahead:
             cfg.validate()  # C++ checks: NaN/inf/<= 0 thresholds, target range, tile sizes
         self._cfg = cfg
         # SPEC §4: D lies in [0, 1]; the C++ gate's constructor is the check.
@@ -118,7 +124,8 @@ class SkipSoftmax:
     def _wrap(cls, cfg, disabled_until=None) -> "SkipSoftmax":
         self = cls.__new__(cls)
         self._init(cfg, cfg.tile_keys, cfg.vote_rows, cfg.vote_heads, cfg.split_tiles,
-                   cfg.order if cfg.order_explicit else None, disabled_until, cfg.screen, cfg.screen_z)
+                   cfg.order if cfg.order_explicit else None, disabled_until, cfg.screen, cfg.screen_z,
+                   cfg.screen_ahead)
         return self
 
     @classmethod
@@ -191,6 +198,11 @@ class SkipSoftmax:
         return self._cfg.screen_z
 
     @property
+    def screen_ahead(self) -> bool:
+        """The screen decides every pair before the pass (SPEC §2b "Screen ahead")."""
+        return bool(self._cfg.screen_ahead)
+
+    @property
     def disabled_until_timestep(self) -> Optional[float]:
         return self._disabled_until
 
@@ -210,7 +222,8 @@ class SkipSoftmax:
             self._key = (bool(c.enabled), c.threshold, c.factor, None if cal is None else tuple(cal),
                          float(c.target_sparsity), int(c.tile_keys), int(c.vote_rows),
                          int(c.vote_heads), int(c.split_tiles), str(c.order), self._disabled_until,
-                         pw, bool(c.order_explicit), str(c.screen), float(c.screen_z))
+                         pw, bool(c.order_explicit), str(c.screen), float(c.screen_z),
+                         bool(c.screen_ahead))
         return self._key
 
     @classmethod
@@ -219,6 +232,7 @@ class SkipSoftmax:
          order, disabled_until, piecewise) = fields[:12]
         explicit = bool(fields[12]) if len(fields) > 12 else True
         screen, screen_z = (str(fields[13]), float(fields[14])) if len(fields) > 14 else ("off", 6.0)
+        screen_ahead = bool(fields[15]) if len(fields) > 15 else False
         if not explicit:
             order = None  # the source's SPEC §2a default, as it was built
         if enabled and piecewise is not None and threshold is None and factor is None:
@@ -228,11 +242,11 @@ class SkipSoftmax:
                  None if finite_size is None else tuple(finite_size)), float(target))
             self = cls.__new__(cls)
             self._init(cfg, tile_keys, vote_rows, vote_heads, split_tiles, order, disabled_until,
-                       screen, screen_z)
+                       screen, screen_z, screen_ahead)
             return self
         if not enabled:
             self = cls.__new__(cls)
-            self._init(_core.SkipConfig(), 128, 64, 1, 0, "natural", None, screen, screen_z)
+            self._init(_core.SkipConfig(), 128, 64, 1, 0, "natural", None, screen, screen_z, screen_ahead)
             self._disabled_until = disabled_until
             self._key = None
             self._op_str = repr(self.fields())
@@ -241,12 +255,12 @@ class SkipSoftmax:
             return cls(calibration=tuple(cal), target_sparsity=target, tile_keys=tile_keys,
                        vote_rows=vote_rows, vote_heads=vote_heads, split_tiles=split_tiles,
                        order=order, disabled_until_timestep=disabled_until, screen=screen,
-                       screen_z=screen_z)
+                       screen_z=screen_z, screen_ahead=screen_ahead)
         src = {"threshold": threshold} if threshold is not None else {"factor": factor}
         return cls(**src, tile_keys=tile_keys,
                    vote_rows=vote_rows, vote_heads=vote_heads, split_tiles=split_tiles,
                    order=order, disabled_until_timestep=disabled_until, screen=screen,
-                   screen_z=screen_z)
+                   screen_z=screen_z, screen_ahead=screen_ahead)
 
     def __reduce__(self):  # picklable (multiprocessing, torch.save of modules that hold one)
         return (SkipSoftmax.from_fields, (self.fields(),))
@@ -273,6 +287,7 @@ class SkipSoftmax:
         order = f"order={c.order!r}" if c.order_explicit else f"order=None (default: {c.order!r})"
         if c.screen != "off":
             extra += f", screen={c.screen!r}" + (f", screen_z={c.screen_z!r}" if c.screen == "tight" else "")
+            extra += ", screen_ahead=True" if c.screen_ahead else ""
         return (f"SkipSoftmax({src}, tile_keys={c.tile_keys}, vote_rows={c.vote_rows}, "
                 f"vote_heads={c.vote_heads}, {order}{extra})")
 

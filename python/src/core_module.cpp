@@ -528,6 +528,9 @@ NB_MODULE(_core, m) {
       .def_prop_rw(
           "screen_z", [](const blasst::SkipConfig& c) { return c.screen.z; },
           [](blasst::SkipConfig& c, double z) { c.screen.z = z; })
+      .def_prop_rw(
+          "screen_ahead", [](const blasst::SkipConfig& c) { return c.screen.ahead; },
+          [](blasst::SkipConfig& c, bool a) { c.screen.ahead = a; })
       .def_static("from_threshold", &blasst::SkipConfig::from_threshold, "lam"_a)
       .def_static("from_factor", &blasst::SkipConfig::from_factor, "factor"_a)
       .def_static(

@@ -45,6 +45,45 @@ def test_settings_round_trip_and_validate():
         blasst.SkipSoftmax(threshold=0.1, screen="tight", screen_z=-1.0)
 
 
+def test_screen_ahead_settings_round_trip_and_validate():
+    s = blasst.SkipSoftmax(threshold=0.1, screen="strict", screen_ahead=True)
+    assert s.screen_ahead and s.screen == "strict"
+    t = blasst.SkipSoftmax.from_fields(s.fields())
+    assert t == s and t.screen_ahead
+    assert pickle.loads(pickle.dumps(s)) == s
+    assert s != blasst.SkipSoftmax(threshold=0.1, screen="strict")
+    assert "screen_ahead=True" in repr(s)
+    assert not blasst.SkipSoftmax(threshold=0.1, screen="strict").screen_ahead
+    # fields of an older build (15 entries) read as screen ahead off
+    old = blasst.SkipSoftmax.from_fields(s.fields()[:15])
+    assert old.screen == "strict" and not old.screen_ahead
+    with pytest.raises(ValueError, match="screen_ahead must be a bool"):
+        blasst.SkipSoftmax(threshold=0.1, screen="strict", screen_ahead=1)
+    # the C++ check: the screen ahead needs a margin, also on a dense configuration
+    with pytest.raises(Exception, match="the screen ahead needs a margin"):
+        blasst.SkipSoftmax(threshold=0.1, screen_ahead=True)
+    with pytest.raises(Exception, match="the screen ahead needs a margin"):
+        blasst.SkipSoftmax.from_fields(blasst.SkipSoftmax.dense().fields()[:15] + (True,))
+
+
+def test_strict_screen_ahead_equals_plain_skip_and_screens_a_subset(rng):
+    """SPEC §2b's theorem through the API: the strict screen ahead has no wrong screen, its
+    screened pairs are at most those of the screen in the loop, and the output is the plain
+    skip path's; the sink input makes it screen something."""
+    q, k, v = sink_inputs(rng)
+    plain = blasst.SkipSoftmax(threshold=0.2, order="natural")
+    loop = blasst.SkipSoftmax(threshold=0.2, order="natural", screen="strict")
+    ahead = blasst.SkipSoftmax(threshold=0.2, order="natural", screen="strict", screen_ahead=True)
+    o0, l0, s0 = run(q, k, v, plain)
+    _, _, s1 = run(q, k, v, loop)
+    o2, l2, s2 = run(q, k, v, ahead)
+    assert s2.total_screened > 0, "nothing screened ahead: the case this test exists for did not happen"
+    assert s2.total_screen_wrong == 0
+    assert all(a <= b for a, b in zip(s2.screened, s1.screened))
+    assert s2.skipped == s0.skipped and s2.visited == s0.visited
+    assert np.array_equal(o0, o2) and np.array_equal(l0, l2)
+
+
 def test_strict_screen_equals_plain_skip_with_screened_pairs(rng):
     q, k, v = sink_inputs(rng)
     plain = blasst.SkipSoftmax(threshold=0.2, order="natural")
