@@ -113,12 +113,15 @@ void strict_case(const Case& c, const Inputs& in, double target, VisitOrder orde
   EXPECT_EQ(count_beyond(plain.lse, fast.lse, u, "LSE: plain skip vs screen"), 0u);
 }
 
-TEST(GpuPrefillScreen, StrictEqualsThePlainSkipKernelWithoutWrongScreens) {
-  BLASST_GPU_OR_SKIP("the sm_90a prefill kernel needs a Hopper device");
+// The screen tests' inputs: llm-like causal and DiT-like full masks, d = 128 and 64, 3000 rows,
+// 4 / 2 heads, seeds seed0, seed0 + 1, ... (batched: two sequences at d = 64).
+template <class F>
+void for_each_screen_case(std::uint64_t seed0, bool batched, F&& f) {
   int i = 0;
   for (const bool causal : {true, false}) {
     for (const std::int64_t d : {128, 64}) {
       Case c;
+      c.B = batched && d == 64 ? 2 : 1;
       c.Lq = c.Lk = 3000;
       c.hq = 4;
       c.hk = 2;
@@ -130,13 +133,20 @@ TEST(GpuPrefillScreen, StrictEqualsThePlainSkipKernelWithoutWrongScreens) {
       ws.heads_q = c.hq;
       ws.heads_k = c.hk;
       ws.head_dim = c.d;
-      ws.seed = test_seed(900 + std::uint64_t(i++));
+      ws.batch = c.B;
+      ws.seed = test_seed(seed0 + std::uint64_t(i++));
       SCOPED_TRACE("seed " + std::to_string(ws.seed));
       const Workload w = make_workload(ws);
-      const Inputs in = make_inputs(c, w.q, w.k, w.v);
-      for (const double target : {0.6, 0.8}) strict_case(c, in, target, VisitOrder::max_first);
+      f(c, make_inputs(c, w.q, w.k, w.v));
     }
   }
+}
+
+TEST(GpuPrefillScreen, StrictEqualsThePlainSkipKernelWithoutWrongScreens) {
+  BLASST_GPU_OR_SKIP("the sm_90a prefill kernel needs a Hopper device");
+  for_each_screen_case(900, false, [](const Case& c, const Inputs& in) {
+    for (const double target : {0.6, 0.8}) strict_case(c, in, target, VisitOrder::max_first);
+  });
 }
 
 // SPEC §2b screen ahead, strict: the screen-ahead kernel's plan and the skip_ahead pass against
@@ -189,30 +199,10 @@ void ahead_case(const Case& c, const Inputs& in, double target) {
 
 TEST(GpuPrefillScreen, StrictAheadEqualsThePlainSkipKernel) {
   BLASST_GPU_OR_SKIP("the sm_90a prefill kernel needs a Hopper device");
-  int i = 0;
-  for (const bool causal : {true, false}) {
-    for (const std::int64_t d : {128, 64}) {
-      Case c;
-      c.B = d == 64 ? 2 : 1;  // a batch: the plan's CTA index runs over sequences too
-      c.Lq = c.Lk = 3000;
-      c.hq = 4;
-      c.hk = 2;
-      c.d = d;
-      c.causal = causal;
-      WorkloadSpec ws;
-      ws.kind = causal ? WorkloadKind::llm : WorkloadKind::dit;
-      ws.seq_len = c.Lk;
-      ws.heads_q = c.hq;
-      ws.heads_k = c.hk;
-      ws.head_dim = c.d;
-      ws.batch = c.B;
-      ws.seed = test_seed(950 + std::uint64_t(i++));
-      SCOPED_TRACE("seed " + std::to_string(ws.seed));
-      const Workload w = make_workload(ws);
-      const Inputs in = make_inputs(c, w.q, w.k, w.v);
-      for (const double target : {0.6, 0.8}) ahead_case(c, in, target);
-    }
-  }
+  // batched at d = 64: the plan's CTA index runs over sequences too
+  for_each_screen_case(950, true, [](const Case& c, const Inputs& in) {
+    for (const double target : {0.6, 0.8}) ahead_case(c, in, target);
+  });
 }
 
 // d = 128, L = 256 (4 vote groups x 2 tiles), one head, q_i = e0 for every row. Tile 0: key 0 =

@@ -53,6 +53,28 @@ __device__ __forceinline__ float screen_margin(ScreenRow const& r, float4 const&
   return fmaf(core + rnd, 1.0f + 0x1p-16f, 0x1p-100f);
 }
 
+// The screen terms of this thread's query rows (ScreenArgs::q_rows); rows past the sequence end
+// keep zeros (they do not vote).
+template <int kRows>
+__device__ __forceinline__ void load_screen_rows(ScreenArgs const& sa, PrefillParams const& p, PrefillWork const& w,
+                                                 int const (&row)[kRows], ScreenRow (&qrow)[kRows]) {
+  const std::int64_t tok0 = (p.cu_q != nullptr ? 0 : std::int64_t(w.b) * p.rows_q) + w.q_start;
+  CUTLASS_PRAGMA_UNROLL
+  for (int mi = 0; mi < kRows; ++mi) {
+    if (row[mi] < w.q_len) {
+      const float4 v = __ldg(reinterpret_cast<const float4*>(sa.q_rows) + (tok0 + row[mi]) * p.hq + w.h);
+      qrow[mi] = ScreenRow{v.x, v.y, v.z, v.w};
+    }
+  }
+}
+
+// The work tile's key tiles' screen terms (ScreenArgs::k_tiles of its sequence and KV head).
+__device__ __forceinline__ const float4* screen_key_tiles(ScreenArgs const& sa, PrefillParams const& p,
+                                                          PrefillWork const& w) {
+  const int hk = w.h / p.group;
+  return reinterpret_cast<const float4*>(sa.k_tiles) + (std::int64_t(w.b) * p.hk + hk) * sa.tiles;
+}
+
 template <class Traits>
 __device__ __forceinline__ void producer_run_screen(KernelParams<Traits> const& kp, PrefillWork const& w,
                                                     typename Traits::SharedStorage& ss,
@@ -182,19 +204,8 @@ __device__ __forceinline__ void consumer_mainloop_screen(KernelParams<Traits> co
 
   // This thread's query rows: scale and norms (rows past the sequence end do not vote).
   ScreenRow qrow[kRows];
-  {
-    const std::int64_t tok0 = (ragged ? 0 : std::int64_t(w.b) * p.rows_q) + w.q_start;
-    CUTLASS_PRAGMA_UNROLL
-    for (int mi = 0; mi < kRows; ++mi) {
-      if (row[mi] < w.q_len) {
-        const float4 v = __ldg(reinterpret_cast<const float4*>(sa.q_rows) + (tok0 + row[mi]) * p.hq + w.h);
-        qrow[mi] = ScreenRow{v.x, v.y, v.z, v.w};
-      }
-    }
-  }
-  const int hk = w.h / p.group;
-  const float4* const kt_seq =
-      reinterpret_cast<const float4*>(sa.k_tiles) + (std::int64_t(w.b) * p.hk + hk) * sa.tiles;
+  load_screen_rows(sa, p, w, row, qrow);
+  const float4* const kt_seq = screen_key_tiles(sa, p, w);
 
   const float ln_lambda = p.threshold.template log_lambda<false>(w.k_len);
   const int n_vis = visible_tiles(row0 + cwg * 64, 64, w.q_len, w.k_len, p.causal, kBlockN);

@@ -111,19 +111,8 @@ __device__ __forceinline__ void ahead_consumer(AheadKernelParams<kD> const& kp, 
     }
   }
   ScreenRow qrow[kRows];
-  {
-    const std::int64_t tok0 = (ragged ? 0 : std::int64_t(w.b) * p.rows_q) + w.q_start;
-    CUTLASS_PRAGMA_UNROLL
-    for (int mi = 0; mi < kRows; ++mi) {
-      if (row[mi] < w.q_len) {
-        const float4 v = __ldg(reinterpret_cast<const float4*>(sa.q_rows) + (tok0 + row[mi]) * p.hq + w.h);
-        qrow[mi] = ScreenRow{v.x, v.y, v.z, v.w};
-      }
-    }
-  }
-  const int hk = w.h / p.group;
-  const float4* const kt_seq =
-      reinterpret_cast<const float4*>(sa.k_tiles) + (std::int64_t(w.b) * p.hk + hk) * sa.tiles;
+  load_screen_rows(sa, p, w, row, qrow);
+  const float4* const kt_seq = screen_key_tiles(sa, p, w);
   const float ln_lambda = p.threshold.template log_lambda<false>(w.k_len);
   const int n_vis = visible_tiles(row0 + cwg * 64, 64, w.q_len, w.k_len, p.causal, kBlockN);
   // A sequence that cannot skip (lambda >= 1) needs every tile visible to the group.
