@@ -65,9 +65,9 @@ std::size_t count_beyond(const std::vector<float>& a, const std::vector<float>& 
   return bad;
 }
 
-void strict_case(const Case& c, const Inputs& in, double target, VisitOrder order) {
-  std::vector<float> out, lse;
-  AttentionProblem p = host_problem(c, in, out, lse);
+// ln(lambda) at which the reference skips `target` of the pairs (its one-pass delta curve with
+// the kernel's vote groups, in `order`); not finite when the fixed data cannot reach it.
+double reference_ln_lambda(const AttentionProblem& p, VisitOrder order, double target) {
   SkipConfig probe;
   probe.vote.rows = 64;
   probe.vote.heads = 1;
@@ -77,7 +77,13 @@ void strict_case(const Case& c, const Inputs& in, double target, VisitOrder orde
   ropt.record_deltas = true;
   SkipStats curve;
   reference::attention(p, probe, ropt, &curve);
-  const double ln = ln_lambda_for(curve.deltas, target);
+  return ln_lambda_for(curve.deltas, target);
+}
+
+void strict_case(const Case& c, const Inputs& in, double target, VisitOrder order) {
+  std::vector<float> out, lse;
+  AttentionProblem p = host_problem(c, in, out, lse);
+  const double ln = reference_ln_lambda(p, order, target);
   ASSERT_TRUE(std::isfinite(ln)) << "target " << target << " unreachable: the fixed data is inadequate";
   const double lambda = std::exp(ln);
   SCOPED_TRACE(c.name() + " target " + std::to_string(target) + " lambda " + std::to_string(lambda) + " order " +
@@ -158,16 +164,7 @@ void ahead_case(const Case& c, const Inputs& in, double target) {
   const VisitOrder order = VisitOrder::max_first;
   std::vector<float> out, lse;
   AttentionProblem p = host_problem(c, in, out, lse);
-  SkipConfig probe;
-  probe.vote.rows = 64;
-  probe.vote.heads = 1;
-  probe.vote.tile_keys = 128;
-  probe.vote.order = order;
-  RunOptions ropt;
-  ropt.record_deltas = true;
-  SkipStats curve;
-  reference::attention(p, probe, ropt, &curve);
-  const double ln = ln_lambda_for(curve.deltas, target);
+  const double ln = reference_ln_lambda(p, order, target);
   ASSERT_TRUE(std::isfinite(ln)) << "target " << target << " unreachable: the fixed data is inadequate";
   const double lambda = std::exp(ln);
   SCOPED_TRACE(c.name() + " target " + std::to_string(target) + " lambda " + std::to_string(lambda));
