@@ -52,6 +52,37 @@ std::vector<std::string> split(const std::string& s) {
   return out;
 }
 
+// Screen ahead: how the pass's work splits (a CTA of the kernel holds two 64-row vote groups and
+// walks one visit order for both; max-first gives both groups of a 128-row block the same own tile,
+// the causal diagonal gives them the same visible tiles). From each visited pair's delta8a (the
+// reference's screen_deltas: tasks by (head, 64-row group) in order, pairs in visit order), per
+// 128-row block and step: listed when a group needs the tile (delta8a >= ln(lambda)), and of
+// those, the ones only one group needs (the other group's S product in the pass is wasted).
+// Needs lengths that are multiples of 128 (every block two whole groups).
+struct AheadSplit {
+  double listed = 0, one_group = 0, steps = 0;
+};
+AheadSplit ahead_split(const std::vector<float>& sd, i64 L, i64 H, bool causal, double ln_lambda) {
+  AheadSplit a;
+  std::size_t at = 0;
+  for (i64 h = 0; h < H; ++h) {
+    for (i64 c = 0; c < L / 128; ++c) {
+      const i64 n = causal ? c + 1 : L / 128;  // visible tiles of both groups of block c
+      if (at + 2 * std::size_t(n) > sd.size()) throw Error("ahead_split: fewer screen deltas than the blocks need");
+      for (i64 i = 0; i < n; ++i) {
+        const bool need0 = !(double(sd[at + std::size_t(i)]) < ln_lambda);
+        const bool need1 = !(double(sd[at + std::size_t(n + i)]) < ln_lambda);
+        a.steps += 1;
+        a.listed += need0 || need1;
+        a.one_group += need0 != need1;
+      }
+      at += 2 * std::size_t(n);
+    }
+  }
+  if (at != sd.size()) throw Error("ahead_split: the screen deltas do not match the blocks");
+  return a;
+}
+
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -97,9 +128,11 @@ int main(int argc, char** argv) {
        << "screened = pairs the screen skipped alone / visited; wrong = wrong screens; cost model "
           "per visited pair (dense tile = 1): screen 0.25 + unscreened bf16 Q.K^T 0.5 + kept "
           "exp/P.V 0.5 (off: 0.5 + kept 0.5); speedup = 1 / cost.\n\n"
+       << "ahead rows: listed = 128-row blocks x steps the pass walks (a group needs the tile) / "
+          "all visible ones; one group = of the listed, those only one group needs.\n\n"
        << "| workload | mask | order | target | lambda | margin | sparsity | screened | "
-          "screened / skipped | wrong | cost | model speedup |\n"
-       << "|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+          "screened / skipped | wrong | cost | model speedup | listed | one group |\n"
+       << "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
     for (const std::string& wname : workloads) {
       WorkloadSpec ws;
       ws.kind = parse_workload(wname);
@@ -127,7 +160,7 @@ int main(int argc, char** argv) {
           const double lambda = calibration::lambda_for_sparsity(curve, target);
           if (!(lambda < 1.0)) {
             md << "| " << wname << " | " << to_string(mask) << " | " << to_string(order) << " | " << target
-               << " | unreachable | | | | | | | |\n";
+               << " | unreachable | | | | | | | | | |\n";
             continue;
           }
           for (const Margin& m : kMargins) {
@@ -142,9 +175,17 @@ int main(int argc, char** argv) {
             sk.screen.ahead = m.ahead;
             RunOptions rs;
             rs.collect_stats = true;
+            rs.record_deltas = m.ahead && L % 128 == 0;  // the screen deltas, for the split below
             rs.num_threads = threads;
             SkipStats ss;
             reference::attention(p, sk, rs, &ss);
+            std::string split_cols = " - | - |";
+            if (rs.record_deltas) {
+              const AheadSplit a = ahead_split(ss.screen_deltas, L, H, mask == MaskKind::causal, std::log(lambda));
+              char c2[64];
+              std::snprintf(c2, sizeof c2, " %.4f | %.4f |", a.listed / a.steps, a.listed ? a.one_group / a.listed : 0.0);
+              split_cols = c2;
+            }
             const double vis = static_cast<double>(ss.total_visited());
             const double scr = static_cast<double>(ss.total_screened());
             const double kept = vis - static_cast<double>(ss.total_skipped());
@@ -152,10 +193,10 @@ int main(int argc, char** argv) {
             const double cost = ((on ? 0.25 * vis : 0.0) + 0.5 * (vis - scr) + 0.5 * kept) / vis;
             char row[512];
             std::snprintf(row, sizeof row,
-                          "| %s | %s | %s | %.2f | %.3g | %s | %.4f | %.4f | %.4f | %lld | %.3f | %.2fx |\n",
+                          "| %s | %s | %s | %.2f | %.3g | %s | %.4f | %.4f | %.4f | %lld | %.3f | %.2fx |%s\n",
                           wname.c_str(), to_string(mask), to_string(order), target, lambda, m.name,
                           ss.sparsity(), scr / vis, ss.total_skipped() ? scr / ss.total_skipped() : 0.0,
-                          static_cast<long long>(ss.total_screen_wrong()), cost, 1.0 / cost);
+                          static_cast<long long>(ss.total_screen_wrong()), cost, 1.0 / cost, split_cols.c_str());
             md << row;
             std::fprintf(stderr, "%s %s %.2f %s: %.1f s\n", wname.c_str(), to_string(order), target, m.name,
                          now_s() - t0);
