@@ -25,8 +25,9 @@ namespace {
 
 struct RunArgs {
   std::string q, k, v, out, lse, stats, config, layer, phase, dtype, order = "natural", device = "cpu";
-  bool causal = false, decode = false;
-  double threshold = 0, factor = 0, target = 0, scale = 0, timestep = 0, num_train = 0;
+  std::string screen = "off";
+  bool causal = false, decode = false, screen_ahead = false;
+  double threshold = 0, factor = 0, target = 0, scale = 0, timestep = 0, num_train = 0, screen_z = 6.0;
   int tile_keys = 128, vote_rows = 64, vote_heads = 1, threads = 0;
   std::int64_t split_tiles = 0;
   // Which optional options were given.
@@ -85,6 +86,8 @@ constexpr LibraryName kLibraryNames[] = {
     {"skip.vote.split_tiles", "--split-tiles", false},       {"skip.vote.order", "--order", false},
     {"skip.threshold", "--threshold", false},                {"skip.factor", "--factor", false},
     {"scale", "--scale", false},  {"num_threads", "--threads", false},
+    {"skip.screen.z", "--screen-z", false},                  {"skip.screen.ahead", "--screen-ahead", false},
+    {"skip.screen", "--screen", false},
 };
 
 [[noreturn]] void rethrow_with_flag(const Error& e, const RunArgs& a, const std::string& threshold_source) {
@@ -322,6 +325,17 @@ void run(RunArgs& a) {
   if (!from_config || a.o_vote_heads->count()) skip.vote.heads = a.vote_heads;
   if (!from_config || a.o_split_tiles->count()) skip.vote.split_tiles = a.split_tiles;
   if (a.o_order->count()) skip.with_order(parse_visit_order(a.order));
+  // SPEC §2b FP8 screen: flags only (a config file does not carry it).
+  skip.screen.margin = parse_screen_margin(a.screen);
+  skip.screen.z = a.screen_z;
+  skip.screen.ahead = a.screen_ahead;
+  try {
+    SkipConfig screen_only;  // the screen's own checks, before (and apart from) the threshold's
+    screen_only.screen = skip.screen;
+    validate(screen_only);
+  } catch (const Error& e) {
+    rethrow_with_flag(e, a, "");
+  }
   const std::string threshold_flag = a.o_threshold->count() ? "--threshold"
                                      : a.o_factor->count()  ? "--factor"
                                                             : "--config: " + shown(a.config);
@@ -468,6 +482,14 @@ void register_run(CLI::App& app) {
                              "--threshold/--factor (natural where the kernel cannot do max-first: full mask "
                              "with Lq != Lk); with --config the order it names (natural if none)")
                    ->check(CLI::IsMember({"natural", "max_first", "max-first"}));
+  auto* o_screen = s->add_option("--screen", a->screen,
+                                 "FP8 screen (SPEC §2b): off (default), strict or tight; the reference models "
+                                 "it, the CUDA prefill kernel runs it, CUDA decode refuses it")
+                       ->check(CLI::IsMember({"off", "strict", "tight"}));
+  s->add_option("--screen-z", a->screen_z, "z of the tight screen margin (default 6)")->needs(o_screen);
+  s->add_flag("--screen-ahead", a->screen_ahead,
+              "the screen decides every pair before the pass (SPEC §2b screen ahead; needs --screen strict|tight)")
+      ->needs(o_screen);
   s->add_option("--device", a->device, "cpu (reference), cuda, or auto")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   s->add_option("--threads", a->threads, "reference threads, 0..1024 (0 = all cores; the reference uses at most 4 per core)");
   a->o_timestep = s->add_option("--timestep", a->timestep, "diffusion: scheduler timestep of this step");

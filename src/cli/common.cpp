@@ -222,6 +222,12 @@ nlohmann::json stats_json(const SkipStats& s) {
   j["per_head_counts"] = s.granularity.heads == 1 ? "query heads" : "KV heads";
   j["total_visited"] = s.total_visited();
   j["total_skipped"] = s.total_skipped();
+  if (!s.screened.empty()) {  // SPEC §2b: with a screen (screen_wrong is empty for the CUDA screen ahead)
+    j["screened"] = s.screened;
+    j["screen_wrong"] = s.screen_wrong;
+    j["total_screened"] = s.total_screened();
+    j["total_screen_wrong"] = s.total_screen_wrong();
+  }
   j["sparsity"] = s.sparsity();
   // JSON has no infinity: a sequence without keys (lambda = inf) is written as null.
   nlohmann::json lam = nlohmann::json::array();

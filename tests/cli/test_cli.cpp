@@ -358,6 +358,69 @@ TEST_F(Cli, SkipRunMatchesInProcessReference) {
   EXPECT_LT(std::sqrt(num / den), 0.1);
 }
 
+// SPEC §2b FP8 screen through `blasst run`: --screen strict (in the loop and ahead) gives the
+// in-process reference's outputs and statistics with the same settings; the strict screen skips
+// exactly what the plain path skips (no wrong screen: SPEC's theorem), and screens something on
+// this input (an attention sink), which the test asserts.
+TEST_F(Cli, ScreenRunMatchesInProcessReference) {
+  const std::int64_t L = 512, H = 2, d = 32;
+  auto q = randn(L * H * d, 21), k = randn(L * H * d, 22), v = randn(L * H * d, 23);
+  for (std::int64_t h = 0; h < H; ++h) {
+    for (std::int64_t i = 0; i < L; ++i) q[(i * H + h) * d] += 6.0f;
+    k[(0 * H + h) * d] = 8.0f;
+  }
+  write_f32("q.npy", q, {1, L, H, d});
+  write_f32("k.npy", k, {1, L, H, d});
+  write_f32("v.npy", v, {1, L, H, d});
+  const std::string base = "run --q " + p("q.npy") + " --k " + p("k.npy") + " --v " + p("v.npy") +
+                           " --threshold 0.05 --tile-keys 32 --vote-rows 16 --order natural";
+  blasst::AttentionProblem pr;
+  pr.q = blasst::Tensor::contiguous(q.data(), blasst::DType::f32, {1, L, H, d});
+  pr.k = blasst::Tensor::contiguous(k.data(), blasst::DType::f32, {1, L, H, d});
+  pr.v = blasst::Tensor::contiguous(v.data(), blasst::DType::f32, {1, L, H, d});
+  pr.mask = blasst::MaskKind::full;
+  blasst::SkipConfig plain = blasst::SkipConfig::from_threshold(0.05).with_order(blasst::VisitOrder::natural);
+  plain.vote.tile_keys = 32;
+  plain.vote.rows = 16;
+  blasst::RunOptions opt;
+  opt.collect_stats = true;
+  std::vector<float> o_plain(q.size(), NAN);
+  pr.out = blasst::Tensor::contiguous(o_plain.data(), blasst::DType::f32, {1, L, H, d});
+  blasst::SkipStats sp;
+  blasst::reference::attention(pr, plain, opt, &sp);
+  ASSERT_GT(sp.total_skipped(), 0) << "test data must make the reference skip something";
+  for (const bool ahead : {false, true}) {
+    SCOPED_TRACE(ahead ? "screen ahead" : "screen in the loop");
+    const Result r = blasst(base + " --screen strict" + (ahead ? " --screen-ahead" : "") + " --out " + p("o.npy") +
+                            " --stats " + p("s.json"));
+    ASSERT_EQ(r.rc, 0) << r.err;
+    blasst::SkipConfig sc = plain;
+    sc.screen.margin = blasst::ScreenMargin::strict;
+    sc.screen.ahead = ahead;
+    std::vector<float> o_ref(q.size(), NAN);
+    pr.out = blasst::Tensor::contiguous(o_ref.data(), blasst::DType::f32, {1, L, H, d});
+    blasst::SkipStats st;
+    blasst::reference::attention(pr, sc, opt, &st);
+    ASSERT_GT(st.total_screened(), 0) << "nothing screened: the case this test exists for did not happen";
+    EXPECT_EQ(st.total_screen_wrong(), 0);
+    EXPECT_EQ(st.skipped, sp.skipped) << "strict: the screen skips what the plain path skips";
+    const npy::Array o = npy::read(p("o.npy"));
+    for (std::size_t i = 0; i < o_ref.size(); ++i) {
+      ASSERT_EQ(o.f32()[i], o_ref[i]) << i;
+      ASSERT_EQ(o.f32()[i], o_plain[i]) << i;
+    }
+    const json s = json::parse(slurp(p("s.json")));
+    EXPECT_EQ(s["screened"].get<std::vector<std::int64_t>>(), st.screened);
+    EXPECT_EQ(s["screen_wrong"].get<std::vector<std::int64_t>>(), st.screen_wrong);
+    EXPECT_EQ(s["total_screened"].get<std::int64_t>(), st.total_screened());
+    EXPECT_EQ(s["skipped"].get<std::vector<std::int64_t>>(), st.skipped);
+  }
+  // Without --screen the statistics carry no screen keys.
+  const Result r = blasst(base + " --out " + p("o.npy") + " --stats " + p("s.json"));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_FALSE(json::parse(slurp(p("s.json"))).contains("screened"));
+}
+
 // fp16 in -> fp16 out; bf16 as '<u2' bits with --dtype bf16 -> '<u2' out; '|V2' -> '|V2'.
 TEST_F(Cli, SixteenBitInputsAndOutputs) {
   const std::int64_t L = 130, H = 2, d = 16;
@@ -517,6 +580,10 @@ TEST_F(Cli, BadArgumentsExit2NamingTheArgument) {
   expect_usage_error("run --q " + p("q.npy") + " --k " + p("k_bad_d.npy") + " --v " + p("v.npy") + " --out " + p("o.npy"),
                      {"--k", "k_bad_d.npy", "head dim"});
   expect_usage_error(qkv + " --vote-heads 3", {"--vote-heads", "must divide"});
+  expect_usage_error(qkv + " --threshold 0.1 --screen loose", {"--screen"});
+  expect_usage_error(qkv + " --threshold 0.1 --screen tight --screen-z -1", {"--screen-z", ">= 0"});
+  expect_usage_error(qkv + " --threshold 0.1 --screen-ahead", {"--screen-ahead", "--screen"});
+  expect_usage_error(qkv + " --threshold 0.1 --screen off --screen-ahead", {"--screen-ahead", "needs a margin"});
   // Files the reader refuses: the file is named.
   std::ofstream(p("garbage.npy")) << "definitely not numpy";
   expect_usage_error("run --q " + p("garbage.npy") + " --k " + p("k.npy") + " --v " + p("v.npy") + " --out " + p("o.npy"),
