@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One device call for scripts/probes/pending/screen-ahead-double-buffer.patch (issue 19 part 2):
 # the screen-ahead pre-pass with two FP8 accumulators against this tree's, on the same machine.
-# 1. a copy of this tree with the patch applied (.ab/db), both built (the screen test and the
-#    prefill bench library) side by side;
+# 1. two trimmed copies of this tree (bf16 prefill instances only), .ab/base and .ab/db (+ the
+#    patch), both built (the screen test and the prefill bench library) side by side;
 # 2. the patched tree: test_gpu_prefill_screen (strict ahead equal to the plain skip kernel, the
 #    crafted wrong-screen case), compute-sanitizer memcheck and racecheck on the crafted case
 #    (it runs the screen ahead);
@@ -17,10 +17,16 @@ S=$(date +%s); L=/tmp/ldb; rm -rf $L; mkdir -p $L
 left() { echo $((575 - ($(date +%s) - S))); }
 pk() { tar czf "${OUT:-/tmp}/logs.tgz" -C /tmp ldb; }
 P=$PWD/scripts/probes/pending/screen-ahead-double-buffer.patch
+# Two copies with kernel_table.inc cut to the bf16 prefill lines (all the test and the bench use),
+# so that both build side by side in ~1-2 min: .ab/base (this tree) and .ab/db (+ the patch).
+for t in base db; do
+  rm -rf .ab/$t && mkdir -p .ab/$t
+  tar --exclude=./.ab --exclude='./build*' --exclude=./.deps --exclude=./.git -cf - . | tar -xf - -C .ab/$t
+  grep -v -E '^BLASST_(DECODE|BACKWARD)_KERNEL|^BLASST_PREFILL_KERNEL\(f16' src/cuda/sm90/kernel_table.inc \
+    > .ab/$t/src/cuda/sm90/kernel_table.inc
+  ln -s "$PWD/.deps" .ab/$t/.deps
+done
 A=.ab/db
-rm -rf $A && mkdir -p $A
-tar --exclude=./.ab --exclude='./build*' --exclude=./.deps --exclude=./.git -cf - . | tar -xf - -C $A
-ln -s "$PWD/.deps" $A/.deps
 # (git apply inside .ab/db would find this tree's repository and skip the paths: stop its search)
 (cd $A && if command -v patch > /dev/null; then patch -p1 < "$P"; else GIT_CEILING_DIRECTORIES="$(dirname "$PWD")" git apply "$P"; fi) \
   > $L/apply.log 2>&1 && grep -q sqrt_upper $A/src/cuda/sm90/prefill/prefill_screen.hpp ||
@@ -28,8 +34,9 @@ ln -s "$PWD/.deps" $A/.deps
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee $L/gpu.txt
 T="test_gpu_prefill_screen blasst_prefill_bench"
 for t in base db; do
-  src=.; [ $t = db ] && src=$A
-  ( cmake -S $src -B build-$t -G Ninja -DCMAKE_BUILD_TYPE=Release -DBLASST_BUILD_PYTHON=OFF > $L/build_$t.log 2>&1 &&
+  src=.ab/$t
+  ( cmake -S $src -B build-$t -G Ninja -DCMAKE_BUILD_TYPE=Release -DBLASST_BUILD_PYTHON=OFF -DBLASST_BUILD_CLI=OFF \
+      -DBLASST_DEPS_DIR="$PWD/.deps" -DBLASST_CUTLASS_INCLUDE="$PWD/.deps/cutlass/include" > $L/build_$t.log 2>&1 &&
     cmake --build build-$t -j 8 --target $T >> $L/build_$t.log 2>&1; echo "build $t rc=$?" >> $L/build_rc.txt ) &
 done
 wait; cat $L/build_rc.txt; echo "t=$(($(date +%s) - S))"; grep -hE "error|spill" $L/build_*.log | grep -v " 0 bytes spill" | head
