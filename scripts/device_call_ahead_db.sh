@@ -9,7 +9,8 @@
 # 3. ncu kernel durations of both trees at the DiT shape, 90 % target, strict and tight ahead
 #    (bench/prefill/profile_screen.py): the pre-pass was 14.29 / 16.32 ms on an H100 (30770a0);
 #    predicted 9-11 ms for both margins with the patch;
-# 4. with the time left, bench_prefill.py --screen on the patched tree, then on this tree.
+# 4. with the time left, bench_prefill.py --screen on the patched tree, then on this tree;
+# 5. then ncu's full set on the two quantisation pre-kernels (the report for scripts/ncurep_dump.py).
 # Logs under /tmp/ldb, packed into $OUT/logs.tgz after each step; short tables on stdout.
 # Carry .deps/cutlass, .deps/include and .deps/googletest (no Python wheels needed).
 cd "$(dirname "$0")/.."
@@ -68,3 +69,14 @@ for t in db base; do
   echo "screen bench $t rc=$? t=$(($(date +%s) - S))"; cat $L/screen_$t/*.md 2>/dev/null | tail -4
   pk
 done
+# With the time left: the quantisation pre-kernels (1.8 ms of the ahead call at the DiT shape,
+# H100: several times their bytes at DRAM speed) under ncu's full set, one launch each, for
+# scripts/ncurep_dump.py on a machine without Nsight Compute.
+R=$(left)
+if [ $R -gt 60 ]; then
+  timeout $((R - 10)) ncu --set full -k regex:quantise --launch-count 2 -o $L/quantise --force-overwrite \
+    python3 bench/prefill/profile_screen.py $(find build-db -name libblasst_prefill_bench.so | head -1) 32760 1 6 0.9 \
+    > $L/ncu_quantise.log 2>&1
+  echo "ncu quantise rc=$? t=$(($(date +%s) - S))"; tail -2 $L/ncu_quantise.log
+  pk
+fi
