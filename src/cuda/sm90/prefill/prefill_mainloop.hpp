@@ -79,6 +79,25 @@ struct TileWalk {
   }
 };
 
+// Seeded maxima (SPEC §2a): each voting row's running max (or, for the screen ahead, its lower
+// bound) starts at its seed, in raw-score units (the seed is in lse's units, scale * score);
+// +inf becomes NaN (a row the NaN rule makes NaN: its rescale would be inf - inf; the reference
+// refuses it on the host). Without seeds, or past the sequence end, m is left as it is.
+template <int kRows>
+__device__ __forceinline__ void load_seed_max(PrefillParams const& p, PrefillWork const& w, int const (&row)[kRows],
+                                              float (&m)[kRows]) {
+  if (p.seed_max == nullptr) return;
+  const std::int64_t base = (p.cu_q != nullptr ? 0 : std::int64_t(w.b)) * p.seed_batch +
+                            std::int64_t(w.h) * p.seed_head + std::int64_t(w.q_start) * p.seed_row;
+  CUTLASS_PRAGMA_UNROLL
+  for (int mi = 0; mi < kRows; ++mi) {
+    if (row[mi] < w.q_len) {
+      const float s = p.seed_max[base + std::int64_t(row[mi]) * p.seed_row];
+      m[mi] = s == INFINITY ? NAN : s / p.scale;
+    }
+  }
+}
+
 template <class Traits>
 __device__ __forceinline__ void producer_run(KernelParams<Traits> const& kp, PrefillWork const& w,
                                              typename Traits::SharedStorage& ss,
@@ -238,22 +257,7 @@ __device__ __forceinline__ void consumer_mainloop(KernelParams<Traits> const& kp
   CUTLASS_PRAGMA_UNROLL
   for (int mi = 0; mi < kRows; ++mi) row[mi] = row0 + int(get<0>(tScS_rc(mi, 0)));
 
-  // Seeded maxima (SPEC §2a): each voting row's running max starts at its seed, in raw-score
-  // units (the seed is in lse's units, scale * score); +inf becomes NaN (a row the NaN rule makes
-  // NaN: its rescale would be inf - inf; the reference refuses it on the host).
-  if constexpr (Traits::kSkip) {
-    if (p.seed_max != nullptr) {
-      const std::int64_t base = (p.cu_q != nullptr ? 0 : std::int64_t(w.b)) * p.seed_batch +
-                                std::int64_t(w.h) * p.seed_head + std::int64_t(w.q_start) * p.seed_row;
-      CUTLASS_PRAGMA_UNROLL
-      for (int mi = 0; mi < kRows; ++mi) {
-        if (row[mi] < w.q_len) {
-          const float s = p.seed_max[base + std::int64_t(row[mi]) * p.seed_row];
-          sm.m[mi] = s == INFINITY ? NAN : s / p.scale;
-        }
-      }
-    }
-  }
+  if constexpr (Traits::kSkip) load_seed_max(p, w, row, sm.m);
 
   float ln_lambda = -INFINITY;  // -inf: this sequence skips nothing (SPEC §3)
   int n_vis = 0;

@@ -153,7 +153,6 @@ __device__ __forceinline__ void consumer_mainloop_screen(KernelParams<Traits> co
   const PrefillParams& p = kp.p;
   const ScreenArgs& sa = kp.s;
   const int cwg = mma_tid / 128;
-  const bool ragged = p.cu_q != nullptr;
 
   typename Traits::TiledMmaQK mma0;
   typename Traits::TiledMmaPV mma1;
@@ -189,18 +188,7 @@ __device__ __forceinline__ void consumer_mainloop_screen(KernelParams<Traits> co
   CUTLASS_PRAGMA_UNROLL
   for (int mi = 0; mi < kRows; ++mi) row[mi] = row0 + int(get<0>(tScS_rc(mi, 0)));
 
-  // Seeded maxima (SPEC §2a), as in the skip kernel.
-  if (p.seed_max != nullptr) {
-    const std::int64_t base = (ragged ? 0 : std::int64_t(w.b)) * p.seed_batch + std::int64_t(w.h) * p.seed_head +
-                              std::int64_t(w.q_start) * p.seed_row;
-    CUTLASS_PRAGMA_UNROLL
-    for (int mi = 0; mi < kRows; ++mi) {
-      if (row[mi] < w.q_len) {
-        const float s = p.seed_max[base + std::int64_t(row[mi]) * p.seed_row];
-        sm.m[mi] = s == INFINITY ? NAN : s / p.scale;
-      }
-    }
-  }
+  load_seed_max(p, w, row, sm.m);  // seeded maxima (SPEC §2a), as in the skip kernel
 
   // This thread's query rows: scale and norms (rows past the sequence end do not vote).
   ScreenRow qrow[kRows];

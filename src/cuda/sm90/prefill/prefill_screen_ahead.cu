@@ -77,7 +77,6 @@ __device__ __forceinline__ void ahead_consumer(AheadKernelParams<kD> const& kp, 
   const PrefillParams& p = kp.p;
   const ScreenArgs& sa = kp.s;
   const int cwg = mma_tid / 128;
-  const bool ragged = p.cu_q != nullptr;
 
   typename T::TiledMmaQK8 mma8;
   auto thr8 = mma8.get_thread_slice(mma_tid);
@@ -99,17 +98,7 @@ __device__ __forceinline__ void ahead_consumer(AheadKernelParams<kD> const& kp, 
   float lo[kRows];
   CUTLASS_PRAGMA_UNROLL
   for (int mi = 0; mi < kRows; ++mi) lo[mi] = -INFINITY;
-  if (p.seed_max != nullptr) {
-    const std::int64_t base = (ragged ? 0 : std::int64_t(w.b)) * p.seed_batch + std::int64_t(w.h) * p.seed_head +
-                              std::int64_t(w.q_start) * p.seed_row;
-    CUTLASS_PRAGMA_UNROLL
-    for (int mi = 0; mi < kRows; ++mi) {
-      if (row[mi] < w.q_len) {
-        const float s = p.seed_max[base + std::int64_t(row[mi]) * p.seed_row];
-        lo[mi] = s == INFINITY ? NAN : s / p.scale;
-      }
-    }
-  }
+  load_seed_max(p, w, row, lo);
   ScreenRow qrow[kRows];
   load_screen_rows(sa, p, w, row, qrow);
   const float4* const kt_seq = screen_key_tiles(sa, p, w);
