@@ -372,11 +372,12 @@ void cuda_attention(const AttentionProblem& p, const SkipConfig& skip, const Run
     screen.workspace = ws.take(sbytes);
     if (want_stats && hq > 0) {
       screen.screened = ws.take<unsigned long long>(static_cast<std::size_t>(hq));
-      screen.screen_wrong = ws.take<unsigned long long>(static_cast<std::size_t>(hq));
       BLASST_CUDA_CHECK(cudaMemsetAsync(screen.screened, 0, static_cast<std::size_t>(hq) * 8, stream));
-      BLASST_CUDA_CHECK(cudaMemsetAsync(screen.screen_wrong, 0, static_cast<std::size_t>(hq) * 8, stream));
       // The screen ahead counts no wrong screens on the GPU: SkipStats::screen_wrong stays empty.
-      if (skip.screen.ahead) screen.screen_wrong = nullptr;
+      if (!skip.screen.ahead) {
+        screen.screen_wrong = ws.take<unsigned long long>(static_cast<std::size_t>(hq));
+        BLASST_CUDA_CHECK(cudaMemsetAsync(screen.screen_wrong, 0, static_cast<std::size_t>(hq) * 8, stream));
+      }
     }
   }
   VisitOrder order = VisitOrder::natural;  // the order used (SPEC §2a), from the launch
