@@ -13,7 +13,9 @@
 //   - the dQ product's B operand: a warpgroup's K^T partition holds the columns it computes;
 //   - the dS^T stmatrix.trans copy moves each register to the (key, row) it holds;
 //   - the dQ shared tile of each warpgroup: pairs adjacent and aligned, every element once, and
-//     each pair's address the thread's first pair's stepped by dq_step (the kernel's form).
+//     each pair's address the thread's first pair's stepped by dq_step to the store slot of its
+//     lane's order (dq_gray; the kernel's form), with every store at the least number of
+//     shared-memory wavefronts (2: no bank conflict).
 // Expected values come from the definitions (coordinates, offsets), not from the kernel.
 #include <gtest/gtest.h>
 
@@ -21,6 +23,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <map>
+#include <set>
 #include <tuple>
 #include <vector>
 
@@ -184,6 +187,7 @@ void check_dq_smem() {
   for (int wg = 0; wg < Tr::kNumMmaWG; ++wg) {
     std::map<std::pair<int, int>, int> n;
     std::map<long, int> offs;
+    std::map<std::pair<int, int>, long> slot_at;  // (thread, store slot) -> byte offset
     int bad = 0;
     const int col0 = Tr::kDqSplitN ? wg * C : 0;
     for (int t = wg * 128; t < (wg + 1) * 128; ++t) {
@@ -201,11 +205,17 @@ void check_dq_smem() {
         const long u = (long(row / 8) + 8L * (col / 32)) * 1024 + (row % 8) * 128 + (col % 32) * 4;
         const long want = u ^ (((u >> 7) & 7) << 4);
         bad += at != want;
-        // the kernel's address: the thread's first pair's, stepped by Tr::dq_step
+        // the kernel's address: this lane stores the pair of column group j at slot j ^ g
+        // (Tr::dq_gray of its first row), the thread's first pair's address XOR 32 g stepped by
+        // Tr::dq_step to the slot
         const int row_f = get<0>(c(0)), col_f = get<1>(c(0)) - col0;
-        const auto first = reinterpret_cast<std::uintptr_t>(&sdq(row_f, col_f));
-        const auto step = Tr::dq_step(row - row_f, col - col_f);
-        bad += long(((first ^ step.x) + step.a) - reinterpret_cast<std::uintptr_t>(base)) != at;
+        const int hf = (row - row_f) / 8, j = (col - col_f) / 8, g = Tr::dq_gray(row_f);
+        bad += (row - row_f) % 8 != 0 || (col - col_f) % 8 != 0 || hf < 0 || hf > 1 || j < 0 || j >= C / 8;
+        const auto first = reinterpret_cast<std::uintptr_t>(&sdq(row_f, col_f)) ^ std::uintptr_t(32 * g);
+        const auto step = Tr::dq_step(8 * hf, 8 * (j ^ g));
+        const long kernel_at = long(((first ^ step.x) + step.a) - reinterpret_cast<std::uintptr_t>(base));
+        bad += kernel_at != at;
+        slot_at[{t, hf * (C / 8) + (j ^ g)}] = kernel_at;
         const long off = at / 4;
         bad += long(reinterpret_cast<const char*>(&sdq(row, col + 1)) - base) != at + 4 || off % 2 != 0;
         ++n[{row, col}];
@@ -220,6 +230,32 @@ void check_dq_smem() {
     for (const auto& [off, k] : offs) bad_offs += k != 1 || off < 0 || off >= M * C;
     EXPECT_EQ(int(offs.size()), M * C) << "warpgroup " << wg << ": dQ tile offsets covered";
     EXPECT_EQ(bad_offs, 0) << "warpgroup " << wg << ": each dQ tile offset once";
+    // Shared-memory wavefronts of each store (one st.shared.v2.f32 of a warp at one slot): an
+    // 8-byte store is served per half-warp, one wavefront per distinct 4-byte word a bank holds;
+    // 16 lanes x 8 bytes fill the 32 banks once, so 2 wavefronts per store is the least.
+    int stores = 0, worst = 0, over = 0;
+    for (int warp = wg * 4; warp < wg * 4 + 4; ++warp) {
+      for (int slot = 0; slot < 2 * (C / 8); ++slot) {
+        int wavefronts = 0;
+        for (int half = 0; half < 2; ++half) {
+          std::map<int, std::set<long>> words;  // bank -> words
+          for (int l = 16 * half; l < 16 * half + 16; ++l) {
+            const auto it = slot_at.find({32 * warp + l, slot});
+            if (it == slot_at.end()) continue;
+            for (long wd = it->second / 4; wd < it->second / 4 + 2; ++wd) words[int(wd % 32)].insert(wd);
+          }
+          int most = 0;
+          for (const auto& [bank, ws] : words) most = std::max(most, int(ws.size()));
+          wavefronts += most;
+        }
+        ++stores;
+        worst = std::max(worst, wavefronts);
+        over += wavefronts > 2;
+      }
+    }
+    EXPECT_EQ(stores, 4 * 2 * (C / 8));
+    EXPECT_EQ(over, 0) << "warpgroup " << wg << ": " << over << " of " << stores
+                       << " dQ stores need more than 2 shared-memory wavefronts (worst " << worst << ")";
   }
 }
 

@@ -134,15 +134,47 @@ __device__ void wg_store_dq(WgmmaParams<Traits> const& kp, const BackwardWork& w
   // not one per pair, lives across the step loop.
   Tensor sdQ = make_tensor(make_smem_ptr(sdq_tile), typename Traits::SmemLayoutDQ{});
   const int row_f = get<0>(tc(0)), col_f = get<1>(tc(0)) - col0;
-  const std::uint32_t first = smem_u32(&sdQ(row_f, col_f));
+  // The pairs by (row half, 8-column group), then the groups in this lane's order (Traits::dq_gray:
+  // two conditional swaps, j <-> j ^ 1 and j <-> j ^ 2), so that store j writes group j ^ g.
+  constexpr int kGroups = kDqCols / 8;
+  static_assert(decltype(size(Acc{}))::value == 2 * 2 * kGroups, "two row halves of kGroups column pairs");
+  float v[2][kGroups][2];
   CUTLASS_PRAGMA_UNROLL
   for (int i = 0; i < size(acc); i += 2) {
     const int row = get<0>(tc(i)), col = get<1>(tc(i)) - col0;
     const bool keep = row < valid;
-    const float lo = keep ? acc(i) : 0.f, hi = keep ? acc(i + 1) : 0.f;
-    const auto step = Traits::dq_step(row - row_f, col - col_f);
-    asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"((first ^ step.x) + step.a), "f"(lo), "f"(hi)
-                 : "memory");
+    const int hf = (row - row_f) / 8, j = (col - col_f) / 8;
+    v[hf][j][0] = keep ? acc(i) : 0.f;
+    v[hf][j][1] = keep ? acc(i + 1) : 0.f;
+  }
+  const int g = Traits::dq_gray(row_f);
+  CUTLASS_PRAGMA_UNROLL
+  for (int bit = 1; bit <= 2; bit <<= 1) {
+    const bool swap = (g & bit) != 0;
+    CUTLASS_PRAGMA_UNROLL
+    for (int hf = 0; hf < 2; ++hf) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int j = 0; j < kGroups; ++j) {
+        if (j & bit) continue;
+        CUTLASS_PRAGMA_UNROLL
+        for (int e = 0; e < 2; ++e) {
+          const float a = v[hf][j][e], b = v[hf][j ^ bit][e];
+          v[hf][j][e] = swap ? b : a;
+          v[hf][j ^ bit][e] = swap ? a : b;
+        }
+      }
+    }
+  }
+  const std::uint32_t first = smem_u32(&sdQ(row_f, col_f)) ^ std::uint32_t(32 * g);
+  CUTLASS_PRAGMA_UNROLL
+  for (int hf = 0; hf < 2; ++hf) {
+    CUTLASS_PRAGMA_UNROLL
+    for (int j = 0; j < kGroups; ++j) {
+      const auto step = Traits::dq_step(8 * hf, 8 * j);
+      asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"((first ^ step.x) + step.a), "f"(v[hf][j][0]),
+                   "f"(v[hf][j][1])
+                   : "memory");
+    }
   }
   cutlass::arch::fence_view_async_shared();  // generic-proxy stores -> the TMA (async proxy) read
   named_sync(kBarDqFull + wg, 128);

@@ -99,6 +99,16 @@ struct BackwardWgmmaTraits {
     constexpr int kRowBytes = 32 * sizeof(float);  // one swizzle row
     return {uint32_t(dc % 32 * sizeof(float)), uint32_t(dr * kRowBytes + dc / 32 * kBlockM * kRowBytes)};
   }
+  // Bank conflicts of those stores. One st.shared.v2.f32 of the whole warp writes, per half-warp,
+  // four rows r..r+3 of four lanes each, each row one 32-byte chunk pair; the swizzle maps the
+  // chunk pair of rows r and r ^ 1 to the same banks, so every store took 4 wavefronts where 2
+  // carry its 256 bytes (ncu, 2026-12-05: 67 M conflicts at d128 8k). So a lane stores its column
+  // groups in a lane-dependent order: at slot j (of 8-column groups, within each 32-column block)
+  // the group j ^ g, g = dq_gray(row % 4) = 0, 1, 3, 2, which puts the four rows of a half-warp on
+  // four different chunk pairs. The address of group j ^ g is the slot's XOR 32 g (a column step
+  // inside the block, as in dq_step). tests/gpu_backward/test_wgmma_layouts.cu counts the
+  // wavefronts of every store against the swizzle.
+  CUTE_HOST_DEVICE static constexpr int dq_gray(int row) { return (row % 4) ^ (row % 4 >> 1); }
   // dS^T registers -> shared memory by stmatrix.trans: the S^T accumulator holds (key, row pairs),
   // the dS tile is row-major with keys contiguous.
   using SmemCopyAtomDS = Copy_Atom<SM90_U16x8_STSM_T, Element>;
