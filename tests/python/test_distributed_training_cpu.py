@@ -83,8 +83,11 @@ def _worker(rank, init_file, out_dir, mode):
         _loss(model, x, t).backward()
         got = {n.removeprefix("module."): p.grad for n, p in model.named_parameters()}
     else:
+        from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
-        fully_shard(model)
+        # An explicit CPU mesh: without one, fully_shard takes the machine's accelerator (cuda on
+        # the GPU machine) and moves the parameters there, away from this test's CPU tensors.
+        fully_shard(model, mesh=init_device_mesh("cpu", (WORLD,)))
         _loss(model, x, t).backward()
         got = {n: p.grad.full_tensor() for n, p in model.named_parameters()}
     res["err"] = {n: float((got[n] - want[n]).abs().max() / want[n].abs().max()) for n in want}
