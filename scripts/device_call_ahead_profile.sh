@@ -31,7 +31,7 @@ grep -hE "error" $L/build_*.log | head -5
 [ "${SKIP_DP:-0}" = 1 ] || echo "test_distributed_training_cpu.py rc=$?: $(tail -1 $L/pytest_dp.log) $(t)"
 pk
 LIB=$(find build-p -name libblasst_prefill_bench.so | head -1)
-timeout 240 ncu --set full --import-source yes -k regex:screen_ahead_kernel --launch-count 1 -o $OUT/ahead --force-overwrite \
+timeout ${NCU_S:-150} ncu --set full --import-source yes -k regex:screen_ahead_kernel --launch-count 1 -o $OUT/ahead --force-overwrite \
   python3 bench/prefill/profile_screen.py $LIB 32760 1 6 0.9 > $L/ncu_ahead.log 2>&1
 echo "ncu screen_ahead_kernel rc=$? $(t)"; tail -3 $L/ncu_ahead.log
 pk
