@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One device call for scripts/probes/pending/screen-ahead-two-ctas.patch (issue 19 part 2): the
 # screen-ahead pre-pass with two CTAs per SM (288 threads: two consumer warpgroups and a producer
-# warp) against this tree's one CTA of 384 threads, on the same machine.
+# warp) against this tree's one CTA of 384 threads, on the same machine; the patched tree also
+# gets screen-quantise-vector-loads.patch (the quantisation kernels' loads as one vector per lane:
+# separate kernels, so ncu's durations tell the two changes apart).
 # 1. two trimmed copies of this tree (bf16 prefill instances only), .ab/base and .ab/x2 (+ the
 #    patch), built side by side with -lineinfo; beside them a CPU-only build of the Python package
 #    for the data-parallel training test (FSDP2 under an explicit CPU mesh since aeecacb: on the GPU
@@ -22,8 +24,9 @@ S=$(date +%s); L=/tmp/ldb; rm -rf $L; mkdir -p $L
 left() { echo $((575 - ($(date +%s) - S))); }
 pk() { tar czf "${OUT:-/tmp}/logs.tgz" -C /tmp ldb; }
 P=$PWD/scripts/probes/pending/screen-ahead-two-ctas.patch
+P2=$PWD/scripts/probes/pending/screen-quantise-vector-loads.patch
 # Two copies with kernel_table.inc cut to the bf16 prefill lines (all the test and the bench use),
-# so that both build side by side in ~1-2 min: .ab/base (this tree) and .ab/x2 (+ the patch).
+# so that both build side by side in ~1-2 min: .ab/base (this tree) and .ab/x2 (+ the patches).
 for t in base x2; do
   rm -rf .ab/$t && mkdir -p .ab/$t
   tar --exclude=./.ab --exclude='./build*' --exclude=./.deps --exclude=./.git -cf - . | tar -xf - -C .ab/$t
@@ -33,8 +36,9 @@ for t in base x2; do
 done
 A=.ab/x2
 # (git apply inside .ab/x2 would find this tree's repository and skip the paths: stop its search)
-(cd $A && if command -v patch > /dev/null; then patch -p1 < "$P"; else GIT_CEILING_DIRECTORIES="$(dirname "$PWD")" git apply "$P"; fi) \
-  > $L/apply.log 2>&1 && grep -q kCtasPerSm $A/src/cuda/sm90/prefill/prefill_screen_ahead.cu ||
+apply() { if command -v patch > /dev/null; then patch -p1 < "$1"; else GIT_CEILING_DIRECTORIES="$(dirname "$PWD")" git apply "$1"; fi; }
+(cd $A && apply "$P" && apply "$P2") > $L/apply.log 2>&1 && grep -q kCtasPerSm $A/src/cuda/sm90/prefill/prefill_screen_ahead.cu &&
+  grep -q "using Vec" $A/src/cuda/sm90/prefill/prefill_screen_quant.cu ||
   { echo "the patch does not apply"; cat $L/apply.log; exit 1; }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee $L/gpu.txt
 T="test_gpu_prefill_screen blasst_prefill_bench"
