@@ -23,12 +23,16 @@ Layout recovered empirically (see README section at the bottom / summary.md):
   Value message: 1 = string, 3 = double (fixed64), 5 = uint64 (varint).
      Any other tag is reported as 'undecoded:<tag>/<wiretype>' instead of guessed.
 
-Usage:  ncurep_dump.py FILE.ncu-rep [--outdir DIR] [--tree N] [--no-instances] [--rules]
+Usage:  ncurep_dump.py FILE.ncu-rep [--outdir DIR] [--tree N] [--no-instances] [--rules] [--sass]
   Writes one CSV per profiled kernel: <report>_<short-name>[_callN].csv
   (metric,value,type,num_instances; then instanced rows metric[key],value
   e.g. sass__inst_executed_per_opcode[HGMMA]; the per-PC inst_executed
   instances are skipped) and prints a short overview.
   --tree N: generic protobuf dump of the first N records (no ncu knowledge).
+  --sass: also <report>_<short-name>_sass.txt, one row per executed PC: warp-level executions,
+  PC samples and the stall reasons sampled there, and the instruction, from the cubin the report
+  carries (an ELF image inside it) disassembled by cuobjdump; offsets count from the lowest
+  executed PC, the function's entry.
 """
 import csv
 import os
@@ -337,6 +341,92 @@ def write_csv(r, path, with_instances=False):
                     w.writerow(["%s[%s]" % (name, fmt(kv)), fmt(vv), vt, ""])
 
 
+# --------------------------------------------------------------------------
+# per-instruction view: the per-PC counters joined with the report's own SASS
+# --------------------------------------------------------------------------
+STALL_PREFIX = "smsp__pcsamp_warps_issue_stalled_"
+
+
+def embedded_cubins(data):
+    """The ELF images the report carries (the profiled modules), each cut to its extent."""
+    out, i = [], data.find(b"\x7fELF")
+    while i != -1:
+        e = data[i:]
+        try:
+            phoff, shoff = struct.unpack_from("<QQ", e, 0x20)
+            phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", e, 0x36)
+            size = max(shoff + shentsize * shnum, phoff + phentsize * phnum)
+            for k in range(shnum):
+                off = shoff + k * shentsize
+                typ = struct.unpack_from("<I", e, off + 4)[0]
+                o, sz = struct.unpack_from("<QQ", e, off + 0x18)
+                if typ != 8:  # SHT_NOBITS occupies no file bytes
+                    size = max(size, o + sz)
+            if 0 < size <= len(e):
+                out.append(e[:size])
+        except struct.error:
+            pass
+        i = data.find(b"\x7fELF", i + 1)
+    return out
+
+
+def sass_of(cubin_bytes, mangled, cuobjdump="cuobjdump"):
+    """{offset: instruction text} of one function, from cuobjdump -sass (None if unavailable)."""
+    import re
+    import shutil
+    import subprocess
+    import tempfile
+    if shutil.which(cuobjdump) is None:
+        return None
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as fh:
+        fh.write(cubin_bytes)
+        path = fh.name
+    try:
+        text = subprocess.run([cuobjdump, "-sass", path], capture_output=True, text=True).stdout
+    finally:
+        os.unlink(path)
+    insts, inside = {}, False
+    for line in text.splitlines():
+        if "Function :" in line:
+            inside = line.split("Function :")[1].strip() == mangled
+            continue
+        if inside:
+            m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s*(.*?)\s*;?\s*/\*", line)
+            if m:
+                insts[int(m.group(1), 16)] = m.group(2).rstrip(" ;")
+    return insts or None
+
+
+def write_sass_profile(r, cubins, path):
+    """One row per executed PC (offset from the lowest executed PC, which is the function's entry):
+    warp-level instructions executed, PC samples, the stall reasons sampled there (count), and the
+    SASS text when the report's cubin and cuobjdump give it. Returns (rows, sampled, matched)."""
+    execd = {kv: vv for kv, _, vv, _ in r.instances.get("inst_executed", [])}
+    if not execd:
+        return 0, 0, 0
+    base = min(execd)
+    samples = {kv: vv for kv, _, vv, _ in r.instances.get("smsp__pcsamp_sample_count", [])}
+    reasons = [n for n in r.instances if n.startswith(STALL_PREFIX) and not n.endswith("_not_issued")]
+    per_reason = {n[len(STALL_PREFIX):]: {kv: vv for kv, _, vv, _ in r.instances[n]} for n in reasons}
+    sass = None
+    for cb in cubins:
+        sass = sass_of(cb, r.mangled)
+        if sass:
+            break
+    pcs = sorted(set(execd) | set(samples))
+    matched = 0
+    with open(path, "w") as fh:
+        fh.write("# %s\n# offset  inst_executed  samples  stalls (reason:count, most first)  sass\n" % r.name)
+        for pc in pcs:
+            off = pc - base
+            st = sorted(((c.get(pc, 0) or 0, n) for n, c in per_reason.items()), reverse=True)
+            st = " ".join("%s:%d" % (n, v) for v, n in st if v)
+            txt = sass.get(off, "?") if sass else ""
+            matched += sass is not None and off in sass
+            fh.write("%06x %12d %8d  %-60s %s\n" % (off, execd.get(pc, 0) or 0, samples.get(pc, 0) or 0, st, txt))
+    return len(pcs), sum(v or 0 for v in samples.values()), matched
+
+
 def main(argv):
     import argparse
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -345,6 +435,9 @@ def main(argv):
     ap.add_argument("--tree", type=int, default=0, help="generic dump of the first N records")
     ap.add_argument("--no-instances", action="store_true", help="do not write instanced values (per-opcode etc.) to CSV")
     ap.add_argument("--rules", action="store_true", help="print ncu rule messages decoded from each result")
+    ap.add_argument("--sass", action="store_true",
+                    help="with --outdir: per-instruction rows (executions, PC samples and stall reasons per PC) "
+                         "joined with the SASS of the cubin the report carries (needs cuobjdump on PATH)")
     a = ap.parse_args(argv)
     data = open(a.report, "rb").read()
     if a.tree:
@@ -374,6 +467,15 @@ def main(argv):
             p = os.path.join(a.outdir, "%s_%s.csv" % (base, sn))
             write_csv(r, p, not a.no_instances)
             print("      -> %s" % p)
+            if a.sass:
+                if k == 0:
+                    cubins = embedded_cubins(data)
+                ps = p[:-4] + "_sass.txt"
+                rows, sampled, matched = write_sass_profile(r, cubins, ps)
+                per_pc = sum(vv or 0 for _, _, vv, _ in r.instances.get("inst_executed", []))
+                total = r.metrics.get("smsp__inst_executed.sum", (None,))[0]
+                print("      -> %s (%d PCs, %d samples, %d with SASS text; executions per PC sum to %d, "
+                      "smsp__inst_executed.sum %s)" % (ps, rows, sampled, matched, per_pc, fmt(total)))
         if a.rules:
             for rid, t in r.rules:
                 print("      rule[%s] %s" % (rid, t.replace("\n", " ")))
