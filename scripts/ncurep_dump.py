@@ -451,6 +451,7 @@ def main(argv):
     base = os.path.basename(a.report).replace(".ncu-rep", "")
     print("%s: %d strings, %d profiled kernels" % (base, len(strings), len(results)))
     shorts = [short_name(r) for r in results]
+    cubins = embedded_cubins(data) if a.sass else []
     for k, r in enumerate(results):
         dur = r.metrics.get("gpu__time_duration.sum", (None, ""))[0]
         types = {}
@@ -468,8 +469,6 @@ def main(argv):
             write_csv(r, p, not a.no_instances)
             print("      -> %s" % p)
             if a.sass:
-                if k == 0:
-                    cubins = embedded_cubins(data)
                 ps = p[:-4] + "_sass.txt"
                 rows, sampled, matched = write_sass_profile(r, cubins, ps)
                 per_pc = sum(vv or 0 for _, _, vv, _ in r.instances.get("inst_executed", []))
