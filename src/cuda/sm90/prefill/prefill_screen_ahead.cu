@@ -1,6 +1,6 @@
 // The SPEC §2b screen ahead on sm_90a. One CTA per 128 query rows (the pass's CTA, same 1-D grid
-// and scheduler): warpgroup 0's first thread loads Q8 once and the K8 tiles in the CTA's visit
-// order through a TMA pipeline; warpgroups 1 and 2 (the two 64-row vote groups) compute
+// and scheduler): the producer warp (warp 8) loads Q8 once and the K8 tiles in the CTA's visit
+// order through a TMA pipeline; warpgroups 0 and 1 (the two 64-row vote groups) compute
 // S8 = Q8 K8^T by FP8 wgmma per tile, each row's FP8 tile maximum over its visible keys, the upper
 // bound up (times the scales, rounded upwards, plus the margin) and the lower bound low (rounded
 // downwards, minus the margin), vote on up against the row's lower bound lo of its running maximum
@@ -33,7 +33,15 @@ struct AheadTraits {
   static constexpr int kBlockM = Base::kBlockM, kBlockN = Base::kBlockN;
   static constexpr int kNumMmaWG = Base::kNumMmaWG;
   static constexpr int kNumMmaThreads = Base::kNumMmaThreads;
-  static constexpr int kNumThreads = Base::kNumThreads;
+  // Two CTAs per SM: the two consumer warpgroups (warps 0-7, warpgroup-aligned for wgmma) and one
+  // producer warp (warp 8; one thread issues the TMA loads): 288 threads at <= 112 registers, two
+  // CTAs in 65536. With one CTA of 384 threads per SM (114 registers) the pre-pass was neither
+  // issue- nor tensor-bound (2026-12-06: ~1100-1300 cycles per step pair against ~480 issue and
+  // ~512 tensor cycles; two FP8 accumulators per warpgroup did not move it): latency with two
+  // consumer warpgroups per SM.
+  static constexpr int kCtasPerSm = 2;
+  static constexpr int kProducerWarp = kNumMmaThreads / 32;
+  static constexpr int kNumThreads = kNumMmaThreads + 32;
   static constexpr int kStages = 4;
   using TiledMmaQK8 = typename Base::TiledMmaQK8;
   using SmemLayoutQ8 = typename Base::SmemLayoutQ8;
@@ -52,7 +60,8 @@ struct AheadTraits {
     cutlass::arch::ClusterTransactionBarrier::ValueType barrier_q;
     std::uint32_t need[kNumMmaWG][kAheadMaxTiles / 32];  // bit t: the group needs tile t
   };
-  static_assert(sizeof(SharedStorage) <= 227 * 1024, "screen-ahead shared memory exceeds the sm_90 limit");
+  static_assert(kCtasPerSm * (sizeof(SharedStorage) + 1024) <= 228 * 1024,
+                "screen-ahead shared memory exceeds the sm_90 limit for its CTAs per SM");
 };
 
 template <int kD>
@@ -145,7 +154,7 @@ __device__ __forceinline__ void ahead_consumer(AheadKernelParams<kD> const& kp, 
 }
 
 template <int kD>
-__global__ void __launch_bounds__(AheadTraits<kD>::kNumThreads, 1)
+__global__ void __launch_bounds__(AheadTraits<kD>::kNumThreads, AheadTraits<kD>::kCtasPerSm)
     screen_ahead_kernel(CUTE_GRID_CONSTANT AheadKernelParams<kD> const kp) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using T = AheadTraits<kD>;
@@ -157,7 +166,7 @@ __global__ void __launch_bounds__(AheadTraits<kD>::kNumThreads, 1)
   PrefillWork w;
   if (!HeavyFirstScheduler::get<kBlockM, kBlockN>(p, w)) return;
   const int warp_idx = cutlass::canonical_warp_idx_sync();
-  const int wg_idx = cutlass::canonical_warp_group_idx();
+  const bool producer = warp_idx == T::kProducerWarp;
   const int lane = int(threadIdx.x % 32);
   if (warp_idx == 0 && cute::elect_one_sync()) {
     cute::prefetch_tma_descriptor(kp.tma_q8.get_tma_descriptor());
@@ -169,15 +178,15 @@ __global__ void __launch_bounds__(AheadTraits<kD>::kNumThreads, 1)
 
   typename T::Pipeline::Params pp;
   pp.transaction_bytes = T::Base::kTmaBytesK8;
-  pp.role = wg_idx == 0 ? T::Pipeline::ThreadCategory::Producer : T::Pipeline::ThreadCategory::Consumer;
-  pp.is_leader = threadIdx.x == 0;
+  pp.role = producer ? T::Pipeline::ThreadCategory::Producer : T::Pipeline::ThreadCategory::Consumer;
+  pp.is_leader = threadIdx.x == T::kNumMmaThreads;
   pp.num_consumers = T::kNumMmaThreads;
   typename T::Pipeline pipe(ss.pipe, pp, Shape<_1, _1, _1>{});
   __syncthreads();  // barriers and zeroed bits visible to every thread
 
   if (w.n_max > 0) {
-    if (wg_idx == 0) {
-      if (threadIdx.x == 0) {
+    if (producer) {
+      if (threadIdx.x == T::kNumMmaThreads) {
         const bool ragged = p.cu_q != nullptr;
         const int hk = w.h / p.group;
         Tensor mQ8 = kp.tma_q8.get_tma_tensor(shape(kp.layout_q8));
@@ -204,7 +213,7 @@ __global__ void __launch_bounds__(AheadTraits<kD>::kNumThreads, 1)
         }
       }
     } else {
-      ahead_consumer<kD>(kp, w, ss, pipe, int(threadIdx.x) - 128);
+      ahead_consumer<kD>(kp, w, ss, pipe, int(threadIdx.x));
     }
   }
   __syncthreads();  // every group's bits
