@@ -11,7 +11,7 @@ FLOPs: forward 4 B H Lq Lk d (halved for causal), backward 2.5x that (the FlashA
 convention), forward + backward 3.5x; skip rows quote the speedup over our own dense rows.
 Timing: interleaved rounds after a warm-up, median (CUDA events on a GPU, wall clock on the CPU).
 
-  bench_backward_peers.py --out DIR [--quick] [--iters N]
+  bench_backward_peers.py --out DIR [--quick] [--d64] [--iters N]
   bench_backward_peers.py --device cpu --tiny    the mechanics on the CPU reference (no peer but
                                                  SDPA's math backend, i.i.d. inputs; figures meaningless)
 """
@@ -157,6 +157,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--order", default="max_first", choices=["natural", "max_first"])
     ap.add_argument("--targets", type=float, nargs="*", default=[0.5, 0.7, 0.9])
+    ap.add_argument("--d64", action="store_true",
+                    help="add d = 64 rows (random causal and full, H 32) at each length")
     args = ap.parse_args()
     if args.tiny:
         configs = [("random", 1, 1024, 2, 2, 64, True), ("llm", 1, 1024, 2, 2, 64, True)]
@@ -166,6 +168,8 @@ def main():
         for L in Ls:
             configs += [("random", 1, L, 32, 32, 128, True), ("random", 1, L, 32, 32, 128, False),
                         ("llm", 1, L, 32, 8, 128, True), ("dit", 1, L, 32, 32, 128, False)]
+            if args.d64:
+                configs += [("random", 1, L, 32, 32, 64, True), ("random", 1, L, 32, 32, 64, False)]
     rows = [row(*c, args) for c in configs]
     dev = torch.cuda.get_device_name() if args.device == "cuda" else "CPU"
     commit = os.environ.get("BLASST_COMMIT", "unknown")
@@ -175,16 +179,16 @@ def main():
              f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", "",
              "bf16; TFLOP/s (backward 2.5x, forward + backward 3.5x the forward's FLOPs); ms in brackets; "
              f"skip: {args.order} order, lambda from the forward's one-pass curve", "",
-             "| workload | L | H/Hk | mask | bwd ours | bwd cuDNN | bwd flash | ours/cuDNN bwd | "
+             "| workload | L | H/Hk | d | mask | bwd ours | bwd cuDNN | bwd flash | ours/cuDNN bwd | "
              "fwd+bwd ours | fwd+bwd cuDNN | fwd+bwd flash | skip 50 / 70 / 90: ach, bwd x, fwd+bwd x |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         cell = lambda n, kind: (f"{f(r.get(f'{n}_{kind}_tflops'))} ({f(r.get(f'{n}_{kind}_ms'), 2)})"
                                 if f"{n}_{kind}_ms" in r else r.get(n + "_error", "-"))
         ratio = (r["ours_b_tflops"] / r[peer + "_b_tflops"]) if peer + "_b_tflops" in r else None
         sk = " / ".join("unreachable" if "achieved" not in e else
                         f"{e['achieved']:.2f}, {e['bwd_x']:.2f}x, {e['fwd_bwd_x']:.2f}x" for e in r["skip"]) or "-"
-        lines.append(f"| {r['workload']} | {r['L']} | {r['H']}/{r['Hk']} | {r['mask']} | {cell('ours', 'b')} | "
+        lines.append(f"| {r['workload']} | {r['L']} | {r['H']}/{r['Hk']} | {r['d']} | {r['mask']} | {cell('ours', 'b')} | "
                      f"{cell(peer, 'b')} | {cell('flash', 'b')} | {f(ratio, 3)} | {cell('ours', 'fb')} | "
                      f"{cell(peer, 'fb')} | {cell('flash', 'fb')} | {sk} |")
     table = "\n".join(lines)

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# One device call: the figures that decide issues 14 and 18 against their peers, on one machine.
+# 1. one build (Python on: the package, the decode bench library, bench_backward);
+# 2. bench/decode/bench_decode.py --quick beside cuDNN (B 1 / 8 / 64 at 32k): the first library-build
+#    run of the 128 B L2 promotion of the TMA boxes (63f9a1d; a probe measured 6-7 % at B >= 8);
+# 3. bench/backward/bench_backward_peers.py --quick beside torch SDPA's cuDNN and flash backward
+#    (issue 14's ratios with the d = 64 dQ sum and the dQ store order);
+# 4. with the time left, WHAT=bwdfull scripts/device_call_ncu.sh on the same build (ours and cuDNN's
+#    backward kernels, d128 full 8k and d64 causal 16k).
+# Short tables on stdout; logs and tables under $OUT. Carry .deps/cutlass, .deps/include, .deps/googletest.
+cd "$(dirname "$0")/.."
+S=$(date +%s); OUT=${OUT:-/tmp/peers}; mkdir -p "$OUT"; B=${BUILD_DIR:-build-peers}
+LIMIT=${LIMIT_S:-585}
+left() { echo $((LIMIT - ($(date +%s) - S))); }
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/gpu.txt"
+{ cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DBLASST_BUILD_PYTHON=ON -DBLASST_BUILD_CLI=OFF \
+    -DPython_EXECUTABLE="$(command -v python3)" -DBLASST_DEPS_DIR="$PWD/.deps" \
+    -DBLASST_CUTLASS_INCLUDE="$PWD/.deps/cutlass/include" &&
+  cmake --build $B -j "$(nproc)"; } > "$OUT/build.log" 2>&1
+rc=$?; echo "build rc=$rc t=$(($(date +%s) - S))"
+[ $rc -ne 0 ] && { grep -E "error|FAILED" "$OUT/build.log" | head -20; exit 1; }
+COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+BLASST_COMMIT=$COMMIT timeout 150 python3 bench/decode/bench_decode.py "$B/bench/decode/libblasst_decode_bench.so" "$OUT" --quick \
+  > "$OUT/decode.log" 2>&1
+echo "bench_decode --quick rc=$? t=$(($(date +%s) - S))"; cat "$OUT/decode_bench.md" 2>/dev/null | grep -E "^\|" | head -30
+r=$(left); [ $r -gt 200 ] && r=200
+PYTHONPATH="$PWD/$B/python" timeout $r python3 bench/backward/bench_backward_peers.py --quick --d64 --out "$OUT" > "$OUT/peers.log" 2>&1
+echo "bench_backward_peers --quick --d64 rc=$? t=$(($(date +%s) - S))"; grep -E "^\|" "$OUT/bench_backward_peers.md" 2>/dev/null | head -30
+tail -3 "$OUT/peers.log"
+r=$(left)
+if [ $r -gt 60 ]; then
+  WHAT=bwdfull NO_BUILD=1 BUILD_DIR=$B LIMIT_S=$r bash scripts/device_call_ncu.sh 2>&1 | tail -8
+fi
+echo "t=$(($(date +%s) - S))"
