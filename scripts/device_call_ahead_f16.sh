@@ -5,7 +5,9 @@
 # on the same machine.
 # 1. two trimmed copies of this tree (bf16 prefill instances only), .ab/base and .ab/f16 (+ the
 #    patch), built side by side with -lineinfo, and the CPU reference's screen suite of the patched
-#    tree (its crafted cases were re-derived for the new codes);
+#    tree (its crafted cases were re-derived for the new codes); beside them
+#    scripts/probes/f16_qgmma_rounding.cu: the f16-accumulated FP8 wgmma against exact sums, to
+#    check the accumulation term the patch puts in the margin;
 # 2. the patched tree: test_gpu_prefill_screen (strict ahead equal to the plain skip kernel: the
 #    check of the f16 accumulation term; the crafted wrong-screen case), compute-sanitizer memcheck
 #    and racecheck on the crafted case;
@@ -44,8 +46,12 @@ for t in base f16; do
       -DBLASST_DEPS_DIR="$PWD/.deps" -DBLASST_CUTLASS_INCLUDE="$PWD/.deps/cutlass/include" > $L/build_$t.log 2>&1 &&
     cmake --build build-$t -j 6 --target $T >> $L/build_$t.log 2>&1; echo "build $t rc=$?" >> $L/build_rc.txt ) &
 done
+( nvcc -std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -I include -I .deps/cutlass/include \
+    -I "$(dirname "$(dirname "$(command -v nvcc)")")/include/cccl" -o /tmp/f16probe scripts/probes/f16_qgmma_rounding.cu \
+    > $L/probe_build.log 2>&1; echo "probe build rc=$?" >> $L/build_rc.txt ) &
 wait; cat $L/build_rc.txt; echo "t=$(($(date +%s) - S))"; grep -hE "error|spill" $L/build_*.log | grep -v " 0 bytes spill" | head
 pk
+timeout 30 /tmp/f16probe > $L/probe.log 2>&1; echo "f16 wgmma rounding probe rc=$?"; cat $L/probe.log
 timeout 60 build-f16/tests/reference/test_reference_screen > $L/test_ref_f16.log 2>&1
 echo "reference screen suite (f16 tree) rc=$? $(grep -E '^\[  (PASSED|FAILED)' $L/test_ref_f16.log | tr '\n' ' ')"
 BLASST_REQUIRE_GPU=1 timeout 150 build-f16/tests/gpu_prefill/test_gpu_prefill_screen > $L/test_f16.log 2>&1
