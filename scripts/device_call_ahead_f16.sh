@@ -21,7 +21,7 @@
 # Carry .deps/cutlass, .deps/include and .deps/googletest.
 cd "$(dirname "$0")/.."
 S=$(date +%s); L=/tmp/ldb; rm -rf $L; mkdir -p $L
-left() { echo $((575 - ($(date +%s) - S))); }
+left() { echo $((${LIMIT_S:-575} - ($(date +%s) - S))); }
 pk() { tar czf "${OUT:-/tmp}/logs.tgz" -C /tmp ldb; }
 P=$PWD/scripts/probes/pending/screen-ahead-f16.patch
 # Two copies with kernel_table.inc cut to the bf16 prefill lines (all the test and the bench use),
