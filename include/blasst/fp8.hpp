@@ -9,6 +9,11 @@
 
 namespace blasst {
 
+// The FP8 screen's code range (SPEC §2b): scales fp32(max|x| / 16) and codes clamped to [-16, 16]
+// before encoding, so |q8 . k8| <= 256 d: every partial sum of an FP8 score fits an f16
+// accumulator (65504) at d <= 128 (the screen ahead accumulates in f16).
+inline constexpr float kScreenCodeMax = 16.0f;
+
 inline float e4m3_to_float(std::uint8_t c) {
   const int e = (c >> 3) & 0xf, m = c & 0x7;
   if (e == 15 && m == 7) return std::numeric_limits<float>::quiet_NaN();

@@ -280,8 +280,9 @@ float finite_abs_max(const Acc* x, i64 n) {
   return a;
 }
 
-// x quantised with the scale fp32(a / 448) (a: its own max |x_c| for a query row, the tile's for
-// a key; finite_abs_max's -1 makes the values and norms NaN).
+// x quantised with the scale fp32(a / 16) (a: its own max |x_c| for a query row, the tile's for
+// a key; finite_abs_max's -1 makes the values and norms NaN), x / scale clamped to [-16, 16]
+// (kScreenCodeMax: it only acts where the scale is a rounded subnormal).
 template <class Acc>
 Quantised quantise(const Acc* x, i64 n, float a, float* values) {
   Quantised r;
@@ -291,11 +292,12 @@ Quantised quantise(const Acc* x, i64 n, float a, float* values) {
     r.scale = r.norm = r.qnorm = r.err = std::numeric_limits<double>::quiet_NaN();
     return r;
   }
-  const float s = a / 448.0f;
+  const float s = a / kScreenCodeMax;
   r.scale = s;
   double nn = 0, nq = 0, ne = 0;
   for (i64 c = 0; c < n; ++c) {
-    const float v = s > 0.0f ? e4m3_to_float(float_to_e4m3(static_cast<float>(x[c]) / s)) : 0.0f;
+    const float y = std::clamp(static_cast<float>(x[c]) / s, -kScreenCodeMax, kScreenCodeMax);
+    const float v = s > 0.0f ? e4m3_to_float(float_to_e4m3(y)) : 0.0f;
     values[c] = v;
     const double xd = static_cast<double>(x[c]), xq = static_cast<double>(s) * v, e = xd - xq;
     nn += xd * xd;

@@ -203,9 +203,9 @@ TEST(GpuPrefillScreen, StrictAheadEqualsThePlainSkipKernel) {
 }
 
 // d = 128, L = 256 (4 vote groups x 2 tiles), one head, q_i = e0 for every row. Tile 0: key 0 =
-// 4 e0 (score 4, every other key 0); tile 1: key 128 = (x, 1, 0, ...) with x = 0.890625 (bf16):
-// x * 448 = 399 rounds to the e4m3 value 384, so its FP8 score 384/448 = 0.857 underestimates x
-// by 0.033, more than the kernel's accumulation term gamma_131(2^-13) |q~||k~| = 0.0214. lambda
+// 4 e0 (score 4, every other key 0); tile 1: key 128 = (x, 1, 0, ...) with x = 0.90234375 (bf16):
+// x * 16 = 14.4375 rounds to the e4m3 value 14, so its FP8 score 14/16 = 0.875 underestimates x
+// by 0.027, more than the kernel's accumulation term gamma_131(2^-13) |q~||k~| = 0.0216. lambda
 // between the FP8 and the exact delta: with tight z = 0 every group screens tile 1 wrongly
 // (counted, 4 of 4, as the reference counts), the outputs follow; strict screens nothing.
 TEST(GpuPrefillScreen, WrongScreensOfTightZeroAreCounted) {
@@ -214,7 +214,7 @@ TEST(GpuPrefillScreen, WrongScreensOfTightZeroAreCounted) {
   c.Lq = c.Lk = 256;
   c.hq = c.hk = 1;
   c.d = 128;
-  const float x = 0.890625f;
+  const float x = 0.90234375f;
   std::vector<float> q(std::size_t(c.Lq * c.d), 0.f), k(std::size_t(c.Lk * c.d), 0.f), v(k.size(), 0.f);
   for (std::int64_t i = 0; i < c.Lq; ++i) q[std::size_t(i * c.d)] = 1.f;
   k[0] = 4.f;
@@ -225,8 +225,8 @@ TEST(GpuPrefillScreen, WrongScreensOfTightZeroAreCounted) {
   const Inputs in = make_inputs(c, q, k, v);
   ASSERT_EQ(in.kf[std::size_t(128 * c.d)], x);
   const double scale = 1.0 / std::sqrt(128.0);
-  const double kt = std::sqrt((384.0 / 448) * (384.0 / 448) + 1.0);  // |k~| of key 128
-  const double up_kernel = 384.0 / 448 + 131 * 0x1p-13 / (1 - 131 * 0x1p-13) * kt;
+  const double kt = std::sqrt((14.0 / 16) * (14.0 / 16) + 1.0);  // |k~| of key 128
+  const double up_kernel = 14.0 / 16 + 131 * 0x1p-13 / (1 - 131 * 0x1p-13) * kt;
   ASSERT_LT(up_kernel, x);
   const double ln = (0.5 * (up_kernel + x) - 4.0) * scale;
   std::vector<float> out, lse;
@@ -256,15 +256,16 @@ TEST(GpuPrefillScreen, WrongScreensOfTightZeroAreCounted) {
   }
   // The screen ahead on the same input, at the same lambda. Tile 0 comes first (lo = -inf: never
   // screened) and raises lo to its lower bound: the reference's 4 - (tiny: u8 = 2^-24), the
-  // kernel's 4 - gamma_131(2^-13) |q~| |k~_0| = 4 - 0.064 (its FP8 accumulation term, counted again
-  // below the maximum). The reference then screens tile 1 ahead in every group, wrongly (4 of 4,
-  // as in the loop); the kernel must not: its lower bound lies 0.064 below 4, more than the gap
-  // (x - up_kernel) / 2 = 0.006 that lambda leaves, so every group keeps tile 1 and the exact test
+  // kernel's 4 - g |q~| |k~_0| = 4 - 0.085 (its FP8 accumulation term with the f16 accumulator,
+  // g = (1 + gamma_131(2^-13)) (1 + gamma_5(2^-10)) - 1, counted again below the maximum). The
+  // reference then screens tile 1 ahead in every group, wrongly (4 of 4, as in the loop); the
+  // kernel must not: its lower bound lies 0.085 below 4, more than the gap
+  // (x - up_kernel) / 2 = 0.003 that lambda leaves, so every group keeps tile 1 and the exact test
   // keeps it too. It reports no wrong-screen counts (the pass computes none).
   SkipConfig cfg = screen_cfg(std::exp(ln), VisitOrder::natural, ScreenMargin::tight, 0.0);
   cfg.screen.ahead = true;
-  const double g131 = 131 * 0x1p-13 / (1 - 131 * 0x1p-13);
-  ASSERT_GT(g131 * 4.0, 0.5 * (x - up_kernel));  // the premise above, in float64
+  const double g131 = 131 * 0x1p-13 / (1 - 131 * 0x1p-13), g5 = 5 * 0x1p-10 / (1 - 5 * 0x1p-10);
+  ASSERT_GT(((1 + g131) * (1 + g5) - 1) * 4.0, 0.5 * (x - up_kernel));  // the premise above, in float64
   SkipStats rs, gs;
   reference::attention(p, cfg, sopt, &rs);
   EXPECT_EQ(rs.total_screened(), 4);

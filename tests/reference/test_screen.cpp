@@ -330,15 +330,15 @@ float abs_max(const float* x, std::int64_t d) {
   return a;
 }
 
-// x quantised with the scale fp32(a / 448): a = its own max |x| for a query row, the tile's for a
-// key (SPEC §2b).
+// x quantised with the scale fp32(a / 16): a = its own max |x| for a query row, the tile's for a
+// key, x / scale clamped to [-16, 16] (SPEC §2b).
 QuantRow quant(const float* x, std::int64_t d, float a) {
   QuantRow r;
-  const float s = a / 448.0f;
+  const float s = a / 16.0f;
   r.scale = s;
   r.val.resize(d);
   for (std::int64_t c = 0; c < d; ++c) {
-    r.val[c] = s > 0 ? e4m3_to_float(float_to_e4m3(x[c] / s)) : 0.0f;
+    r.val[c] = s > 0 ? e4m3_to_float(float_to_e4m3(std::min(16.0f, std::max(-16.0f, x[c] / s)))) : 0.0f;
     const double xq = static_cast<double>(s) * r.val[c], e = static_cast<double>(x[c]) - xq;
     r.norm += static_cast<double>(x[c]) * x[c];
     r.qnorm += xq * xq;
@@ -548,14 +548,14 @@ TEST(Screen, TightScreensMoreThanStrictAndLargeZIsNoLooserThanStrict) {
 // follows the screened skip set; strict keeps it. Expected values from float64 arithmetic here.
 TEST(Screen, ZeroMarginUnderestimateIsACountedWrongScreen) {
   // d = 2, one query row, two keys in two 1-key tiles. q = (1, 1) quantises exactly (both
-  // elements are the row max). k0 = (a, a) quantises exactly; k1 = (1, 0.87): 0.87 / (1/448) =
-  // 389.76 rounds down to 384 in the binade [256, 512) (quantum 32).
+  // elements are the row max). k0 = (a, a) quantises exactly; k1 = (1, 0.84): 0.84 / (1/16) =
+  // 13.44 rounds down to 13 in the binade [8, 16) (quantum 1).
   const float a = 1.2886f;
-  std::vector<float> q = {1.0f, 1.0f}, k = {a, a, 1.0f, 0.87f}, v = {1.0f, 0.0f, 0.0f, 1.0f};
-  const float sk1 = 1.0f / 448.0f;
-  ASSERT_EQ(e4m3_to_float(float_to_e4m3(0.87f / sk1)), 384.0f);
+  std::vector<float> q = {1.0f, 1.0f}, k = {a, a, 1.0f, 0.84f}, v = {1.0f, 0.0f, 0.0f, 1.0f};
+  const float sk1 = 1.0f / 16.0f;
+  ASSERT_EQ(e4m3_to_float(float_to_e4m3(0.84f / sk1)), 13.0f);
   const double scale = 1.0 / std::sqrt(2.0);
-  const double s0 = scale * 2.0 * a, s1 = scale * (1.0 + 0.87), s8 = scale * (1.0 + 384.0 * sk1);
+  const double s0 = scale * 2.0 * a, s1 = scale * (1.0 + double(0.84f)), s8 = scale * (1.0 + 13.0 * sk1);
   const double lnl = 0.5 * ((s1 - s0) + (s8 - s0));  // between the FP8 and the exact delta
   ASSERT_LT(s8 - s0, lnl);
   ASSERT_GT(s1 - s0, lnl);
@@ -598,25 +598,25 @@ TEST(Screen, ZeroMarginUnderestimateIsACountedWrongScreen) {
 }
 
 // The tight model's named failure: error energy on the channel where q~ is large. d = 128, q = e0,
-// k1 = (0.87, 1, 0, ...): k1's whole quantisation error sits on channel 0, so q~.ek = |q~||ek|,
+// k1 = (0.84, 1, 0, ...): k1's whole quantisation error sits on channel 0, so q~.ek = |q~||ek|,
 // sqrt(d) / z = 1.9 times the model's z sigma at z = 6. Tight screens the tile wrongly (counted);
 // strict keeps it. Expected values from float64 arithmetic here.
 TEST(Screen, ErrorOnTheQueryChannelBreaksTheTightModelAndIsCounted) {
   const std::int64_t d = 128;
   const double scale = 1.0 / std::sqrt(static_cast<double>(d)), z = 6.0;
-  const double e = 0.87 - 384.0 / 448.0;  // k1's error on channel 0 (0.87 * 448 = 389.76 -> 384)
-  ASSERT_EQ(e4m3_to_float(float_to_e4m3(0.87f / (1.0f / 448.0f))), 384.0f);
+  const double e = double(0.84f) - 13.0 / 16.0;  // k1's error on channel 0 (0.84 * 16 = 13.44 -> 13)
+  ASSERT_EQ(e4m3_to_float(float_to_e4m3(0.84f / (1.0f / 16.0f))), 13.0f);
   const double gap = scale * e, tight = scale * z * e / std::sqrt(static_cast<double>(d));
   ASSERT_LT(tight, 0.6 * gap);  // the model's margin misses this error
-  const float a = static_cast<float>(0.87 + 0.5 / scale);  // key 0: score s1 + 0.5
+  const float a = static_cast<float>(double(0.84f) + 0.5 / scale);  // key 0: score s1 + 0.5
   std::vector<float> q(d, 0.0f), k(2 * d, 0.0f), v(2 * d, 0.0f), out(d), lse(1);
   q[0] = 1.0f;
   k[0] = a;
-  k[d] = 0.87f;
+  k[d] = 0.84f;
   k[d + 1] = 1.0f;
   v[0] = 1.0f;
   v[d + 1] = 1.0f;
-  const double s0 = scale * a, s1 = scale * 0.87f;
+  const double s0 = scale * a, s1 = scale * 0.84f;
   const double lnl = (s1 - s0) - 0.25 * gap;  // above s8 + tight margin, below the exact delta
   AttentionProblem p;
   p.q = Tensor::contiguous(q.data(), DType::f32, {1, 1, 1, d});

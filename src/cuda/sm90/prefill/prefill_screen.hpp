@@ -45,10 +45,20 @@ struct ScreenRow {
   float sq = 0.f, qn = 0.f, qt = 0.f, eq = 0.f;  // scale, |q|, |q~|, |eq|
 };
 
+// An upper bound of sqrt(x) without __fsqrt_ru's slow path (a CALL in the screen loops): rsqrtf
+// errs by at most 2 ulp (CUDA Programming Guide, single-precision functions) and the product by
+// half an ulp, so x * rsqrtf(x) is within 2^-21 of sqrt(x), and 1 + 2^-20 rounded upwards covers
+// it. Below 2^-100 (rsqrtf's denormal range included) 2^-50 bounds it; inf and NaN pass through.
+__device__ __forceinline__ float sqrt_upper(float x) {
+  if (x < 0x1p-100f) return 0x1p-50f;
+  if (!(x < INFINITY)) return x;
+  return __fmul_ru(x * rsqrtf(x), 1.0f + 0x1p-20f);
+}
+
 __device__ __forceinline__ float screen_margin(ScreenRow const& r, float4 const& kt, ScreenArgs const& s) {
   // kt = {KN, KT, EK, 0}
   const float A = r.qt * kt.z, B = r.eq * kt.y, C = r.eq * kt.z;
-  const float core = s.tight ? fmaf(s.z_over_sqrt_d, __fsqrt_ru(fmaf(A, A, B * B)), C) : A + B + C;
+  const float core = s.tight ? fmaf(s.z_over_sqrt_d, sqrt_upper(fmaf(A, A, B * B)), C) : A + B + C;
   const float rnd = fmaf(s.gamma_exact * r.qn, kt.x, s.gamma_fp8 * r.qt * kt.y);
   return fmaf(core + rnd, 1.0f + 0x1p-16f, 0x1p-100f);
 }

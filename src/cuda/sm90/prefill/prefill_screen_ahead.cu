@@ -11,6 +11,8 @@
 // Units as in prefill_screen.hpp: raw scores (q . k) and raw margins; the vote scales.
 #include "cuda/sm90/prefill/prefill_screen_ahead.hpp"
 
+#include <cuda_fp16.h>
+
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -43,7 +45,16 @@ struct AheadTraits {
   static constexpr int kProducerWarp = kNumMmaThreads / 32;
   static constexpr int kNumThreads = kNumMmaThreads + 32;
   static constexpr int kStages = 4;
-  using TiledMmaQK8 = typename Base::TiledMmaQK8;
+  // S8 = Q8 K8^T accumulated in f16 (the in-loop screen's is f32): half the accumulator registers,
+  // and each row's maximum as packed half2 maxima (HMNMX2: two scores per instruction). The codes
+  // are at most kScreenCodeMax = 16 in magnitude (SPEC §2b), so every partial sum is at most
+  // 256 d <= 32768 in magnitude: no f16 overflow at d <= 128. Its rounding is in the margin
+  // (ahead_gamma_fp8 below).
+  using ElementAcc8 = cutlass::half_t;
+  using TiledMmaQK8 = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element8, Element8, ElementAcc8, Shape<_64, Int<kBlockN>, Int<kD>>>(),
+      typename Base::AtomLayoutMma{}));
+  static_assert(256 * kD <= 65504, "the f16 accumulator of the screen ahead overflows at this head dim");
   using SmemLayoutQ8 = typename Base::SmemLayoutQ8;
   using SmemLayoutK8 =
       decltype(tile_to_shape(typename Base::SmemAtom8{}, Shape<Int<kBlockN>, Int<kD>, Int<kStages>>{}));
@@ -75,6 +86,46 @@ struct AheadKernelParams {
   typename AheadTraits<kD>::GLayout8 layout_k8;
 };
 
+// Each of the thread's two rows' maximum over the f16 accumulator acc (NaN propagating, as
+// running_max) in float. GMMA's C fragment is ((2 cols, 2 rows, N / 8 column groups)): element
+// pair i (one 32-bit register) is two columns of row i % 2, so the rows fold by HMNMX2.NAN on
+// packed pairs, then the pair's halves, then the quad of lanes that shares the rows.
+// NaN-propagating maximum of two packed f16 pairs (HMNMX2.NAN).
+__device__ __forceinline__ std::uint32_t hmax2_nan(std::uint32_t a, std::uint32_t b) {
+  std::uint32_t d;
+  asm("max.NaN.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+
+// t[i] = max(t[i], t[i + W]) for i < W, then W / 2, ..., down to W = 2 (the two rows stay apart).
+template <int W>
+__device__ __forceinline__ void half2_tree_max(std::uint32_t* t) {
+  CUTLASS_PRAGMA_UNROLL
+  for (int i = 0; i < W; ++i) t[i] = hmax2_nan(t[i], t[i + W]);
+  if constexpr (W > 2) half2_tree_max<W / 2>(t);
+}
+
+// Each of the thread's two rows' maximum over the f16 accumulator acc (NaN propagating, as
+// running_max) in float. GMMA's C fragment is ((2 cols, 2 rows, N / 8 column groups)): element
+// pair i (one 32-bit register) is two columns of row i % 2, so the rows fold by HMNMX2.NAN on the
+// packed registers, then the pair's halves, then the quad of lanes that shares the rows.
+template <class TAcc>
+__device__ __forceinline__ void half_tile_max(TAcc& acc, float (&m)[2]) {
+  Tensor reg = recast<std::uint32_t>(acc);
+  constexpr int kPairs = decltype(size(reg))::value;
+  static_assert(kPairs % 2 == 0 && ((kPairs / 2) & (kPairs / 2 - 1)) == 0, "a power of two of pairs per row");
+  std::uint32_t t[kPairs];
+  CUTLASS_PRAGMA_UNROLL
+  for (int i = 0; i < kPairs; ++i) t[i] = reg(i);
+  half2_tree_max<kPairs / 2>(t);  // t[2j + r]: row r; j folded, both rows in step
+  // t[0] = (row 0: col a, col b), t[1] the same for row 1: fold into (row 0, row 1)
+  std::uint32_t x = hmax2_nan(__byte_perm(t[0], t[1], 0x5410), __byte_perm(t[0], t[1], 0x7632));
+  x = hmax2_nan(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  x = hmax2_nan(x, __shfl_xor_sync(0xffffffffu, x, 2));
+  m[0] = __half2float(__ushort_as_half(static_cast<unsigned short>(x & 0xffffu)));
+  m[1] = __half2float(__ushort_as_half(static_cast<unsigned short>(x >> 16)));
+}
+
 // One consumer warpgroup (vote group cwg): the FP8 scores of every tile of the CTA's visit order,
 // the bounds, the vote against lo, the decision bits.
 template <int kD>
@@ -97,6 +148,7 @@ __device__ __forceinline__ void ahead_consumer(AheadKernelParams<kD> const& kp, 
   Tensor tScS8 = thr8.partition_C(cS);
   Tensor tScS8_rc = make_tensor(tScS8.data(), acc_rowcol(tScS8.layout()));
   constexpr int kRows = decltype(size<0>(tScS8_rc))::value;
+  static_assert(kRows == 2, "half_tile_max folds two rows per thread");
 
   const int row0 = w.m_block * kBlockM;
   int row[kRows];
@@ -116,7 +168,6 @@ __device__ __forceinline__ void ahead_consumer(AheadKernelParams<kD> const& kp, 
   // A sequence that cannot skip (lambda >= 1) needs every tile visible to the group.
   const bool can_skip = ln_lambda > -INFINITY;
   const bool lane0 = threadIdx.x % 32 == 0;
-  OnlineSoftmax<kRows> sm;  // its tile_max only
 
   cutlass::arch::ClusterTransactionBarrier::wait(&ss.barrier_q, 0);
   ::blasst::detail::VisitCursor cur(w.n_max, w.own);
@@ -134,7 +185,7 @@ __device__ __forceinline__ void ahead_consumer(AheadKernelParams<kD> const& kp, 
     if (tile_needs_mask(tile, kBlockN, row0, w.q_len, w.k_len, p.causal))
       apply_mask(acc8_rc, tScS8_rc, row0, tile * kBlockN, w.q_len, w.k_len, p.causal);
     float m8[kRows], up[kRows], low[kRows];
-    sm.template tile_max<true>(acc8_rc, m8);
+    half_tile_max(acc8, m8);
     CUTLASS_PRAGMA_UNROLL
     for (int mi = 0; mi < kRows; ++mi) {
       // max and a positive scale commute, and directed rounding is monotone: the FP8 tile
@@ -259,12 +310,26 @@ __global__ void __launch_bounds__(AheadTraits<kD>::kNumThreads, AheadTraits<kD>:
 #endif
 }
 
+// The margin's FP8 accumulation term with the f16 accumulator (SPEC §2b: a kernel puts its own
+// accumulation in Rnd): the in-loop screen's gamma_{d+3}(2^-13) for Hopper's FP8 wgmma
+// (prefill_screen.hpp) composed with the roundings of the partial sums to f16, one per k32 wgmma
+// (d / 32, plus one in reserve), each at most 2^-10 relative (f16's 11-bit significand, chopped or
+// rounded): (1 + gamma_fp8)(1 + gamma_{d/32+1}(2^-10)) - 1, rounded upwards to float.
+float ahead_gamma_fp8(int d, float gamma_fp8) {
+  const double n = d / 32 + 1, u16 = 0x1p-10;
+  const double g = (1.0 + double(gamma_fp8)) * (1.0 + n * u16 / (1.0 - n * u16)) - 1.0;
+  float f = static_cast<float>(g);
+  if (static_cast<double>(f) < g) f = std::nextafter(f, INFINITY);
+  return f;
+}
+
 template <int kD>
 void launch_ahead(const PrefillScreenParams& sp, const AheadPlan& plan, cudaStream_t stream) {
   using T = AheadTraits<kD>;
   AheadKernelParams<kD> kp;
   kp.p = sp;
   kp.s = sp.screen;
+  kp.s.gamma_fp8 = ahead_gamma_fp8(kD, sp.screen.gamma_fp8);
   kp.plan = plan;
   const int nb = sp.cu_q != nullptr ? 1 : sp.batch;
   auto layout8 = [&](int rows, int heads) {  // contiguous (nb, rows, heads, d) e4m3, as launch_prefill's

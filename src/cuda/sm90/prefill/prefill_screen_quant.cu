@@ -1,6 +1,7 @@
 // The SPEC §2b quantisation pre-kernel of the FP8 screen: one warp per query row or key, e4m3
 // codes exactly as the CPU reference's quantise (src/reference/reference.cpp: the scale
-// fp32(max|x| / 448), codes e4m3(fp32(x / scale)) by cvt.rn.satfinite, zero scale -> zero codes,
+// fp32(max|x| / 16), codes e4m3(clamp(fp32(x / scale), -16, 16)) by cvt.rn.satfinite (the clamp
+// only acts where the scale is a rounded subnormal), zero scale -> zero codes,
 // a non-finite element -> NaN codes, scale and norms), norms summed in double and rounded
 // upwards to float (the margin needs upper bounds). Keys: one CTA per (key tile, KV head,
 // sequence), which also writes the tile's maxima KN, KT, EK (NaN propagating).
@@ -12,6 +13,7 @@
 
 #include <cmath>
 
+#include "blasst/fp8.hpp"
 #include "cuda/cuda_check.hpp"
 
 namespace blasst::sm90::prefill {
@@ -53,8 +55,8 @@ __device__ __forceinline__ float abs_max_warp(const T* src, int lane, float (&x)
 }
 
 // The warp's d elements x (as abs_max_warp loaded them) quantised into d codes at dst with the
-// scale fp32(a / 448) (a: the vector's own abs_max_warp for a query row, the tile's for a key;
-// a < 0: NaN codes and norms).
+// scale fp32(a / 16) (kScreenCodeMax; a: the vector's own abs_max_warp for a query row, the tile's
+// for a key; a < 0: NaN codes and norms).
 template <int kD>
 __device__ __forceinline__ VecNorms quantise_warp(const float (&x)[kD / 32], float a, std::uint8_t* dst, int lane) {
   constexpr int kPer = kD / 32;
@@ -65,12 +67,15 @@ __device__ __forceinline__ VecNorms quantise_warp(const float (&x)[kD / 32], flo
     for (int i = 0; i < kPer; ++i) code[i] = 0x7f;  // NaN
     r.scale = r.norm = r.qnorm = r.err = NAN;
   } else {
-    const float s = __fdiv_rn(a, 448.0f);
+    const float s = __fdiv_rn(a, kScreenCodeMax);
     double nn = 0, nq = 0, ne = 0;
 #pragma unroll
     for (int i = 0; i < kPer; ++i) {
       code[i] = 0;
-      if (s > 0.f) code[i] = static_cast<std::uint8_t>(__nv_cvt_float_to_fp8(__fdiv_rn(x[i], s), __NV_SATFINITE, __NV_E4M3));
+      if (s > 0.f) {
+        const float y = fminf(fmaxf(__fdiv_rn(x[i], s), -kScreenCodeMax), kScreenCodeMax);
+        code[i] = static_cast<std::uint8_t>(__nv_cvt_float_to_fp8(y, __NV_SATFINITE, __NV_E4M3));
+      }
       const float v = __half2float(__half(__nv_cvt_fp8_to_halfraw(code[i], __NV_E4M3)));  // exact
       const double xd = x[i], xq = static_cast<double>(s) * v, e = xd - xq;
       nn += xd * xd;

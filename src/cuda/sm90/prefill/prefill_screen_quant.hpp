@@ -26,7 +26,7 @@ ScreenLayout screen_layout(const PrefillParams& p, int d, std::int64_t tiles, bo
 
 // Quantises Q (per query row) and K (per key tile: one scale, the norm maxima) of p into ws (at least
 // L.bytes, 256-byte aligned) on `stream` and points args' buffers at it (SPEC §2b: e4m3 codes as
-// cvt.rn.satfinite, scales fp32(max|x| / 448), norms in double rounded upwards to float).
+// cvt.rn.satfinite, scales fp32(max|x| / 16), codes within +-16, norms in double rounded upwards to float).
 void screen_quantise(const PrefillParams& p, DType dtype, const ScreenLayout& L, void* ws, cudaStream_t stream,
                      ScreenArgs& args);
 
