@@ -13,8 +13,9 @@
 #    pass each;
 # 4. bench_prefill.py --screen on both trees;
 # 5. with the time left, ncu's full set with source on one launch of each tree's kernel NCU_KERNEL
-#    (a regex; default the pre-pass) at tight 90 %, as $OUT/ab_<tree>.ncu-rep for
-#    scripts/ncurep_dump.py.
+#    (a regex; default the pre-pass; NCU_NAME_BASE=demangled matches template arguments too, e.g.
+#    NCU_KERNEL='Traits<.*6>' for the skip_ahead pass, KernelVariant 6) at tight 90 %, as $OUT/ab_<tree>.ncu-rep
+#    for scripts/ncurep_dump.py.
 # QUICK=1 (a short budget): no reference suite, no sanitizers, ncu of the tight margin only;
 # LIMIT_S (default 575) bounds the optional steps. Logs under /tmp/ldb, packed into $OUT/logs.tgz
 # after each step; short tables on stdout. Carry .deps/cutlass, .deps/include and .deps/googletest.
@@ -91,7 +92,8 @@ done
 for t in new base; do
   R=$(left)
   [ $R -gt 50 ] || break
-  timeout $((R - 10)) ncu --set full --import-source yes -k "regex:${NCU_KERNEL:-screen_ahead_kernel}" --launch-count 1 \
+  timeout $((R - 10)) ncu --set full --import-source yes --kernel-name-base "${NCU_NAME_BASE:-function}" \
+    -k "regex:${NCU_KERNEL:-screen_ahead_kernel}" --launch-count 1 \
     -o "${OUT:-/tmp}/ab_$t" --force-overwrite \
     python3 bench/prefill/profile_screen.py $(find build-$t -name libblasst_prefill_bench.so | head -1) 32760 1 6 0.9 \
     > $L/ncu_full_$t.log 2>&1
