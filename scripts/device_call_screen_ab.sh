@@ -14,7 +14,7 @@
 # 4. bench_prefill.py --screen on both trees;
 # 5. with the time left, ncu's full set with source on one launch of each tree's kernel NCU_KERNEL
 #    (a regex; default the pre-pass; NCU_NAME_BASE=demangled matches template arguments too, e.g.
-#    NCU_KERNEL='Traits<.*6>' for the skip_ahead pass, KernelVariant 6) at tight 90 %, as $OUT/ab_<tree>.ncu-rep
+#    NCU_KERNEL='KernelVariant.6>' for the skip_ahead pass, KernelVariant 6) at tight 90 %, as $OUT/ab_<tree>.ncu-rep
 #    for scripts/ncurep_dump.py.
 # QUICK=1 (a short budget): no reference suite, no sanitizers, ncu of the tight margin only;
 # LIMIT_S (default 575) bounds the optional steps. Logs under /tmp/ldb, packed into $OUT/logs.tgz
