@@ -370,14 +370,15 @@ def embedded_cubins(data):
     return out
 
 
-def sass_of(cubin_bytes, mangled, cuobjdump="cuobjdump"):
-    """{offset: instruction text} of one function, from cuobjdump -sass (None if unavailable)."""
+def sass_functions(cubin_bytes, cuobjdump="cuobjdump"):
+    """{mangled name: {offset: instruction text}} of every function of one cubin, from one
+    cuobjdump -sass run ({} if cuobjdump is unavailable)."""
     import re
     import shutil
     import subprocess
     import tempfile
     if shutil.which(cuobjdump) is None:
-        return None
+        return {}
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as fh:
         fh.write(cubin_bytes)
         path = fh.name
@@ -385,20 +386,20 @@ def sass_of(cubin_bytes, mangled, cuobjdump="cuobjdump"):
         text = subprocess.run([cuobjdump, "-sass", path], capture_output=True, text=True).stdout
     finally:
         os.unlink(path)
-    insts, inside = {}, False
+    funcs, insts = {}, None
     for line in text.splitlines():
         if "Function :" in line:
-            inside = line.split("Function :")[1].strip() == mangled
+            insts = funcs.setdefault(line.split("Function :")[1].strip(), {})
             continue
-        if inside:
+        if insts is not None:
             m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s*(.*?)\s*;?\s*/\*", line)
             if m:
                 insts[int(m.group(1), 16)] = m.group(2).rstrip(" ;")
-    return insts or None
+    return funcs
 
 
 def write_sass_profile(r, cubins, path):
-    """One row per executed PC (offset from the lowest executed PC, which is the function's entry):
+    """cubins: sass_functions of each cubin the report carries. One row per executed PC (offset from the lowest executed PC, which is the function's entry):
     warp-level instructions executed, PC samples, the stall reasons sampled there (count), and the
     SASS text when the report's cubin and cuobjdump give it. Returns (rows, sampled, matched)."""
     execd = {kv: vv for kv, _, vv, _ in r.instances.get("inst_executed", [])}
@@ -408,11 +409,7 @@ def write_sass_profile(r, cubins, path):
     samples = {kv: vv for kv, _, vv, _ in r.instances.get("smsp__pcsamp_sample_count", [])}
     reasons = [n for n in r.instances if n.startswith(STALL_PREFIX) and not n.endswith("_not_issued")]
     per_reason = {n[len(STALL_PREFIX):]: {kv: vv for kv, _, vv, _ in r.instances[n]} for n in reasons}
-    sass = None
-    for cb in cubins:
-        sass = sass_of(cb, r.mangled)
-        if sass:
-            break
+    sass = next((f[r.mangled] for f in cubins if f.get(r.mangled)), None)
     pcs = sorted(set(execd) | set(samples))
     matched = 0
     with open(path, "w") as fh:
@@ -451,7 +448,7 @@ def main(argv):
     base = os.path.basename(a.report).replace(".ncu-rep", "")
     print("%s: %d strings, %d profiled kernels" % (base, len(strings), len(results)))
     shorts = [short_name(r) for r in results]
-    cubins = embedded_cubins(data) if a.sass else []
+    cubins = [sass_functions(cb) for cb in embedded_cubins(data)] if a.sass else []
     for k, r in enumerate(results):
         dur = r.metrics.get("gpu__time_duration.sum", (None, ""))[0]
         types = {}

@@ -25,6 +25,7 @@
 #include <cutlass/arch/barrier.h>
 
 #include "blasst/fp8.hpp"
+#include "blasst/half.hpp"
 
 namespace f16probe {
 
@@ -88,12 +89,6 @@ __global__ void __launch_bounds__(128) probe(const std::uint8_t* a, const std::u
       std::exit(2);                                                                    \
     }                                                                                  \
   } while (0)
-
-double half_to_double(std::uint16_t h) {
-  const int s = h >> 15, e = (h >> 10) & 31, m = h & 1023;
-  double v = e == 0 ? std::ldexp(double(m), -24) : e == 31 ? (m ? NAN : INFINITY) : std::ldexp(1024.0 + m, e - 25);
-  return s ? -v : v;
-}
 
 std::uint8_t code_of(double x) { return blasst::float_to_e4m3(static_cast<float>(x)); }
 
@@ -165,7 +160,7 @@ int main() {
             na += x * x;
             nb += y * y;
           }
-          const double got = half_to_double(c[(std::size_t(bi) * kM + m) * kN + n]);
+          const double got = double(blasst::f16_to_float(c[(std::size_t(bi) * kM + m) * kN + n]));
           if (!std::isfinite(got)) {
             ++nonfinite;
             continue;

@@ -167,9 +167,25 @@ float gamma_up(double n, double u) {
 }
 
 // The kernel's unit roundoffs (prefill_screen.hpp says why): u8 of the FP8 wgmma accumulation and
-// u of the bf16 wgmma's exact scores.
+// u of the bf16 wgmma's exact scores; u16 of the screen-ahead pre-pass's f16 accumulator (each
+// k32 wgmma's partial sum rounded to f16's 11-bit significand, chopped or rounded).
 constexpr double kScreenU8 = 0x1p-13;
 constexpr double kScreenU = 0x1p-22;
+constexpr double kScreenU16 = 0x1p-10;
+
+// The margin's FP8 accumulation term (SPEC §2b: a kernel puts its own accumulation in Rnd): the
+// in-loop screen accumulates in f32, gamma_{d+3}(u8); the screen-ahead pre-pass in f16, which
+// composes it with d / 32 roundings of the partial sum to f16 (plus one in reserve):
+// (1 + gamma_{d+3}(u8)) (1 + gamma_{d/32+1}(u16)) - 1, rounded upwards to float.
+float screen_gamma_fp8(double d, bool f16_accumulator) {
+  const float g8 = gamma_up(d + 3, kScreenU8);
+  if (!f16_accumulator) return g8;
+  const double n = std::floor(d / 32) + 1;
+  const double g = (1.0 + double(g8)) * (1.0 + n * kScreenU16 / (1.0 - n * kScreenU16)) - 1.0;
+  float f = static_cast<float>(g);
+  if (static_cast<double>(f) < g) f = std::nextafter(f, INFINITY);
+  return f;
+}
 
 std::int64_t max_k_tiles(const detail::ResolvedAttention& r) {
   return (r.max_k_len + kTileKeys - 1) / kTileKeys;
@@ -265,7 +281,7 @@ std::vector<double> launch_attention(const AttentionProblem& p, const SkipConfig
   sp.screen.tight = skip.screen.margin == ScreenMargin::tight;
   sp.screen.z_over_sqrt_d = static_cast<float>(skip.screen.z / std::sqrt(d) * (1.0 + 0x1p-20));
   sp.screen.gamma_exact = gamma_up(d + 1, kScreenU);
-  sp.screen.gamma_fp8 = gamma_up(d + 3, kScreenU8);
+  sp.screen.gamma_fp8 = screen_gamma_fp8(d, ahead);
   sp.screen.screened = screen_ptr->screened;
   sp.screen.screen_wrong = screen_ptr->screen_wrong;
   if (ahead) {

@@ -49,7 +49,7 @@ struct AheadTraits {
   // and each row's maximum as packed half2 maxima (HMNMX2: two scores per instruction). The codes
   // are at most kScreenCodeMax = 16 in magnitude (SPEC §2b), so every partial sum is at most
   // 256 d <= 32768 in magnitude: no f16 overflow at d <= 128. Its rounding is in the margin
-  // (ahead_gamma_fp8 below).
+  // (ScreenArgs::gamma_fp8, prefill_api.cu).
   using ElementAcc8 = cutlass::half_t;
   using TiledMmaQK8 = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element8, Element8, ElementAcc8, Shape<_64, Int<kBlockN>, Int<kD>>>(),
@@ -86,10 +86,6 @@ struct AheadKernelParams {
   typename AheadTraits<kD>::GLayout8 layout_k8;
 };
 
-// Each of the thread's two rows' maximum over the f16 accumulator acc (NaN propagating, as
-// running_max) in float. GMMA's C fragment is ((2 cols, 2 rows, N / 8 column groups)): element
-// pair i (one 32-bit register) is two columns of row i % 2, so the rows fold by HMNMX2.NAN on
-// packed pairs, then the pair's halves, then the quad of lanes that shares the rows.
 // NaN-propagating maximum of two packed f16 pairs (HMNMX2.NAN).
 __device__ __forceinline__ std::uint32_t hmax2_nan(std::uint32_t a, std::uint32_t b) {
   std::uint32_t d;
@@ -310,26 +306,12 @@ __global__ void __launch_bounds__(AheadTraits<kD>::kNumThreads, AheadTraits<kD>:
 #endif
 }
 
-// The margin's FP8 accumulation term with the f16 accumulator (SPEC §2b: a kernel puts its own
-// accumulation in Rnd): the in-loop screen's gamma_{d+3}(2^-13) for Hopper's FP8 wgmma
-// (prefill_screen.hpp) composed with the roundings of the partial sums to f16, one per k32 wgmma
-// (d / 32, plus one in reserve), each at most 2^-10 relative (f16's 11-bit significand, chopped or
-// rounded): (1 + gamma_fp8)(1 + gamma_{d/32+1}(2^-10)) - 1, rounded upwards to float.
-float ahead_gamma_fp8(int d, float gamma_fp8) {
-  const double n = d / 32 + 1, u16 = 0x1p-10;
-  const double g = (1.0 + double(gamma_fp8)) * (1.0 + n * u16 / (1.0 - n * u16)) - 1.0;
-  float f = static_cast<float>(g);
-  if (static_cast<double>(f) < g) f = std::nextafter(f, INFINITY);
-  return f;
-}
-
 template <int kD>
 void launch_ahead(const PrefillScreenParams& sp, const AheadPlan& plan, cudaStream_t stream) {
   using T = AheadTraits<kD>;
   AheadKernelParams<kD> kp;
   kp.p = sp;
   kp.s = sp.screen;
-  kp.s.gamma_fp8 = ahead_gamma_fp8(kD, sp.screen.gamma_fp8);
   kp.plan = plan;
   const int nb = sp.cu_q != nullptr ? 1 : sp.batch;
   auto layout8 = [&](int rows, int heads) {  // contiguous (nb, rows, heads, d) e4m3, as launch_prefill's
