@@ -26,7 +26,7 @@ echo "bench_decode --quick rc=$? t=$(($(date +%s) - S))"; cat "$OUT/decode_bench
 r=$(left); [ $r -gt 200 ] && r=200
 PYTHONPATH="$PWD/$B/python" timeout $r python3 bench/backward/bench_backward_peers.py --quick --d64 --out "$OUT" > "$OUT/peers.log" 2>&1
 echo "bench_backward_peers --quick --d64 rc=$? t=$(($(date +%s) - S))"; grep -E "^\|" "$OUT/bench_backward_peers.md" 2>/dev/null | head -30
-tail -3 "$OUT/peers.log"
+grep -v "^|" "$OUT/peers.log" | tail -3  # (the table is above)
 r=$(left)
 if [ $r -gt 60 ]; then
   WHAT=bwdfull NO_BUILD=1 BUILD_DIR=$B LIMIT_S=$r bash scripts/device_call_ncu.sh 2>&1 | tail -8
