@@ -50,11 +50,13 @@ if [ -d .deps/wheels ]; then
   SUMMARY+=("wheels: $(python3 -c 'import diffusers; print("diffusers", diffusers.__version__)' 2>&1 | tail -1)")
 fi
 
-# PYTEST=0 leaves the Python GPU tests and the example out (e.g. when the package did not change).
+# PYTEST=0 leaves the Python GPU tests and the example out (e.g. when the package did not change);
+# PYTEST_FILES="..." runs those files in that order instead of tests/python (e.g. the files a timed-out
+# run did not reach, first).
 if [ "${PYTEST:-1}" = 1 ]; then
   t0=$(date +%s)
   export PYTHONPATH="$PWD/$BUILD/python${PYTHONPATH:+:$PYTHONPATH}" BLASST_REQUIRE_GPU=1
-  timeout ${PYTEST_TIMEOUT:-330} python3 -m pytest -p no:cacheprovider -q -rs tests/python > "$OUT/pytest.log" 2>&1
+  timeout ${PYTEST_TIMEOUT:-330} python3 -m pytest -p no:cacheprovider -q -rs ${PYTEST_FILES:-tests/python} > "$OUT/pytest.log" 2>&1
   rc=$?
   SUMMARY+=("pytest (GPU required): rc=$rc ($(( $(date +%s) - t0 )) s): $(tail -1 "$OUT/pytest.log")")
   timeout 60 python3 python/examples/denoise_loop.py --cuda --steps 8 > "$OUT/examples.log" 2>&1
