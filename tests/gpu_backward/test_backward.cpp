@@ -806,7 +806,7 @@ TEST(GpuBackward, MisalignedOutputsTakeTheElementStores) {
 #endif
 
 // attention_backward_workspace_bytes: the f32 dQ accumulator [tokens_q, Hq, d], D and LSE
-// [Hq, B x Lq rounded up to 64 rows per sequence], the converted dO (f32 dout only) and the skip
+// [Hq, B x Lq rounded up to 128 rows per sequence: the 128-row query blocks of the d = 64 kernel], the converted dO (f32 dout only) and the skip
 // bits, each 256-byte aligned; 0 for
 // the reference. Sizing runs no CUDA work (a CUDA build without a GPU answers too).
 TEST(GpuBackward, WorkspaceBytes) {
@@ -821,7 +821,7 @@ TEST(GpuBackward, WorkspaceBytes) {
   Data in = make_data(c, 11, cfg);
   auto up = [](std::size_t n) { return (n + 255) / 256 * 256; };
   const std::size_t tokens = std::size_t(c.B * c.Lq), rows = tokens * std::size_t(c.hq);
-  const std::size_t lse_rows = std::size_t(c.B) * 320 * std::size_t(c.hq);  // 300 rows -> 5 blocks of 64
+  const std::size_t lse_rows = std::size_t(c.B) * 384 * std::size_t(c.hq);  // 300 rows -> 3 blocks of 128
   {
     Call call(c, in, DType::bf16, DType::bf16, DType::bf16, DType::f32);
     EXPECT_EQ(attention_backward_workspace_bytes(call.p), 0u);  // CPU tensors: the reference
@@ -843,8 +843,8 @@ TEST(GpuBackward, WorkspaceBytes) {
               up(rows * 64 * 4) + 2 * up(lse_rows * 4) + up(rows * 64 * 2));
   }
   {
-    // Ragged: the LSE / D rows per head are the tokens plus 64 per sequence, rounded up to 64
-    // (BackwardParams::rows_ld): 495 + 5 * 64 = 815 -> 832.
+    // Ragged: the LSE / D rows per head are the tokens plus 128 per sequence, rounded up to 128
+    // (BackwardParams::rows_ld): 495 + 5 * 128 = 1135 -> 1152.
     Case r;
     r.lq = {300, 1, 64, 0, 130};
     r.lk = {200, 70, 64, 10, 130};
@@ -855,34 +855,35 @@ TEST(GpuBackward, WorkspaceBytes) {
     RunOptions opt;
     opt.device = DeviceKind::cuda;
     const std::size_t rtok = 495, rrows = rtok * std::size_t(r.hq);
-    EXPECT_EQ(attention_backward_workspace_bytes(call.p, {}, opt), up(rrows * 64 * 4) + 2 * up(832 * 4 * 4));
+    EXPECT_EQ(attention_backward_workspace_bytes(call.p, {}, opt), up(rrows * 64 * 4) + 2 * up(1152 * 4 * 4));
   }
 }
 
-// The LSE / D row layout (lse_row_start): every sequence starts at a multiple of 64, its 64-row
-// blocks never reach the next sequence's start, and the last one ends inside rows_ld (ragged:
-// tokens + 64 B rounded up to 64; batched: B * round_up(Lq, 64)). Host arithmetic only, random
-// ragged layouts with empty sequences.
+// The LSE / D row layout (lse_row_start): every sequence starts at a multiple of A = 128 (the
+// d = 64 kernel's query block), its A-row blocks never reach the next sequence's start, and the
+// last one ends inside rows_ld (ragged: tokens + A B rounded up to A; batched: B * round_up(Lq, A)).
+// Host arithmetic only, random ragged layouts with empty sequences.
 TEST(GpuBackward, LseRowLayoutDoesNotOverlap) {
   std::mt19937_64 rng(test_seed(4242));
   for (int trial = 0; trial < 2000; ++trial) {
     const int batch = 1 + int(rng() % 40);
     std::vector<int> cu(std::size_t(batch) + 1, 0);
     for (int b = 0; b < batch; ++b) cu[std::size_t(b) + 1] = cu[std::size_t(b)] + int(rng() % 4 == 0 ? 0 : rng() % 300);
-    const std::int64_t rows_ld = (std::int64_t(cu.back()) + 64 * batch + 63) / 64 * 64;
+    constexpr std::int64_t A = 128;
+    const std::int64_t rows_ld = (std::int64_t(cu.back()) + A * batch + A - 1) / A * A;
     std::int64_t prev_end = 0;
     for (int b = 0; b < batch; ++b) {
       const std::int64_t start = sm90::backward::lse_row_start(b, 0, cu.data());
       const std::int64_t len = cu[std::size_t(b) + 1] - cu[std::size_t(b)];
-      const std::int64_t end = start + (len + 63) / 64 * 64;
-      ASSERT_EQ(start % 64, 0) << "trial " << trial << " sequence " << b;
+      const std::int64_t end = start + (len + A - 1) / A * A;
+      ASSERT_EQ(start % A, 0) << "trial " << trial << " sequence " << b;
       ASSERT_GE(start, prev_end) << "trial " << trial << " sequence " << b << " overlaps the one before";
       ASSERT_LE(end, rows_ld) << "trial " << trial << " sequence " << b;
       prev_end = end;
     }
     const int lq = int(rng() % 300);
     for (int b = 0; b < batch; ++b)
-      ASSERT_EQ(sm90::backward::lse_row_start(b, lq, nullptr), std::int64_t(b) * ((lq + 63) / 64 * 64));
+      ASSERT_EQ(sm90::backward::lse_row_start(b, lq, nullptr), std::int64_t(b) * ((lq + A - 1) / A * A));
   }
 }
 

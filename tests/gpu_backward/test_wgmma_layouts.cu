@@ -6,11 +6,12 @@
 //   - the S^T / dP^T accumulator of a thread, regrouped by acc_to_a, holds exactly the (key, row)
 //     elements that the dV / dK register-A operand expects of that thread;
 //   - every output is produced once: S^T over the two consumer warpgroups, dK / dV per key and
-//     column, dQ per row and column (split over the head dim: once; over the keys: once per
-//     warpgroup, summed by the atomics), dS^T written to every element of its tile once;
+//     column, dQ per row and column (split over the head dim at d = 128, over the rows at d = 64),
+//     dS^T written to every element of its tile once;
 //   - dQ pairs: consecutive accumulator entries are adjacent columns of one row, the first even
 //     (the 8-byte shared store);
-//   - the dQ product's B operand: a warpgroup's K^T partition holds the columns it computes;
+//   - the dQ product's operands: a warpgroup's dS partition holds its rows and all keys, its K^T
+//     partition the columns it computes and all keys;
 //   - the dS^T stmatrix.trans copy moves each register to the (key, row) it holds;
 //   - the dQ shared tile of each warpgroup: pairs adjacent and aligned, every element once, and
 //     each pair's address the thread's first pair's stepped by dq_step to the store slot of its
@@ -72,6 +73,29 @@ void check_register_handoff() {
   EXPECT_EQ(bad, 0) << "P^T / dS^T registers are not the dV / dK A operand's elements";
 }
 
+// The kernel masks the rows of a skipped vote group by a constant of the accumulator's column
+// index (Tr::vote_group_of_col): every thread's column ni of the (key, row) view must lie in that
+// vote group of the step.
+template <class Tr>
+void check_vote_group_of_col() {
+  typename Tr::TiledMmaSdP sdp;
+  int bad = 0, groups_seen = 0;
+  for (int t = 0; t < Tr::kNumMmaThreads; ++t) {
+    Tensor tc = sdp.get_thread_slice(t).partition_C(make_identity_tensor(select<0, 1>(typename Tr::TileShapeSdP{})));
+    Tensor rc = make_tensor(tc.data(), acc_rowcol(tc.layout()));
+    int seen = 0;
+    for (int mi = 0; mi < size<0>(rc); ++mi)
+      for (int ni = 0; ni < size<1>(rc); ++ni) {
+        const int row = int(get<1>(rc(mi, ni)));
+        bad += row / Tr::kVoteRows != Tr::vote_group_of_col(ni);
+        seen |= 1 << (row / Tr::kVoteRows);
+      }
+    groups_seen = std::max(groups_seen, __builtin_popcount(seen));
+  }
+  EXPECT_EQ(bad, 0) << "a column's vote group is not vote_group_of_col(ni)";
+  EXPECT_EQ(groups_seen, Tr::kGroupsPerStep) << "a thread's columns span the step's vote groups";
+}
+
 // How often each coordinate of `shape` occurs in the per-thread partitions `part(t)`.
 template <class Part>
 std::map<std::pair<int, int>, int> coverage(int threads, Part part) {
@@ -102,11 +126,11 @@ void check_coverage() {
   expect_each(coverage(Tr::kNumMmaThreads, [&](int t) {
                 return dkv.get_thread_slice(t).partition_C(make_identity_tensor(Shape<Int<N>, Int<D>>{}));
               }), N, D, 1, "dK / dV");
-  // dQ: the kernel slices with mma_tid (head-dim split) or mma_tid % 128 (key split)
+  // dQ: the kernel slices with mma_tid (head-dim split at d = 128, row split at d = 64)
   auto dq_part = [&](int t) {
-    return dq.get_thread_slice(Tr::kDqSplitN ? t : t % 128).partition_C(make_identity_tensor(Shape<Int<M>, Int<D>>{}));
+    return dq.get_thread_slice(t).partition_C(make_identity_tensor(Shape<Int<M>, Int<D>>{}));
   };
-  expect_each(coverage(Tr::kNumMmaThreads, dq_part), M, D, Tr::kDqSplitN ? 1 : Tr::kNumMmaWG, "dQ");
+  expect_each(coverage(Tr::kNumMmaThreads, dq_part), M, D, 1, "dQ");
   int bad_pairs = 0;
   for (int t = 0; t < Tr::kNumMmaThreads; ++t) {
     auto c = dq_part(t);
@@ -131,19 +155,39 @@ void check_coverage() {
 
 template <class Tr>
 void check_dq_operands() {
-  // the B operand (K^T: d columns x the product's keys) of each warpgroup's dQ product: the head-dim
-  // split gives warpgroup w columns [w d/2, (w + 1) d/2), the key split every column
-  constexpr int D = Tr::kHeadDim, KK = Tr::kDqKeys;
+  // the operands of each warpgroup's dQ product over all N keys: A (dS: rows x keys) the
+  // warpgroup's rows (all M at d = 128, [w M/2, (w + 1) M/2) at d = 64), B (K^T: d columns x keys)
+  // its columns ([w d/2, (w + 1) d/2) at d = 128, all d at d = 64)
+  constexpr int M = Tr::kBlockM, D = Tr::kHeadDim, N = Tr::kBlockN;
   typename Tr::TiledMmaDQ dq;
   for (int wg = 0; wg < Tr::kNumMmaWG; ++wg) {
-    auto pb = dq.get_thread_slice(Tr::kDqSplitN ? wg * 128 : 0).partition_B(make_identity_tensor(Shape<Int<D>, Int<KK>>{}));
-    int lo = D, hi = -1;
-    for (int i = 0; i < size(pb); ++i) {
-      lo = std::min(lo, int(get<0>(pb(i))));
-      hi = std::max(hi, int(get<0>(pb(i))));
+    const int want_r0 = Tr::kDqSplitN ? 0 : wg * M / 2, want_r1 = Tr::kDqSplitN ? M - 1 : (wg + 1) * M / 2 - 1;
+    const int want_c0 = Tr::kDqSplitN ? wg * D / 2 : 0, want_c1 = Tr::kDqSplitN ? (wg + 1) * D / 2 - 1 : D - 1;
+    EXPECT_EQ(Tr::dq_row0(wg), want_r0);
+    EXPECT_EQ(Tr::dq_col0(wg), want_c0);
+    for (int t = wg * 128; t < (wg + 1) * 128; t += 32) {
+      auto thr = dq.get_thread_slice(t);
+      auto pa = thr.partition_A(make_identity_tensor(Shape<Int<M>, Int<N>>{}));
+      auto pb = thr.partition_B(make_identity_tensor(Shape<Int<D>, Int<N>>{}));
+      int lo = M, hi = -1, klo = N, khi = -1;
+      for (int i = 0; i < size(pa); ++i) {
+        lo = std::min(lo, int(get<0>(pa(i))));
+        hi = std::max(hi, int(get<0>(pa(i))));
+        klo = std::min(klo, int(get<1>(pa(i))));
+        khi = std::max(khi, int(get<1>(pa(i))));
+      }
+      EXPECT_EQ(lo, want_r0) << "warpgroup " << wg << " thread " << t << ": dS rows";
+      EXPECT_EQ(hi, want_r1) << "warpgroup " << wg << " thread " << t << ": dS rows";
+      EXPECT_EQ(klo, 0) << "warpgroup " << wg << ": dS keys";
+      EXPECT_EQ(khi, N - 1) << "warpgroup " << wg << ": dS keys";
+      lo = D, hi = -1;
+      for (int i = 0; i < size(pb); ++i) {
+        lo = std::min(lo, int(get<0>(pb(i))));
+        hi = std::max(hi, int(get<0>(pb(i))));
+      }
+      EXPECT_EQ(lo, want_c0) << "warpgroup " << wg << " thread " << t << ": K^T columns";
+      EXPECT_EQ(hi, want_c1) << "warpgroup " << wg << " thread " << t << ": K^T columns";
     }
-    EXPECT_EQ(lo, Tr::kDqSplitN ? wg * D / 2 : 0) << "warpgroup " << wg;
-    EXPECT_EQ(hi, Tr::kDqSplitN ? (wg + 1) * D / 2 - 1 : D - 1) << "warpgroup " << wg;
   }
 }
 
@@ -173,15 +217,15 @@ void check_ds_stmatrix() {
 }
 
 // dQ through shared memory: a warpgroup's accumulator pairs (row, c), (row, c + 1) land in its own
-// 64 x kDqCols tile (columns relative to the warpgroup's first), at adjacent 8-byte-aligned
+// kDqRows x kDqCols tile (rows and columns relative to the warpgroup's first), at adjacent 8-byte-aligned
 // addresses (one st.shared.v2.f32) where the TMA's 128-byte swizzle expects them, and cover the
 // tile once.
 template <class Tr>
 void check_dq_smem() {
-  constexpr int M = Tr::kBlockM, D = Tr::kHeadDim, C = Tr::kDqCols;
+  constexpr int M = Tr::kBlockM, D = Tr::kHeadDim, R = Tr::kDqRows, C = Tr::kDqCols;
   typename Tr::TiledMmaDQ dq;
   // a 1024-byte-aligned stand-in for the tile's shared address (only its offsets are used)
-  alignas(1024) static float tile[M * C];
+  alignas(1024) static float tile[R * C];
   const char* base = reinterpret_cast<const char*>(tile);
   Tensor sdq = make_tensor(make_smem_ptr(tile), typename Tr::SmemLayoutDQ{});
   for (int wg = 0; wg < Tr::kNumMmaWG; ++wg) {
@@ -189,12 +233,12 @@ void check_dq_smem() {
     std::map<long, int> offs;
     std::map<std::pair<int, int>, long> slot_at;  // (thread, store slot) -> byte offset
     int bad = 0;
-    const int col0 = Tr::kDqSplitN ? wg * C : 0;
+    const int row0 = Tr::kDqSplitN ? 0 : wg * R, col0 = Tr::kDqSplitN ? wg * C : 0;
     for (int t = wg * 128; t < (wg + 1) * 128; ++t) {
-      auto c = dq.get_thread_slice(Tr::kDqSplitN ? t : t % 128).partition_C(make_identity_tensor(Shape<Int<M>, Int<D>>{}));
+      auto c = dq.get_thread_slice(t).partition_C(make_identity_tensor(Shape<Int<M>, Int<D>>{}));
       for (int i = 0; i + 1 < size(c); i += 2) {
-        const int row = get<0>(c(i)), col = get<1>(c(i)) - col0;
-        if (row < 0 || row >= M || col < 0 || col + 1 >= C) {
+        const int row = get<0>(c(i)) - row0, col = get<1>(c(i)) - col0;
+        if (row < 0 || row >= R || col < 0 || col + 1 >= C) {
           ++bad;
           continue;
         }
@@ -202,13 +246,13 @@ void check_dq_smem() {
         // 128-byte swizzle of the TMA box (32-float rows of 128 B, 8-row atoms, column blocks of
         // 32 floats after all rows): byte bits [4, 7) ^= bits [7, 10)
         const long at = long(reinterpret_cast<const char*>(&sdq(row, col)) - base);
-        const long u = (long(row / 8) + 8L * (col / 32)) * 1024 + (row % 8) * 128 + (col % 32) * 4;
+        const long u = (long(row / 8) + long(R / 8) * (col / 32)) * 1024 + (row % 8) * 128 + (col % 32) * 4;
         const long want = u ^ (((u >> 7) & 7) << 4);
         bad += at != want;
         // the kernel's address: this lane stores the pair of column group j at slot j ^ g
         // (Tr::dq_gray of its first row), the thread's first pair's address XOR 32 g stepped by
         // Tr::dq_step to the slot
-        const int row_f = get<0>(c(0)), col_f = get<1>(c(0)) - col0;
+        const int row_f = get<0>(c(0)) - row0, col_f = get<1>(c(0)) - col0;
         const int hf = (row - row_f) / 8, j = (col - col_f) / 8, g = Tr::dq_gray(row_f);
         bad += (row - row_f) % 8 != 0 || (col - col_f) % 8 != 0 || hf < 0 || hf > 1 || j < 0 || j >= C / 8;
         const auto first = reinterpret_cast<std::uintptr_t>(&sdq(row_f, col_f)) ^ std::uintptr_t(32 * g);
@@ -225,10 +269,10 @@ void check_dq_smem() {
       }
     }
     EXPECT_EQ(bad, 0) << "warpgroup " << wg << ": a dQ pair outside its tile, split, or misaligned";
-    expect_each(n, M, C, 1, "dQ tile of a warpgroup");
+    expect_each(n, R, C, 1, "dQ tile of a warpgroup");
     int bad_offs = 0;
-    for (const auto& [off, k] : offs) bad_offs += k != 1 || off < 0 || off >= M * C;
-    EXPECT_EQ(int(offs.size()), M * C) << "warpgroup " << wg << ": dQ tile offsets covered";
+    for (const auto& [off, k] : offs) bad_offs += k != 1 || off < 0 || off >= R * C;
+    EXPECT_EQ(int(offs.size()), R * C) << "warpgroup " << wg << ": dQ tile offsets covered";
     EXPECT_EQ(bad_offs, 0) << "warpgroup " << wg << ": each dQ tile offset once";
     // Shared-memory wavefronts of each store (one st.shared.v2.f32 of a warp at one slot): an
     // 8-byte store is served per half-warp, one wavefront per distinct 4-byte word a bank holds;
@@ -263,6 +307,7 @@ template <class Tr>
 void check_all() {
   check_views<Tr>();
   check_register_handoff<Tr>();
+  check_vote_group_of_col<Tr>();
   check_coverage<Tr>();
   check_dq_operands<Tr>();
   check_ds_stmatrix<Tr>();

@@ -136,8 +136,8 @@ Plan plan(const AttentionBackwardProblem& p, const SkipConfig& skip_in, const Sk
   check_i32(pl.tokens_q * r.hq, "query tokens x heads");
   check_i32(pl.tokens_q * r.hq * r.d / 256 + 1, "dQ postprocess blocks");
   pl.bytes_accum = static_cast<std::size_t>(pl.tokens_q * r.hq * r.d) * sizeof(float);
-  // LSE / D rows per head: every sequence from a multiple of 64, its length rounded up to 64
-  // (BackwardParams::rows_ld, lse_row_start).
+  // LSE / D rows per head: every sequence from a multiple of kLseRowAlign, its length rounded up
+  // to one (BackwardParams::rows_ld, lse_row_start).
   const i64 align = sm90::backward::kLseRowAlign;
   pl.rows_ld = r.ragged ? (pl.tokens_q + align * r.batch + align - 1) / align * align
                         : r.batch * ((p.q.shape[1] + align - 1) / align * align);

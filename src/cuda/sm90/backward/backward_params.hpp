@@ -19,8 +19,10 @@ struct LseStrides {
   std::int64_t batch = 0, head = 0, row = 0;
 };
 
-// Rows of the LSE / D workspace per alignment unit: one 64-row query block (256 bytes of f32).
-inline constexpr int kLseRowAlign = 64;
+// Rows of the LSE / D workspace per alignment unit: the longest query block of a backward step
+// (128 rows at d = 64, BackwardWgmmaTraits::kBlockM; 512 bytes of f32), so that every step's rows
+// are one aligned run inside its sequence's own rows.
+inline constexpr int kLseRowAlign = 128;
 
 struct BackwardParams {
   // Inputs (q, k, v, dout in the element type of the instance; out and dout may be f32).
@@ -69,11 +71,11 @@ struct BackwardParams {
   // and in a sequence's padding: its P is 0) and D = rowsum(dO * O) - dLSE (0 in the padding);
   // [tokens_q, hq, d] f32 dQ accumulator (zeroed before the main kernel, scaled and converted by
   // the postprocess). In the LSE / D rows every sequence starts at a multiple of kLseRowAlign
-  // (lse_row_start) and owns its length rounded up to one, so that the rows of one 64-row query
-  // block are one aligned 256-byte run (one bulk copy into shared memory in the wgmma kernel).
+  // (lse_row_start) and owns its length rounded up to one, so that the rows of one query block
+  // (64 or 128 rows) are one aligned run (one bulk copy into shared memory in the wgmma kernel).
   float* lse_log2 = nullptr;
   float* dsum = nullptr;
-  int rows_ld = 0;  // per head: B * round_up(Lq, 64) batched, round_up(tokens_q + 64 B, 64) ragged
+  int rows_ld = 0;  // per head: B * round_up(Lq, A) batched, round_up(tokens_q + A B, A) ragged; A = kLseRowAlign
   float* dq_accum = nullptr;
   int head_dim = 0;
 };
@@ -89,9 +91,9 @@ inline bool rows_vectorizable(const void* base, const RowStrides& s, int elem_by
          s.row % vec_elems == 0 && s.head % vec_elems == 0 && s.batch % vec_elems == 0;
 }
 
-// First LSE / D row of sequence b (of length len_q when batched). Ragged: (cu_q[b] + 64 b) rounded
-// down to a multiple of 64, which is >= the previous sequence's start plus its length rounded up
-// to 64 (so sequences never overlap) and < rows_ld - round_up(len_b, 64) + 1.
+// First LSE / D row of sequence b (of length len_q when batched). Ragged, with A = kLseRowAlign:
+// (cu_q[b] + A b) rounded down to a multiple of A, which is >= the previous sequence's start plus
+// its length rounded up to A (so sequences never overlap) and < rows_ld - round_up(len_b, A) + 1.
 #if defined(__CUDACC__)
 __host__ __device__
 #endif

@@ -88,7 +88,7 @@ __global__ void __launch_bounds__(kThreads) preprocess_kernel(const BackwardPara
     p.dsum[at] = acc - dlse;
     // A row that saw no key has LSE = -inf and O = 0: +inf makes its P exactly 0 (no gradient).
     p.lse_log2[at] = lse == -INFINITY ? INFINITY : lse * 1.4426950408889634f;
-    // The sequence's last row fills its padding up to the next multiple of 64 the same way.
+    // The sequence's last row fills its padding up to the next multiple of kLseRowAlign the same way.
     if (i == len - 1)
       for (int r = 1; (i + r) % kLseRowAlign != 0; ++r) {
         p.dsum[at + r] = 0.f;

@@ -63,41 +63,60 @@ struct BackwardScheduler {
     return true;
   }
 
-  // The skip-set bit of (query head h, query block m) for this CTA's key block.
-  __device__ static bool skipped(const BackwardParams& p, const BackwardWork& w, int h, int m) {
+  // The skip-set bit of (query head h, vote group g of 64 rows) for this CTA's key block.
+  __device__ static bool skipped(const BackwardParams& p, const BackwardWork& w, int h, int g) {
     if (p.skip_bits == nullptr) return false;
-    const std::int64_t i = ((std::int64_t(w.b) * p.hq + h) * p.skip_groups + m) * p.skip_tiles + w.n_block;
+    const std::int64_t i = ((std::int64_t(w.b) * p.hq + h) * p.skip_groups + g) * p.skip_tiles + w.n_block;
     return (p.skip_bits[i >> 3] >> (i & 7)) & 1u;
+  }
+
+  // Steps of G vote groups (the kernel's query block, G x 64 rows): step m holds groups
+  // [G m, G m + G). Bit r of kept_groups: group G m + r exists in the sequence and the skip set
+  // keeps it for this key block (SPEC §9: a skipped group's rows are masked in the step; a step
+  // with no kept group does not run). The same answer in every thread.
+  template <int G>
+  __device__ static unsigned kept_groups(const BackwardParams& p, const BackwardWork& w, int h, int m) {
+    const int groups = (w.len_q + 63) / 64;
+    unsigned bits = 0;
+    for (int r = 0; r < G; ++r) {
+      const int g = G * m + r;
+      if (g < groups && !skipped(p, w, h, g)) bits |= 1u << r;
+    }
+    return bits;
   }
 
   // 1 when some step of the CTA (any query head of its KV group, any of its query blocks) is
   // kept, as seen by this thread's share of the steps (x = tid, tid + nthreads, ...); the caller
   // ORs it over the CTA (__syncthreads_or). SPEC §9: a key block with none kept costs no work.
+  template <int G = 1>
   __device__ static int kept_share(const BackwardParams& p, const BackwardWork& w, int tid, int nthreads) {
     const int nm = w.m_end - w.m_begin;
     for (int x = tid; x < p.group * nm; x += nthreads)
-      if (!skipped(p, w, w.kh * p.group + x / nm, w.m_begin + x % nm)) return 1;
+      if (kept_groups<G>(p, w, w.kh * p.group + x / nm, w.m_begin + x % nm) != 0) return 1;
     return 0;
   }
 
-  // The CTA's steps as a bitmask in shared memory, read from the skip set once by the whole CTA
-  // (bit x: step (query head x / nm of the KV group, query block m_begin + x % nm) is kept), so
-  // that walking to the next kept step costs no global load per skipped step. Each warp fills
-  // whole 32-bit words with one ballot. Returns this thread's share of "some step is kept" (the
-  // caller ORs it over the CTA with __syncthreads_or, which also publishes the words). Only for
-  // a skip set whose steps fit: kept_words_needed(p, w) <= capacity (else kept_share / the
-  // global walk).
+  // The CTA's vote groups as a bitmask in shared memory, read from the skip set once by the whole
+  // CTA (bit x = hh * G nm + j: group G m_begin + j of query head hh of the KV group is kept, with
+  // nm steps per head, so that a step's G bits are consecutive), so that walking to the next kept
+  // step costs no global load per skipped step. Each warp fills whole 32-bit words with one ballot.
+  // Returns this thread's share of "some step is kept" (the caller ORs it over the CTA with
+  // __syncthreads_or, which also publishes the words). Only for a skip set whose bits fit:
+  // kept_words_needed(p, w) <= capacity (else kept_share / the global walk).
+  template <int G = 1>
   __device__ static int kept_words_needed(const BackwardParams& p, const BackwardWork& w) {
-    return (p.group * (w.m_end - w.m_begin) + 31) / 32;
+    return (p.group * G * (w.m_end - w.m_begin) + 31) / 32;
   }
+  template <int G = 1>
   __device__ static int load_kept_words(const BackwardParams& p, const BackwardWork& w, std::uint32_t* words,
                                         int tid, int nthreads) {
-    const int nm = w.m_end - w.m_begin, n = p.group * nm, nwords = (n + 31) / 32;
-    const int lane = tid % 32;
+    const int ng = G * (w.m_end - w.m_begin), n = p.group * ng, nwords = (n + 31) / 32;
+    const int groups = (w.len_q + 63) / 64, lane = tid % 32;
     int any = 0;
     for (int wd = tid / 32; wd < nwords; wd += nthreads / 32) {  // the same trip count in a warp
       const int x = wd * 32 + lane;
-      const bool kept = x < n && !skipped(p, w, w.kh * p.group + x / nm, w.m_begin + x % nm);
+      const int g = G * w.m_begin + x % ng;
+      const bool kept = x < n && g < groups && !skipped(p, w, w.kh * p.group + x / ng, g);
       const std::uint32_t bits = __ballot_sync(0xffffffffu, kept);
       if (lane == 0) words[wd] = bits;
       any |= int(kept);
@@ -105,26 +124,39 @@ struct BackwardScheduler {
     return any;
   }
   // next_kept over those words (nullptr: the skip set in global memory, below).
+  template <int G = 1>
   __device__ static bool next_kept(const BackwardParams& p, const BackwardWork& w, const std::uint32_t* words,
                                    int& hh, int& m) {
-    if (words == nullptr) return next_kept(p, w, hh, m);
-    const int nm = w.m_end - w.m_begin, n = p.group * nm;
-    int x = hh * nm + (m - w.m_begin);  // m == m_end reads as the next head's first block
+    if (words == nullptr) return next_kept<G>(p, w, hh, m);
+    const int ng = G * (w.m_end - w.m_begin), n = p.group * ng;
+    int x = hh * ng + G * (m - w.m_begin);  // m == m_end reads as the next head's first block
     while (x < n) {
       const std::uint32_t rest = words[x >> 5] >> (x & 31);
       if (rest != 0) {
         x += __ffs(int(rest)) - 1;  // bits past n are 0: x < n here
-        hh = x / nm;
-        m = w.m_begin + x % nm;
+        hh = x / ng;
+        m = w.m_begin + x % ng / G;
         return true;
       }
       x = (x | 31) + 1;
     }
     return false;
   }
+  // The kept groups of step (hh, m) (kept_groups' bits) from those words, or from the skip set in
+  // global memory (nullptr).
+  template <int G>
+  __device__ static unsigned kept_groups(const BackwardParams& p, const BackwardWork& w, const std::uint32_t* words,
+                                         int hh, int m) {
+    if (words == nullptr) return kept_groups<G>(p, w, w.kh * p.group + hh, m);
+    const int x = hh * G * (w.m_end - w.m_begin) + G * (m - w.m_begin);
+    unsigned bits = 0;
+    for (int r = 0; r < G; ++r) bits |= ((words[(x + r) >> 5] >> ((x + r) & 31)) & 1u) << r;
+    return bits;
+  }
 
   // The first step at or after (query head hh of the KV group, query block m), in that order,
   // that the skip set keeps; false when none is left. The same answer in every thread.
+  template <int G = 1>
   __device__ static bool next_kept(const BackwardParams& p, const BackwardWork& w, int& hh, int& m) {
     while (hh < p.group) {
       if (m >= w.m_end) {
@@ -132,7 +164,7 @@ struct BackwardScheduler {
         m = w.m_begin;
         continue;
       }
-      if (!skipped(p, w, w.kh * p.group + hh, m)) return true;
+      if (kept_groups<G>(p, w, w.kh * p.group + hh, m) != 0) return true;
       ++m;
     }
     return false;

@@ -1,12 +1,14 @@
 // Internal: the warp-specialised sm_90a backward kernel (TMA + wgmma; BackwardWgmmaTraits) and its
 // host launcher. Same work split, skip-set walk, preprocess / postprocess and workspace as the
-// mma.sync kernel of backward_kernel.hpp (SPEC §9); per step (query head h, query block m):
+// mma.sync kernel of backward_kernel.hpp (SPEC §9); per step (query head h, query block m of
+// kBlockM rows: 64 at d = 128, 128 at d = 64):
 //   S^T = K Q^T, dP^T = V dO^T                          (SS wgmma, 64 keys per warpgroup)
 //   P^T = exp2(S^T * scale_log2 - LSE_log2), masked;  dS^T = P^T * (dP^T - D)     (registers)
 //   dV += P^T dO (RS wgmma, A from registers; issued before dS is formed, runs under it)
-//   dS^T -> shared memory (stmatrix.trans);  dQ = dS K (SS wgmma, half the head dim per
-//   warpgroup), then dK += dS^T Q (RS wgmma), which runs while dQ goes to shared memory and
-//   into the f32 workspace by one TMA reduce-add per warpgroup.
+//   dS^T -> shared memory (stmatrix.trans);  dQ = dS K (SS wgmma over all 128 keys: half the
+//   head dim per warpgroup at d = 128, half the rows at d = 64), then dK += dS^T Q (RS wgmma),
+//   which runs while dQ goes to shared memory and into the f32 workspace by one TMA reduce-add
+//   per warpgroup.
 // Included only by the generated instance files (src/cuda/sm90/kernel_table.inc).
 #pragma once
 
@@ -45,15 +47,6 @@ inline constexpr int kBarDsFree = 1;
 inline constexpr int kBarDsFull = 2;
 inline constexpr int kBarTileZeroed = 3;  // rows past a ragged sequence's end zeroed (below)
 inline constexpr int kBarDqFull = 4;      // + warpgroup: its dQ tile is in shared memory (128 threads)
-// dS free / full when each warpgroup's dQ product reads only its own keys' dS (!kDqSplitN, d = 64):
-// + warpgroup, 128 threads, so the two warpgroups need not wait for each other.
-inline constexpr int kBarDsFreeOwn = 6;
-inline constexpr int kBarDsFullOwn = 8;
-// d = 64 (!kDqSplitN): the two partial dQ tiles are summed by warpgroup 0 before one reduce-add.
-// Partials: warpgroup 1 arrives once its tile is stored, warpgroup 0 waits (256 threads). Tile 1
-// free: warpgroup 0 arrives once the sum has read it, warpgroup 1 waits before its next store.
-inline constexpr int kBarDqPartials = 10;
-inline constexpr int kBarDqTile1Free = 11;
 
 // Ragged batches: a tile's TMA reads past its sequence's end into the next sequence (the tensor's
 // extent is the whole token axis). Rows [valid, rows) of a landed tile are zeroed by the consumer
@@ -95,7 +88,7 @@ __device__ void wg_producer(WgmmaParams<Traits> const& kp, BackwardWork const& w
   // Q and dO of every kept step, in the consumers' order.
   auto st = cutlass::make_producer_start_state<typename Traits::Pipeline>();
   int hh = 0, m = w.m_begin;
-  while (BackwardScheduler::next_kept(p, w, kept_words, hh, m)) {
+  while (BackwardScheduler::next_kept<Traits::kGroupsPerStep>(p, w, kept_words, hh, m)) {
     const int h = w.kh * p.group + hh;
     Tensor gQ = local_tile(seq_view(mQ, h, w.b, w.q_start, ragged), Shape<Int<kBlockM>, Int<kD>>{},
                            make_coord(_, _0{}));  // (rows, d, query blocks)
@@ -108,7 +101,7 @@ __device__ void wg_producer(WgmmaParams<Traits> const& kp, BackwardWork const& w
     auto* full = pipe.producer_get_barrier(st);
     copy(kp.tma_q.with(*full), tQgQ(_, m), tQsQ(_, st.index()));
     copy(kp.tma_do.with(*full), tdOgdO(_, m), tdOsdO(_, st.index()));
-    // The step's LSE and D: 64 consecutive f32 of the padded workspace rows (256-byte aligned).
+    // The step's LSE and D: kBlockM consecutive f32 of the padded workspace rows (aligned runs).
     const std::int64_t at = std::int64_t(h) * p.rows_ld + w.row_start + m * kBlockM;
     SM90_BULK_COPY_G2S::copy(p.lse_log2 + at, full, ss.lse.data() + st.index() * kBlockM, Traits::kBulkBytesRows);
     SM90_BULK_COPY_G2S::copy(p.dsum + at, full, ss.dsum.data() + st.index() * kBlockM, Traits::kBulkBytesRows);
@@ -117,28 +110,29 @@ __device__ void wg_producer(WgmmaParams<Traits> const& kp, BackwardWork const& w
   }
 }
 
-// dQ of one step and warpgroup: the accumulator into the warpgroup's shared tile (rows past a
-// ragged sequence's end as 0: the TMA box reaches into the next sequence there), then one thread
-// adds the tile into the f32 workspace [tokens_q, hq, d] with a TMA reduce-add. A GMMA C fragment
-// holds column pairs (c, c + 1) of one row at consecutive indices: one 8-byte shared store each
-// (a 16-byte swizzle chunk never splits a pair).
+// dQ of one step and warpgroup: the accumulator (rows dq_row0(wg).., columns dq_col0(wg).. of the
+// step's block) into the warpgroup's shared tile (rows past a ragged sequence's end as 0: the TMA
+// box reaches into the next sequence there), then one thread adds the tile into the f32 workspace
+// [tokens_q, hq, d] with a TMA reduce-add. A GMMA C fragment holds column pairs (c, c + 1) of one
+// row at consecutive indices: one 8-byte shared store each (a 16-byte swizzle chunk never splits a
+// pair).
 template <class Traits, class ThrMma, class Acc>
 __device__ void wg_store_dq(WgmmaParams<Traits> const& kp, const BackwardWork& w, int h, int m, int wg, int wg_tid,
-                            ThrMma const& thr, Acc const& acc, float* sdq_tile, bool first_step) {
-  constexpr int kBlockM = Traits::kBlockM, kDqCols = Traits::kDqCols;
+                            ThrMma const& thr, Acc const& acc, float* sdq_tile) {
+  constexpr int kBlockM = Traits::kBlockM, kDqRows = Traits::kDqRows, kDqCols = Traits::kDqCols;
   static_assert(decltype(size<0, 0>(Acc{}.layout()))::value == 2, "column pairs innermost");
   Tensor c = make_identity_tensor(select<0, 1>(typename Traits::TileShapeDQ{}));
   Tensor tc = thr.partition_C(c);
   static_assert(decltype(size(tc))::value == decltype(size(acc))::value, "dQ fragment and coordinates");
-  const int col0 = Traits::kDqSplitN ? wg * kDqCols : 0;
-  const int valid = w.len_q - m * kBlockM;  // rows of the block inside the sequence
+  const int row0 = Traits::dq_row0(wg), col0 = Traits::dq_col0(wg);
+  const int valid = w.len_q - m * kBlockM - row0;  // rows of the tile inside the sequence
   // The swizzle acts on the shared-memory address (CuTe's smem_ptr_flag layouts), as the TMA's
   // 128-byte swizzle does: element addresses come from the swizzled tensor, not from the layout
   // function alone (which would miss it on every row but the first of each 8). The first pair's
   // address comes from it; the others follow by constants (Traits::dq_step), so that one address,
   // not one per pair, lives across the step loop.
   Tensor sdQ = make_tensor(make_smem_ptr(sdq_tile), typename Traits::SmemLayoutDQ{});
-  const int row_f = get<0>(tc(0)), col_f = get<1>(tc(0)) - col0;
+  const int row_f = get<0>(tc(0)) - row0, col_f = get<1>(tc(0)) - col0;
   // The pairs by (row half, 8-column group), then the groups in this lane's order (Traits::dq_gray:
   // two conditional swaps, j <-> j ^ 1 and j <-> j ^ 2), so that store j writes group j ^ g.
   constexpr int kGroups = kDqCols / 8;
@@ -146,7 +140,7 @@ __device__ void wg_store_dq(WgmmaParams<Traits> const& kp, const BackwardWork& w
   float v[2][kGroups][2];
   CUTLASS_PRAGMA_UNROLL
   for (int i = 0; i < size(acc); i += 2) {
-    const int row = get<0>(tc(i)), col = get<1>(tc(i)) - col0;
+    const int row = get<0>(tc(i)) - row0, col = get<1>(tc(i)) - col0;
     const bool keep = row < valid;
     const int hf = (row - row_f) / 8, j = (col - col_f) / 8;
     v[hf][j][0] = keep ? acc(i) : 0.f;
@@ -171,10 +165,6 @@ __device__ void wg_store_dq(WgmmaParams<Traits> const& kp, const BackwardWork& w
     }
   }
   const std::uint32_t first = smem_u32(&sdQ(row_f, col_f)) ^ std::uint32_t(32 * g);
-  // d = 64: warpgroup 1's tile of the step before must have been summed (read) by warpgroup 0.
-  if constexpr (!Traits::kDqSplitN) {
-    if (wg == 1 && !first_step) named_sync(kBarDqTile1Free, Traits::kNumMmaThreads);
-  }
   CUTLASS_PRAGMA_UNROLL
   for (int hf = 0; hf < 2; ++hf) {
     CUTLASS_PRAGMA_UNROLL
@@ -185,35 +175,13 @@ __device__ void wg_store_dq(WgmmaParams<Traits> const& kp, const BackwardWork& w
                    : "memory");
     }
   }
-  if constexpr (!Traits::kDqSplitN) {
-    // d = 64: each warpgroup's partial covers its own 64 keys. Reduced one by one, they doubled
-    // the dQ traffic into L2 (ncu, 2026-12-05: 541 M reduction sectors against cuDNN's 270 M at
-    // d64 16k causal, the L2 atomic unit 49.5 % busy). Warpgroup 0 adds warpgroup 1's tile into
-    // its own (the same swizzled layout: element-wise over the raw buffers, 16-byte accesses by
-    // consecutive threads) and reduces that one tile; warpgroup 1 only arrives and goes on.
-    if (wg == 1) {
-      named_arrive(kBarDqPartials, Traits::kNumMmaThreads);
-      return;
-    }
-    named_sync(kBarDqPartials, Traits::kNumMmaThreads);
-    constexpr int kTileVec = cosize_v<typename Traits::SmemLayoutDQ> / 4;
-    float4* const t0 = reinterpret_cast<float4*>(sdq_tile);
-    const float4* const t1 = t0 + kTileVec;  // warpgroup 1's tile follows warpgroup 0's
-    static_assert(kTileVec % 128 == 0, "whole 16-byte vectors per thread");
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < kTileVec / 128; ++i) {
-      const int k = wg_tid + 128 * i;
-      const float4 a = t0[k], b = t1[k];
-      t0[k] = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
-    }
-    named_arrive(kBarDqTile1Free, Traits::kNumMmaThreads);
-  }
   cutlass::arch::fence_view_async_shared();  // generic-proxy stores -> the TMA (async proxy) read
   named_sync(kBarDqFull + wg, 128);
   if (wg_tid == 0) {
     Tensor mdQ = kp.tma_dq.get_tma_tensor(shape(kp.layout_dq));
     Tensor gdQ = local_tile(seq_view(mdQ, h, w.b, w.q_start, kp.p.cu_q != nullptr),
-                            Shape<Int<kBlockM>, Int<kDqCols>>{}, make_coord(m, Traits::kDqSplitN ? wg : 0));
+                            Shape<Int<kDqRows>, Int<kDqCols>>{},
+                            make_coord(m * (kBlockM / kDqRows) + row0 / kDqRows, col0 / kDqCols));
     auto cta = kp.tma_dq.get_slice(_0{});
     copy(kp.tma_dq, cta.partition_S(sdQ), cta.partition_D(gdQ));
     tma_store_arrive();
@@ -233,10 +201,9 @@ __device__ void wg_consumer(WgmmaParams<Traits> const& kp, BackwardWork const& w
   typename Traits::TiledMmaDQ mma_dq;
   auto thr_sdp = mma_sdp.get_thread_slice(mma_tid);
   auto thr_dkv = mma_dkv.get_thread_slice(mma_tid);
-  // dQ: split over the head dim (one tiled product of both warpgroups) or over the keys (one
-  // product per warpgroup on its own keys; BackwardWgmmaTraits::kDqSplitN).
+  // dQ: one tiled product of both warpgroups, split over the head dim (d = 128) or the rows (d = 64).
   const int wg = mma_tid / 128;
-  auto thr_dq = mma_dq.get_thread_slice(Traits::kDqSplitN ? mma_tid : mma_tid % 128);
+  auto thr_dq = mma_dq.get_thread_slice(mma_tid);
 
   Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename Traits::SmemLayoutQ{});
   Tensor sdO = make_tensor(make_smem_ptr(ss.dout.data()), typename Traits::SmemLayoutDO{});
@@ -254,12 +221,8 @@ __device__ void wg_consumer(WgmmaParams<Traits> const& kp, BackwardWork const& w
   Tensor tPrdO = thr_sdp.partition_fragment_B(sdO);   //       B = dO  (.., stage)
   Tensor tVrdOt = thr_dkv.partition_fragment_B(sdOt); // dV:   B = dO^T (.., stage)
   Tensor tKrQt = thr_dkv.partition_fragment_B(sQt);   // dK:   B = Q^T  (.., stage)
-  constexpr int kDqKeys = Traits::kDqKeys;
-  Tensor sdS_dq = local_tile(sdS, Shape<Int<kBlockM>, Int<kDqKeys>>{}, make_coord(_0{}, Traits::kDqSplitN ? 0 : wg));
-  Tensor sKt_dq = local_tile(sKt, Shape<Int<Traits::kHeadDim>, Int<kDqKeys>>{},
-                             make_coord(_0{}, Traits::kDqSplitN ? 0 : wg));
-  Tensor tQrdS = thr_dq.partition_fragment_A(sdS_dq);  // dQ:   A = dS   (the product's keys)
-  Tensor tQrKt = thr_dq.partition_fragment_B(sKt_dq);  //       B = K^T (the product's keys and columns)
+  Tensor tQrdS = thr_dq.partition_fragment_A(sdS);  // dQ:   A = dS  (the warpgroup's rows, all keys)
+  Tensor tQrKt = thr_dq.partition_fragment_B(sKt);  //       B = K^T (the warpgroup's columns, all keys)
   // dS^T stores: stmatrix.trans of the S^T-shaped fragment into the (keys, rows) view of the dS tile.
   auto r2s_ds = make_tiled_copy_C(typename Traits::SmemCopyAtomDS{}, mma_sdp);
   auto thr_r2s_ds = r2s_ds.get_thread_slice(mma_tid);
@@ -290,10 +253,13 @@ __device__ void wg_consumer(WgmmaParams<Traits> const& kp, BackwardWork const& w
   }
   typename Traits::PipelineState st;
   int hh = 0, m = w.m_begin;
-  bool first_step = true;
-  while (BackwardScheduler::next_kept(p, w, kept_words, hh, m)) {
+  constexpr int G = Traits::kGroupsPerStep;
+  while (BackwardScheduler::next_kept<G>(p, w, kept_words, hh, m)) {
     const int h = w.kh * p.group + hh;
     const int m0 = m * kBlockM;
+    // The step's vote groups that the skip set keeps (bit r: rows [64 r, 64 r + 64)); the rows of
+    // the others are masked (SPEC §9). A step of one group runs only when it is kept.
+    const unsigned kept_rows = G > 1 ? BackwardScheduler::kept_groups<G>(p, w, kept_words, hh, m) : 1u;
     pipe.consumer_wait(st);
     // LSE (log2; +inf for a row that saw no key or lies in the padding: P = 0) and D of the step's
     // rows, in the stage (read where used: nothing held across the products). A 2D TMA load of
@@ -316,22 +282,34 @@ __device__ void wg_consumer(WgmmaParams<Traits> const& kp, BackwardWork const& w
     Tensor dP = make_tensor(tSrdP.data(), acc_rowcol(tSrdP.layout()));
     // Masking only where the step can hold an invisible pair (block edges, the causal diagonal);
     // the same answer in every thread.
-    const bool masked = n0 + kBlockN > w.len_k || m0 + kBlockM > w.len_q || (p.causal && n0 + kBlockN - 1 > m0 + diag);
-    auto visible = [&](int mi, int ni) {
-      const int key = n0 + get<0>(tScS_rc(mi, ni)), row = m0 + get<1>(tScS_rc(mi, ni));
-      return key < w.len_k && row < w.len_q && (!p.causal || key <= row + diag);
+    const bool masked = n0 + kBlockN > w.len_k || m0 + kBlockM > w.len_q ||
+                        (p.causal && n0 + kBlockN - 1 > m0 + diag) || kept_rows != (1u << G) - 1;
+    // Row ni of the thread's (key, row) view sees the keys below key_end(ni): none past the
+    // sequence's rows or in a skipped vote group, else those before len_k and, causal, up to
+    // its diagonal. One bound per row, used at once by its keys (a bound per pair, or per-row
+    // terms held across the walk, spilled at d = 64's 32 rows a thread).
+    auto key_end = [&](int ni) {
+      const int row = m0 + get<1>(tScS_rc(0, ni));
+      const bool live = row < w.len_q && (G == 1 || ((kept_rows >> Traits::vote_group_of_col(ni)) & 1u) != 0);
+      return !live ? 0 : p.causal ? min(w.len_k, row + diag + 1) : w.len_k;
     };
-    // f(mi, ni, visible) over this thread's (key, row) pairs; the mask tested on masked steps only.
+    // f(mi, ni, visible) over this thread's (key, row) pairs, row by row; the mask tested on
+    // masked steps only.
     auto each_pair = [&](auto&& f) {
-      auto walk = [&](bool mask) {
+      if (masked) {
         CUTLASS_PRAGMA_UNROLL
-        for (int mi = 0; mi < kKeys; ++mi) {
+        for (int ni = 0; ni < kCols; ++ni) {
+          const int end = key_end(ni);
           CUTLASS_PRAGMA_UNROLL
-          for (int ni = 0; ni < kCols; ++ni) f(mi, ni, !mask || visible(mi, ni));
+          for (int mi = 0; mi < kKeys; ++mi) f(mi, ni, n0 + get<0>(tScS_rc(mi, ni)) < end);
         }
-      };
-      if (masked) walk(true);
-      else walk(false);
+      } else {
+        CUTLASS_PRAGMA_UNROLL
+        for (int ni = 0; ni < kCols; ++ni) {
+          CUTLASS_PRAGMA_UNROLL
+          for (int mi = 0; mi < kKeys; ++mi) f(mi, ni, true);
+        }
+      }
     };
     // P^T = exp2(S^T scale_log2 - LSE_log2) on visible pairs, 0 elsewhere; computed while dP^T runs.
     warpgroup_wait<1>();
@@ -351,18 +329,14 @@ __device__ void wg_consumer(WgmmaParams<Traits> const& kp, BackwardWork const& w
     Tensor ds_lp = convert_frag<Element>(tSrdP);
     Tensor tdSrdS = make_tensor(ds_lp.data(), acc_to_a(ds_lp.layout()));  // the dK product's A operand
 
-    // dS^T into shared memory once every dQ product of the previous step has read it (and, for
-    // this warpgroup's TMA thread, once the previous dQ reduce-add has read the dQ tile).
-    // d = 128 (kDqSplitN): each dQ product reads both warpgroups' dS, a barrier of all 256
-    // threads; d = 64: only its own warpgroup's (A/B on the H200, 2026-12-04: +1.9-3.5 % at d = 64).
-    constexpr int kDsThreads = Traits::kDqSplitN ? Traits::kNumMmaThreads : 128;
-    const int bar_ds_free = Traits::kDqSplitN ? kBarDsFree : kBarDsFreeOwn + wg;
-    const int bar_ds_full = Traits::kDqSplitN ? kBarDsFull : kBarDsFullOwn + wg;
+    // dS^T into shared memory once every dQ product of the previous step has read it (each reads
+    // both warpgroups' dS: a barrier of all 256 threads), and, for this warpgroup's TMA thread,
+    // once the previous dQ reduce-add has read the dQ tile.
     if (wg_tid == 0) tma_store_wait<0>();
-    named_sync(bar_ds_free, kDsThreads);
+    named_sync(kBarDsFree, Traits::kNumMmaThreads);
     copy(r2s_ds, thr_r2s_ds.retile_S(ds_lp), tdSsdS);
     cutlass::arch::fence_view_async_shared();  // generic-proxy stores -> the wgmma (async proxy) reads
-    named_sync(bar_ds_full, kDsThreads);
+    named_sync(kBarDsFull, Traits::kNumMmaThreads);
 
     // dQ before dK, so that dQ's way out (shared memory, barrier, TMA reduce-add) runs while the
     // tensor cores do dK.
@@ -371,8 +345,7 @@ __device__ void wg_consumer(WgmmaParams<Traits> const& kp, BackwardWork const& w
     wg_gemm<false, -1, true>(mma_dkv, tdSrdS, tKrQt(_, _, _, st.index()), acc_dk);
     warpgroup_wait<1>();  // dV and dQ done (dK may run)
     warpgroup_fence_operand(acc_dq);
-    wg_store_dq<Traits>(kp, w, h, m, wg, wg_tid, thr_dq, acc_dq, sdq_tile, first_step);
-    first_step = false;
+    wg_store_dq<Traits>(kp, w, h, m, wg, wg_tid, thr_dq, acc_dq, sdq_tile);
     warpgroup_wait<0>();  // dK done: its A (dS^T registers) and B (Q^T of the stage) are read
     warpgroup_fence_operand(acc_dk);
     warpgroup_fence_operand(acc_dv);
@@ -383,10 +356,6 @@ __device__ void wg_consumer(WgmmaParams<Traits> const& kp, BackwardWork const& w
     ++m;
   }
   if (wg_tid == 0) tma_store_wait<0>();  // the last reduce-add has read the dQ tile
-  // d = 64: warpgroup 0's arrival after the last sum (one per step, as warpgroup 1's waits).
-  if constexpr (!Traits::kDqSplitN) {
-    if (wg == 1 && !first_step) named_sync(kBarDqTile1Free, Traits::kNumMmaThreads);
-  }
 
   // dK = scale * acc_dk, dV = acc_dv for the valid keys of the block.
   Tensor cKV = make_identity_tensor(select<0, 1>(typename Traits::TileShapeDKV{}));  // (key, col)
@@ -418,6 +387,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
   auto& ss = *reinterpret_cast<typename Traits::SharedStorage*>(smem_raw);
   const BackwardParams& p = kp.p;
 
+  constexpr int G = Traits::kGroupsPerStep;
   BackwardWork w;
   if (!BackwardScheduler::get<Traits::kBlockM, Traits::kBlockN>(p, w)) return;  // uniform: the whole CTA
   const int tid = int(threadIdx.x);
@@ -425,11 +395,11 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
   // no work, not even the K / V loads.
   // The CTA's kept steps into shared memory when there is a skip set and they fit (uniform).
   const std::uint32_t* kept_words =
-      p.skip_bits != nullptr && BackwardScheduler::kept_words_needed(p, w) <= Traits::kKeptWords ? ss.kept.data()
-                                                                                                : nullptr;
+      p.skip_bits != nullptr && BackwardScheduler::kept_words_needed<G>(p, w) <= Traits::kKeptWords ? ss.kept.data()
+                                                                                                   : nullptr;
   const int kept_here = kept_words != nullptr
-                            ? BackwardScheduler::load_kept_words(p, w, ss.kept.data(), tid, Traits::kNumThreads)
-                            : BackwardScheduler::kept_share(p, w, tid, Traits::kNumThreads);
+                            ? BackwardScheduler::load_kept_words<G>(p, w, ss.kept.data(), tid, Traits::kNumThreads)
+                            : BackwardScheduler::kept_share<G>(p, w, tid, Traits::kNumThreads);
   if (!__syncthreads_or(kept_here)) {
     write_dkdv_zero<Traits>(p, w, tid);
     return;
@@ -499,7 +469,7 @@ void launch_backward_wgmma(const BackwardParams& p, cudaStream_t stream) {
   kp.tma_v = make_tma_copy(SM90_TMA_LOAD{}, gv, typename Traits::SmemLayoutV{}, TileK{}, _1{});
   auto gdq = make_tensor(make_gmem_ptr(p.dq_accum), kp.layout_dq);
   kp.tma_dq = make_tma_copy(SM90_TMA_REDUCE_ADD{}, gdq, typename Traits::SmemLayoutDQ{},
-                            Shape<Int<Traits::kBlockM>, Int<Traits::kDqCols>>{}, _1{});
+                            Shape<Int<Traits::kDqRows>, Int<Traits::kDqCols>>{}, _1{});
 
   auto kernel = backward_wgmma_kernel<Traits>;
   ::blasst::detail::set_max_dynamic_smem<&backward_wgmma_kernel<Traits>>(Traits::kSmemBytes);

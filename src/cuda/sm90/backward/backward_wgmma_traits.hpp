@@ -2,12 +2,15 @@
 // as one function of (element type, head dim). One CTA owns one 128-key block (the SPEC tile) of
 // one KV head: warpgroup 0 produces (TMA of K and V once, then Q and dO per step through a
 // kStages-deep pipeline), warpgroups 1 and 2 consume, each owning 64 of the 128 keys. A step is one
-// (query head, 64-row query block) pair: one skip-set bit (SPEC §9).
+// (query head, kBlockM-row query block) pair: one forward vote group of 64 rows at d = 128, two at
+// d = 64 (SPEC §9 skip-set bits: a step runs when one of its groups is kept; the rows of a skipped
+// group are masked in it).
 //
 // The scores are computed transposed (keys x rows), so that P^T and dS^T are already the register
-// A operands of dV += P^T dO and dK += dS^T Q; dQ = dS K reads dS from shared memory, each
-// consumer warpgroup computing one half of the head dim over all 128 keys (d = 128), and leaves
-// through shared memory and a TMA reduce-add into the f32 workspace.
+// A operands of dV += P^T dO and dK += dS^T Q; dQ = dS K reads dS from shared memory (both
+// warpgroups' keys): at d = 128 each consumer warpgroup computes one half of the head dim, at
+// d = 64 one half of the step's 128 rows; each leaves through shared memory and a TMA reduce-add
+// into the f32 workspace.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -35,59 +38,73 @@ struct BackwardWgmmaTraits {
   static constexpr int kHeadDim = kHeadDim_;
   static_assert(kHeadDim == 64 || kHeadDim == 128, "the tilings below are written for d = 64 and 128");
   static_assert(sizeof(Element) == 2, "16-bit inputs");
-  static constexpr int kBlockM = 64;          // query rows per step: one forward vote group
+  // Query rows per step. d = 64: 128 (two vote groups), so that the S^T / dP^T products are
+  // 64 x 128 (N = 128: the wgmma shape whose shared-memory operand reads keep up with the tensor
+  // cores; N = 64 reads one byte per FMA more) and a step's fixed costs (barriers, pipeline, LSE /
+  // D, the dQ way out) are paid once per 128 rows; the accumulators (S^T, dP^T 64 each, dK, dV 32
+  // each) fit 240 registers. d = 128: 64 (dK and dV alone hold 128 registers).
+  static constexpr int kBlockM = kHeadDim == 64 ? 128 : 64;
+  static constexpr int kVoteRows = 64;  // rows of a forward vote group: one skip-set bit
+  static constexpr int kGroupsPerStep = kBlockM / kVoteRows;
   static constexpr int kBlockN = kTileKeys;   // keys per CTA: one SPEC tile
+  // The vote group (within the step) of column ni of a thread's S^T accumulator in its (key, row)
+  // view (acc_rowcol): column ni is row (lane % 4) * 2 + ni % 2 + 8 (ni / 2) of the step (GMMA's
+  // C layout), so its group is a constant of ni and the skip mask's test folds away in the
+  // unrolled loops (a thread-dependent row / 64 held 32 shifted masks: 660 bytes of spills).
+  // tests/gpu_backward/test_wgmma_layouts.cu checks it for every thread.
+  CUTE_HOST_DEVICE static constexpr int vote_group_of_col(int ni) { return 8 * (ni / 2) / kVoteRows; }
   static_assert(kBlockN == 128, "two consumer warpgroups of 64 keys");
   static constexpr int kNumMmaWG = 2;
   static constexpr int kNumMmaThreads = kNumMmaWG * 128;
   static constexpr int kNumThreads = kNumMmaThreads + 128;  // + the producer warpgroup
-  // Q / dO pipeline depth. d = 64: 4 (a step is half the tensor work of d = 128 for the same
-  // loads' latency; A/B on the H200, 2026-12-04: +1.6-2.2 % over 2 stages, 3 stages +0.3-0.8 %);
-  // d = 128: 2 (3 stages: no gain within noise, and 214 of 227 KB of shared memory).
-  static constexpr int kStages = kHeadDim == 64 ? 4 : 2;
+  // Q / dO pipeline depth: 2 (d = 128: 3 stages gained nothing within noise and took 214 of
+  // 227 KB of shared memory; d = 64 with 64-row steps had gained 1.6-2.2 % from 4 stages, which
+  // are the same bytes as 2 stages of 128 rows).
+  static constexpr int kStages = 2;
   // setmaxnreg: 24 + 2 * 240 registers per lane slot of the three warpgroups <= 64K.
   static constexpr int kRegProducer = 24;
   static constexpr int kRegConsumer = 240;
 
-  // S^T = K Q^T and dP^T = V dO^T: (128 keys, 64 rows, d), both operands K-major in shared memory;
-  // warpgroup w owns keys [64 w, 64 w + 64).
+  // S^T = K Q^T and dP^T = V dO^T: (128 keys, kBlockM rows, d), both operands K-major in shared
+  // memory; warpgroup w owns keys [64 w, 64 w + 64).
   using TileShapeSdP = Shape<Int<kBlockN>, Int<kBlockM>, Int<kHeadDim>>;
   using TiledMmaSdP = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockM>, Int<kHeadDim>>>(),
       Layout<Shape<_2, _1, _1>>{}));
-  // dV += P^T dO and dK += dS^T Q: (128 keys, d, 64 rows); A from registers (the S^T / dP^T
+  // dV += P^T dO and dK += dS^T Q: (128 keys, d, kBlockM rows); A from registers (the S^T / dP^T
   // accumulators, converted), B = dO^T / Q^T views of the row-major tiles (MN-major).
   using TileShapeDKV = Shape<Int<kBlockN>, Int<kHeadDim>, Int<kBlockM>>;
   using TiledMmaDKV = decltype(make_tiled_mma(
       GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim>, Int<kBlockM>>, GMMA::Major::K,
                            GMMA::Major::MN>(),
       Layout<Shape<_2, _1, _1>>{}));
-  // dQ = dS K: A = dS (shared, K-major), B = K^T view (MN-major). d = 128: warpgroup w computes
-  // columns [64 w, 64 w + 64) over all 128 keys (tile (64 rows, d, 128 keys)). d = 64: a 32-column
-  // half would start inside a 128-byte swizzle atom of K^T, which no wgmma descriptor addresses,
-  // so warpgroup w computes all d columns over its own 64 keys (tile (64 rows, d, 64 keys), one
-  // warpgroup) and both add their partial dQ into the workspace.
-  static constexpr bool kDqSplitN = kHeadDim >= 128;
-  static constexpr int kDqKeys = kDqSplitN ? kBlockN : kBlockN / kNumMmaWG;  // keys per dQ product
-  using TileShapeDQ = Shape<Int<kBlockM>, Int<kHeadDim>, Int<kDqKeys>>;
-  using TiledMmaDQ = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, float,
-                           Shape<_64, Int<kDqSplitN ? kHeadDim / kNumMmaWG : kHeadDim>, Int<kDqKeys>>,
-                           GMMA::Major::K, GMMA::Major::MN>(),
-      Layout<Shape<_1, Int<kDqSplitN ? kNumMmaWG : 1>, _1>>{}));
-
-  // dQ leaves through shared memory: each consumer warpgroup's f32 product (64 rows x kDqCols
-  // columns: its head-dim half at d = 128, all d columns over its own keys at d = 64) is stored
-  // to its own 128-byte-swizzled tile and added into the f32 workspace by one TMA reduce-add
-  // (element-wise atomic in L2, so the two warpgroups' d = 64 partials and other CTAs' add up).
+  // dQ = dS K: A = dS (shared, K-major), B = K^T view (MN-major), over all 128 keys. d = 128:
+  // warpgroup w computes columns [64 w, 64 w + 64) of the 64 rows (kDqSplitN); d = 64: rows
+  // [64 w, 64 w + 64) of the 128, every column (a 32-column half would start inside a 128-byte
+  // swizzle atom of K^T, which no wgmma descriptor addresses). Either way a 64 x 64 tile per
+  // warpgroup, and every dQ element is produced once.
+  static constexpr bool kDqSplitN = kBlockM == 64;
   static constexpr int kDqCols = kDqSplitN ? kHeadDim / kNumMmaWG : kHeadDim;
-  static_assert(kDqCols == 64, "one 64 x 64 f32 dQ tile per consumer warpgroup");
+  static constexpr int kDqRows = kDqSplitN ? kBlockM : kBlockM / kNumMmaWG;
+  static_assert(kDqCols == 64 && kDqRows == 64, "one 64 x 64 f32 dQ tile per consumer warpgroup");
+  using TileShapeDQ = Shape<Int<kBlockM>, Int<kHeadDim>, Int<kBlockN>>;
+  using TiledMmaDQ = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kDqCols>, Int<kBlockN>>, GMMA::Major::K,
+                           GMMA::Major::MN>(),
+      Layout<Shape<Int<kBlockM / 64>, Int<kHeadDim / kDqCols>, _1>>{}));
+  // The first row and column of warpgroup wg's dQ tile within the step's (kBlockM, d) block.
+  CUTE_HOST_DEVICE static constexpr int dq_row0(int wg) { return kDqSplitN ? 0 : wg * kDqRows; }
+  CUTE_HOST_DEVICE static constexpr int dq_col0(int wg) { return kDqSplitN ? wg * kDqCols : 0; }
+
+  // dQ leaves through shared memory: each consumer warpgroup's f32 tile (kDqRows x kDqCols) is
+  // stored to its own 128-byte-swizzled tile and added into the f32 workspace by one TMA
+  // reduce-add (element-wise atomic in L2, where other CTAs' add up).
   using SmemLayoutDQ =
-      decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<float>{}, Shape<Int<kBlockM>, Int<kDqCols>>{}));
+      decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<float>{}, Shape<Int<kDqRows>, Int<kDqCols>>{}));
   // A thread's dQ pairs lie whole 8-row and 8-column steps (dr, dc) from its first pair, whose
   // column is below 8 (GMMA C layout). The 128-byte swizzle XORs byte bits [4, 7) of an address
   // with bits [7, 10) and reads nothing else: 8 rows (1024 B) and a 32-float column block
-  // (kBlockM rows of 128 B) add from bit 10 up, and a column step inside a block sets bits [5, 7),
+  // (kDqRows rows of 128 B) add from bit 10 up, and a column step inside a block sets bits [5, 7),
   // clear before the swizzle in the first pair's address, so the swizzle passes it through as an
   // XOR. A pair's address is (first ^ x) + a (16 per-pair addresses held across the step loop
   // spilled at d = 128). tests/gpu_backward/test_wgmma_layouts.cu checks this against the
@@ -97,7 +114,7 @@ struct BackwardWgmmaTraits {
   };
   CUTE_HOST_DEVICE static constexpr DqStep dq_step(int dr, int dc) {
     constexpr int kRowBytes = 32 * sizeof(float);  // one swizzle row
-    return {uint32_t(dc % 32 * sizeof(float)), uint32_t(dr * kRowBytes + dc / 32 * kBlockM * kRowBytes)};
+    return {uint32_t(dc % 32 * sizeof(float)), uint32_t(dr * kRowBytes + dc / 32 * kDqRows * kRowBytes)};
   }
   // Bank conflicts of those stores. One st.shared.v2.f32 of the whole warp writes, per half-warp,
   // four rows r..r+3 of four lanes each, each row one 32-byte chunk pair; the swizzle maps the
@@ -137,7 +154,7 @@ struct BackwardWgmmaTraits {
   // The f32 dQ workspace [tokens_q, hq, d] in the same (tokens, d, heads, batch) form.
   static auto dummy_gtensor_dq() { return make_tensor(make_gmem_ptr(static_cast<float*>(nullptr)), GLayout{}); }
   using TmaDQ = decltype(make_tma_copy(SM90_TMA_REDUCE_ADD{}, dummy_gtensor_dq(), SmemLayoutDQ{},
-                                       Shape<Int<kBlockM>, Int<kDqCols>>{}, _1{}));
+                                       Shape<Int<kDqRows>, Int<kDqCols>>{}, _1{}));
   using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, dummy_gtensor(), take<0, 2>(SmemLayoutQ{}),
                                       Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{}));
   using TmaK = decltype(make_tma_copy(SM90_TMA_LOAD{}, dummy_gtensor(), SmemLayoutK{},
@@ -148,7 +165,9 @@ struct BackwardWgmmaTraits {
   // blocks = 256k tokens); a CTA with more walks the skip set in global memory.
   static constexpr int kKeptWords = 1024;
   static constexpr uint32_t kBulkBytesRows = kBlockM * sizeof(float);  // one LSE or D run of a step
-  static_assert(kBulkBytesRows % 16 == 0 && kBlockM == kLseRowAlign, "bulk copies of whole aligned 64-row runs");
+  // A step's rows lie inside its sequence's own rows (each sequence starts at a multiple of
+  // kLseRowAlign and owns its length rounded up to one).
+  static_assert(kBulkBytesRows % 16 == 0 && kLseRowAlign % kBlockM == 0, "bulk copies of whole aligned runs");
 
   using Pipeline = cutlass::PipelineTmaAsync<kStages>;
   using PipelineState = cutlass::PipelineState<kStages>;
@@ -160,7 +179,7 @@ struct BackwardWgmmaTraits {
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutDO>, 1024> dout;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutDS>, 1024> ds;
     cute::array_aligned<float, kNumMmaWG * cute::cosize_v<SmemLayoutDQ>, 1024> dq;  // one tile per warpgroup
-    // LSE (log2) and D of each stage's 64 query rows: one bulk copy each, on the stage's barrier.
+    // LSE (log2) and D of each stage's kBlockM query rows: one bulk copy each, on the stage's barrier.
     cute::array_aligned<float, kStages * kBlockM, 128> lse;
     cute::array_aligned<float, kStages * kBlockM, 128> dsum;
     // The CTA's kept steps (BackwardScheduler::load_kept_words), when the skip set's fit.
