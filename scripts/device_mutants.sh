@@ -56,6 +56,7 @@ TABLE=(
   "backward-skip-set-ignored|test_gpu_backward|tests/gpu_backward/test_gpu_backward|GpuBackward.SkipSetMatchesReference"
   "backward-removed-block-by-first-head|test_gpu_backward|tests/gpu_backward/test_gpu_backward|GpuBackward.SkipSetMatchesReference"
   "backward-kept-walk-off-by-one|test_gpu_backward|tests/gpu_backward/test_gpu_backward|GpuBackward.SkipSetMatchesReference"
+  "backward-step-half-not-masked|test_gpu_backward|tests/gpu_backward/test_gpu_backward|GpuBackward.SkipSetMatchesReference"
   "backward-lse-rows-unpadded|test_gpu_backward|tests/gpu_backward/test_gpu_backward|GpuBackward.RaggedBatch:GpuBackward.BatchHeadDimsAndDtypes"
 )
 
