@@ -6,6 +6,7 @@
 # and compute-sanitizer racecheck / memcheck on GpuBackwardSanitizer.* in TEST_TREES; then
 # bench_backward alternated over TREES in 2 rounds (B 1, H 32, dense) on SHAPES.
 #   TREES="s2 s3 s4" TEST_TREES="s3 s4" scripts/device_call_bwd_ab.sh   (the stage-depth run of b0763c7)
+# PEER=1: then torch SDPA's cuDNN / flash backward alone on SHAPES (bench/backward/time_peer_bwd.py).
 # NCU_TREES="b0": then Nsight Compute's full set with source-level stall sampling (built with
 # -lineinfo, which leaves the SASS as it is) on each of those trees' kernel at NCU_SHAPES, and, with
 # NCU_PEER=1, cuDNN's backward kernels (full set) on the first of them; reports in $OUT/ncu.tgz
@@ -53,6 +54,13 @@ for r in $(seq 1 ${ROUNDS:-2}); do
 done
 echo "A/B (round tree L d mask ms TFLOP/s):"; awk '{print $1, $2, $6, $7, $8, $11, $12}' $L/ab.txt
 pack; t
+# PEER=1: torch SDPA's cuDNN and flash backward alone on the same shapes (bench/backward/time_peer_bwd.py)
+if [ "${PEER:-0}" = 1 ]; then
+  pshapes=(); for shape in "${shapes[@]}"; do pshapes+=("$(echo $shape | sed 's/--[a-z]*//g' | awk '{print $3, $1, $2}')"); done
+  timeout 150 python3 bench/backward/time_peer_bwd.py --shapes "${pshapes[@]}" > $L/peer.txt 2>&1
+  echo "peers rc=$? (backend L d mask ms TFLOP/s):"; cat $L/peer.txt | tail -20
+  pack; t
+fi
 NCU_SHAPES=${NCU_SHAPES:-"--d 128 --causal 0 --l 8192|--d 64 --causal 1 --l 16384"}
 IFS='|' read -ra nshapes <<< "$NCU_SHAPES"
 N=/tmp/ncu_src; rm -rf $N; mkdir -p $N
