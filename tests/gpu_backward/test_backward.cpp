@@ -805,8 +805,9 @@ TEST(GpuBackward, MisalignedOutputsTakeTheElementStores) {
 }
 #endif
 
-// attention_backward_workspace_bytes: the f32 dQ accumulator [tokens_q, Hq, d], D and LSE
-// [Hq, B x Lq rounded up to 128 rows per sequence: the 128-row query blocks of the d = 64 kernel], the converted dO (f32 dout only) and the skip
+// attention_backward_workspace_bytes: D and LSE [Hq, B x Lq rounded up to 128 rows per sequence:
+// the 128-row query blocks of the d = 64 kernel], the f32 dQ accumulator over the same rows
+// [Hq, rows, d] (in 64 x 64 tiles), the converted dO (f32 dout only) and the skip
 // bits, each 256-byte aligned; 0 for
 // the reference. Sizing runs no CUDA work (a CUDA build without a GPU answers too).
 TEST(GpuBackward, WorkspaceBytes) {
@@ -831,16 +832,16 @@ TEST(GpuBackward, WorkspaceBytes) {
       EXPECT_THROW(attention_backward_workspace_bytes(call.p, {}, opt), Error);
       return;
     }
-    EXPECT_EQ(attention_backward_workspace_bytes(call.p, {}, opt), up(rows * 64 * 4) + 2 * up(lse_rows * 4));
+    EXPECT_EQ(attention_backward_workspace_bytes(call.p, {}, opt), up(lse_rows * 64 * 4) + 2 * up(lse_rows * 4));
     EXPECT_EQ(attention_backward_workspace_bytes(call.p, cfg, opt, &in.set),
-              up(rows * 64 * 4) + 2 * up(lse_rows * 4) + up(in.set.bits.size()));
+              up(lse_rows * 64 * 4) + 2 * up(lse_rows * 4) + up(in.set.bits.size()));
   }
   {
     Call call(c, in, DType::bf16, DType::f32, DType::bf16, DType::f32);  // f32 out / dout
     RunOptions opt;
     opt.device = DeviceKind::cuda;
     EXPECT_EQ(attention_backward_workspace_bytes(call.p, {}, opt),
-              up(rows * 64 * 4) + 2 * up(lse_rows * 4) + up(rows * 64 * 2));
+              up(lse_rows * 64 * 4) + 2 * up(lse_rows * 4) + up(rows * 64 * 2));
   }
   {
     // Ragged: the LSE / D rows per head are the tokens plus 128 per sequence, rounded up to 128
@@ -854,8 +855,8 @@ TEST(GpuBackward, WorkspaceBytes) {
     Call call(r, rin, DType::bf16, DType::bf16, DType::bf16, DType::f32);
     RunOptions opt;
     opt.device = DeviceKind::cuda;
-    const std::size_t rtok = 495, rrows = rtok * std::size_t(r.hq);
-    EXPECT_EQ(attention_backward_workspace_bytes(call.p, {}, opt), up(rrows * 64 * 4) + 2 * up(1152 * 4 * 4));
+    const std::size_t rrows = 1152 * std::size_t(r.hq);
+    EXPECT_EQ(attention_backward_workspace_bytes(call.p, {}, opt), up(rrows * 64 * 4) + 2 * up(rrows * 4));
   }
 }
 

@@ -13,10 +13,9 @@
 //   - the dQ product's operands: a warpgroup's dS partition holds its rows and all keys, its K^T
 //     partition the columns it computes and all keys;
 //   - the dS^T stmatrix.trans copy moves each register to the (key, row) it holds;
-//   - the dQ shared tile of each warpgroup: pairs adjacent and aligned, every element once, and
-//     each pair's address the thread's first pair's stepped by dq_step to the store slot of its
-//     lane's order (dq_gray; the kernel's form), with every store at the least number of
-//     shared-memory wavefronts (2: no bank conflict).
+//   - the dQ tile of each warpgroup: the kernel's thread-minor 16-byte stores put every value where
+//     the workspace's tile order (dq_in_tile, read by the postprocess) says, every element once;
+//     the whole accumulator index one-to-one with adjacent column pairs.
 // Expected values come from the definitions (coordinates, offsets), not from the kernel.
 #include <gtest/gtest.h>
 
@@ -50,8 +49,10 @@ void check_views() {
     for (int c = 0; c < Tr::kHeadDim; ++c) bad += lk(r, c) != lkt(c, r);
   auto ls = typename Tr::SmemLayoutDS{};
   auto lst = typename Tr::SmemLayoutDSt{};
-  for (int r = 0; r < Tr::kBlockM; ++r)
-    for (int c = 0; c < Tr::kBlockN; ++c) bad += ls(r, c) != lst(c, r);
+  for (int b = 0; b < Tr::kDsStages; ++b)
+    for (int r = 0; r < Tr::kBlockM; ++r)
+      for (int c = 0; c < Tr::kBlockN; ++c)
+        bad += ls(r, c, b) != lst(c, r, b) || ls(r, c, b) != ls(r, c, 0) + b * Tr::kBlockM * Tr::kBlockN;
   EXPECT_EQ(bad, 0) << "a transposed view addresses another element";
 }
 
@@ -75,7 +76,7 @@ void check_register_handoff() {
 
 // The kernel masks the rows of a skipped vote group by a constant of the accumulator's column
 // index (Tr::vote_group_of_col): every thread's column ni of the (key, row) view must lie in that
-// vote group of the step.
+// vote group of the step. It also loads the LSE / D of columns (ni, ni + 1) as one 8-byte pair.
 template <class Tr>
 void check_vote_group_of_col() {
   typename Tr::TiledMmaSdP sdp;
@@ -88,11 +89,13 @@ void check_vote_group_of_col() {
       for (int ni = 0; ni < size<1>(rc); ++ni) {
         const int row = int(get<1>(rc(mi, ni)));
         bad += row / Tr::kVoteRows != Tr::vote_group_of_col(ni);
+        // load_row_pairs: the rows of columns (ni, ni + 1), ni even, adjacent, the first even
+        if (ni % 2 == 0) bad += row % 2 != 0 || int(get<1>(rc(mi, ni + 1))) != row + 1;
         seen |= 1 << (row / Tr::kVoteRows);
       }
     groups_seen = std::max(groups_seen, __builtin_popcount(seen));
   }
-  EXPECT_EQ(bad, 0) << "a column's vote group is not vote_group_of_col(ni)";
+  EXPECT_EQ(bad, 0) << "a column's vote group is not vote_group_of_col(ni), or a column pair not two adjacent rows";
   EXPECT_EQ(groups_seen, Tr::kGroupsPerStep) << "a thread's columns span the step's vote groups";
 }
 
@@ -145,7 +148,7 @@ void check_coverage() {
   std::map<long, int> hits;
   for (int t = 0; t < Tr::kNumMmaThreads; ++t) {
     Tensor p = sdp.get_thread_slice(t).partition_C(make_identity_tensor(Shape<Int<N>, Int<M>>{}));
-    for (int i = 0; i < size(p); ++i) ++hits[long(lst(get<0>(p(i)), get<1>(p(i))))];
+    for (int i = 0; i < size(p); ++i) ++hits[long(lst(get<0>(p(i)), get<1>(p(i)), 0))];
   }
   EXPECT_EQ(int(hits.size()), M * N) << "dS^T stores: elements covered";
   int bad_hits = 0;
@@ -214,93 +217,72 @@ void check_ds_stmatrix() {
   }
   EXPECT_EQ(bad, 0) << "stmatrix.trans takes an S^T register for another (key, row)";
   expect_each(n, N, M, 1, "dS^T stmatrix destinations");
+  // the kernel's destination tensor (the swizzled (keys, rows, buffer) view, partition_D, then
+  // one buffer): buffer b's element addresses are buffer 0's plus b whole tiles
+  using E = typename Tr::Element;
+  alignas(1024) static E ds[M * N * Tr::kDsStages];
+  Tensor sdst = make_tensor(make_smem_ptr(ds), typename Tr::SmemLayoutDSt{});
+  int bad_buf = 0;
+  for (int t = 0; t < Tr::kNumMmaThreads; ++t) {
+    Tensor d = r2s.get_thread_slice(t).partition_D(as_position_independent_swizzle_tensor(sdst));
+    Tensor d0 = d(_, _, _, 0);
+    for (int b = 1; b < Tr::kDsStages; ++b) {
+      Tensor db = d(_, _, _, b);
+      ASSERT_EQ(int(size(db)), int(size(d0)));
+      for (int i = 0; i < size(d0); ++i) bad_buf += &db(i) - &d0(i) != long(b) * M * N;
+    }
+  }
+  EXPECT_EQ(bad_buf, 0) << "a dS buffer's stmatrix destinations are not buffer 0's shifted by whole tiles";
 }
 
-// dQ through shared memory: a warpgroup's accumulator pairs (row, c), (row, c + 1) land in its own
-// kDqRows x kDqCols tile (rows and columns relative to the warpgroup's first), at adjacent 8-byte-aligned
-// addresses (one st.shared.v2.f32) where the TMA's 128-byte swizzle expects them, and cover the
-// tile once.
+// dQ through shared memory and the workspace: a warpgroup's accumulator value i of thread t goes
+// to float (i / 4 * 128 + t % 128) * 4 + i % 4 of its 64 x 64 tile (the kernel's 16-byte stores),
+// which must be where dq_in_tile (backward_params.hpp: the workspace's order, read back by the
+// postprocess) puts that value's (row, column) relative to the warpgroup's first (dq_row0 / dq_col0);
+// each tile element once. The accumulator's column pairs (c, c + 1), c even, must be adjacent
+// floats (the mma.sync kernel's 8-byte atomics, the postprocess' and preprocess' 8-byte accesses).
 template <class Tr>
-void check_dq_smem() {
+void check_dq_tile_order() {
   constexpr int M = Tr::kBlockM, D = Tr::kHeadDim, R = Tr::kDqRows, C = Tr::kDqCols;
   typename Tr::TiledMmaDQ dq;
-  // a 1024-byte-aligned stand-in for the tile's shared address (only its offsets are used)
-  alignas(1024) static float tile[R * C];
-  const char* base = reinterpret_cast<const char*>(tile);
-  Tensor sdq = make_tensor(make_smem_ptr(tile), typename Tr::SmemLayoutDQ{});
   for (int wg = 0; wg < Tr::kNumMmaWG; ++wg) {
-    std::map<std::pair<int, int>, int> n;
-    std::map<long, int> offs;
-    std::map<std::pair<int, int>, long> slot_at;  // (thread, store slot) -> byte offset
+    std::map<int, int> hits;
     int bad = 0;
-    const int row0 = Tr::kDqSplitN ? 0 : wg * R, col0 = Tr::kDqSplitN ? wg * C : 0;
     for (int t = wg * 128; t < (wg + 1) * 128; ++t) {
       auto c = dq.get_thread_slice(t).partition_C(make_identity_tensor(Shape<Int<M>, Int<D>>{}));
-      for (int i = 0; i + 1 < size(c); i += 2) {
-        const int row = get<0>(c(i)) - row0, col = get<1>(c(i)) - col0;
-        if (row < 0 || row >= R || col < 0 || col + 1 >= C) {
+      ASSERT_EQ(int(size(c)), R * C / 128);
+      for (int i = 0; i < size(c); ++i) {
+        const int r = int(get<0>(c(i))) - Tr::dq_row0(wg), col = int(get<1>(c(i))) - Tr::dq_col0(wg);
+        if (r < 0 || r >= R || col < 0 || col >= C) {
           ++bad;
           continue;
         }
-        // the byte address the kernel stores to (the swizzle acts on the pointer) against the
-        // 128-byte swizzle of the TMA box (32-float rows of 128 B, 8-row atoms, column blocks of
-        // 32 floats after all rows): byte bits [4, 7) ^= bits [7, 10)
-        const long at = long(reinterpret_cast<const char*>(&sdq(row, col)) - base);
-        const long u = (long(row / 8) + long(R / 8) * (col / 32)) * 1024 + (row % 8) * 128 + (col % 32) * 4;
-        const long want = u ^ (((u >> 7) & 7) << 4);
-        bad += at != want;
-        // the kernel's address: this lane stores the pair of column group j at slot j ^ g
-        // (Tr::dq_gray of its first row), the thread's first pair's address XOR 32 g stepped by
-        // Tr::dq_step to the slot
-        const int row_f = get<0>(c(0)) - row0, col_f = get<1>(c(0)) - col0;
-        const int hf = (row - row_f) / 8, j = (col - col_f) / 8, g = Tr::dq_gray(row_f);
-        bad += (row - row_f) % 8 != 0 || (col - col_f) % 8 != 0 || hf < 0 || hf > 1 || j < 0 || j >= C / 8;
-        const auto first = reinterpret_cast<std::uintptr_t>(&sdq(row_f, col_f)) ^ std::uintptr_t(32 * g);
-        const auto step = Tr::dq_step(8 * hf, 8 * (j ^ g));
-        const long kernel_at = long(((first ^ step.x) + step.a) - reinterpret_cast<std::uintptr_t>(base));
-        bad += kernel_at != at;
-        slot_at[{t, hf * (C / 8) + (j ^ g)}] = kernel_at;
-        const long off = at / 4;
-        bad += long(reinterpret_cast<const char*>(&sdq(row, col + 1)) - base) != at + 4 || off % 2 != 0;
-        ++n[{row, col}];
-        ++n[{row, col + 1}];
-        ++offs[off];
-        ++offs[off + 1];
+        const int stored = (i / 4 * 128 + t % 128) * 4 + i % 4;
+        bad += dq_in_tile(r, col) != stored;
+        ++hits[stored];
       }
     }
-    EXPECT_EQ(bad, 0) << "warpgroup " << wg << ": a dQ pair outside its tile, split, or misaligned";
-    expect_each(n, R, C, 1, "dQ tile of a warpgroup");
-    int bad_offs = 0;
-    for (const auto& [off, k] : offs) bad_offs += k != 1 || off < 0 || off >= R * C;
-    EXPECT_EQ(int(offs.size()), R * C) << "warpgroup " << wg << ": dQ tile offsets covered";
-    EXPECT_EQ(bad_offs, 0) << "warpgroup " << wg << ": each dQ tile offset once";
-    // Shared-memory wavefronts of each store (one st.shared.v2.f32 of a warp at one slot): an
-    // 8-byte store is served per half-warp, one wavefront per distinct 4-byte word a bank holds;
-    // 16 lanes x 8 bytes fill the 32 banks once, so 2 wavefronts per store is the least.
-    int stores = 0, worst = 0, over = 0;
-    for (int warp = wg * 4; warp < wg * 4 + 4; ++warp) {
-      for (int slot = 0; slot < 2 * (C / 8); ++slot) {
-        int wavefronts = 0;
-        for (int half = 0; half < 2; ++half) {
-          std::map<int, std::set<long>> words;  // bank -> words
-          for (int l = 16 * half; l < 16 * half + 16; ++l) {
-            const auto it = slot_at.find({32 * warp + l, slot});
-            if (it == slot_at.end()) continue;
-            for (long wd = it->second / 4; wd < it->second / 4 + 2; ++wd) words[int(wd % 32)].insert(wd);
-          }
-          int most = 0;
-          for (const auto& [bank, ws] : words) most = std::max(most, int(ws.size()));
-          wavefronts += most;
-        }
-        ++stores;
-        worst = std::max(worst, wavefronts);
-        over += wavefronts > 2;
-      }
-    }
-    EXPECT_EQ(stores, 4 * 2 * (C / 8));
-    EXPECT_EQ(over, 0) << "warpgroup " << wg << ": " << over << " of " << stores
-                       << " dQ stores need more than 2 shared-memory wavefronts (worst " << worst << ")";
+    EXPECT_EQ(bad, 0) << "warpgroup " << wg << ": a dQ value stored where dq_in_tile does not put its (row, column)";
+    EXPECT_EQ(int(hits.size()), R * C) << "warpgroup " << wg << ": tile floats covered";
+    int bad_hits = 0;
+    for (const auto& [f, k] : hits) bad_hits += k != 1 || f < 0 || f >= R * C;
+    EXPECT_EQ(bad_hits, 0) << "warpgroup " << wg << ": each tile float once";
   }
+  // whole-workspace index: pairs adjacent; distinct (head, row, column) -> distinct floats inside
+  // [0, hq * rows_ld * d) for a small padded layout
+  const int hq = 3, rows_ld = 256;
+  std::set<long> seen;
+  int bad_pairs = 0;
+  for (int h = 0; h < hq; ++h)
+    for (int row = 0; row < rows_ld; ++row)
+      for (int col = 0; col < D; ++col) {
+        const long at = long(dq_accum_index(h, row, col, rows_ld, D));
+        EXPECT_TRUE(at >= 0 && at < long(hq) * rows_ld * D);
+        seen.insert(at);
+        if (col % 2 == 0) bad_pairs += dq_accum_index(h, row, col + 1, rows_ld, D) != at + 1;
+      }
+  EXPECT_EQ(long(seen.size()), long(hq) * rows_ld * D) << "dq_accum_index is not one-to-one";
+  EXPECT_EQ(bad_pairs, 0) << "column pairs not adjacent in the dQ accumulator";
 }
 
 template <class Tr>
@@ -311,7 +293,7 @@ void check_all() {
   check_coverage<Tr>();
   check_dq_operands<Tr>();
   check_ds_stmatrix<Tr>();
-  check_dq_smem<Tr>();
+  check_dq_tile_order<Tr>();
 }
 
 TEST(WgmmaBackwardLayouts, Bf16D128) { check_all<BackwardWgmmaTraits<cutlass::bfloat16_t, 128>>(); }

@@ -135,7 +135,6 @@ Plan plan(const AttentionBackwardProblem& p, const SkipConfig& skip_in, const Sk
   check_i32(r.max_k_len, "max key length");
   check_i32(pl.tokens_q * r.hq, "query tokens x heads");
   check_i32(pl.tokens_q * r.hq * r.d / 256 + 1, "dQ postprocess blocks");
-  pl.bytes_accum = static_cast<std::size_t>(pl.tokens_q * r.hq * r.d) * sizeof(float);
   // LSE / D rows per head: every sequence from a multiple of kLseRowAlign, its length rounded up
   // to one (BackwardParams::rows_ld, lse_row_start).
   const i64 align = sm90::backward::kLseRowAlign;
@@ -143,6 +142,8 @@ Plan plan(const AttentionBackwardProblem& p, const SkipConfig& skip_in, const Sk
                         : r.batch * ((p.q.shape[1] + align - 1) / align * align);
   check_i32(pl.rows_ld * r.hq, "LSE rows x heads");
   pl.bytes_rows = static_cast<std::size_t>(pl.rows_ld * r.hq) * sizeof(float);
+  // the dQ accumulator over the same padded rows (dq_accum_index)
+  pl.bytes_accum = static_cast<std::size_t>(pl.rows_ld * r.hq * r.d) * sizeof(float);
   pl.bytes_dout = pl.dout_conv ? static_cast<std::size_t>(pl.tokens_q * r.hq * r.d) * 2 : 0;
   return pl;
 }

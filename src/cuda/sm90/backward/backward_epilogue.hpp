@@ -79,9 +79,9 @@ __device__ void write_dkdv_zero(const BackwardParams& p, const BackwardWork& w, 
   }
 }
 
-// dQ accumulator [tokens_q, hq, d] += acc_dq for the valid rows of query block m0 of head h.
-// The C fragment holds column pairs (c, c + 1) of one row at consecutive indices: those go as one
-// 8-byte vector atomic (sm_90 atom.global.add.v2.f32, result unused), anything else element by
+// dQ accumulator (dq_accum_index) += acc_dq for the valid rows of query block m0 of head h.
+// The C fragment holds column pairs (c, c + 1) of one row at consecutive indices, adjacent in the
+// accumulator too: those go as one 8-byte vector atomic (sm_90 atom.global.add.v2.f32, result unused), anything else element by
 // element (the check is per pair; the compiler folds it where the layout makes it constant: at
 // d = 128 every pair takes the vector path).
 template <class Traits, class AccDQ>
@@ -93,7 +93,7 @@ __device__ void add_dq(const BackwardParams& p, const BackwardWork& w, int h, in
   static_assert(decltype(size(tc))::value == decltype(size(acc_dq))::value, "dQ fragment and coordinates");
   static_assert(decltype(size(acc_dq))::value % 2 == 0, "whole pairs");
   auto offset = [&](int row, int col) {
-    return ((std::int64_t(w.tok_start) + row) * p.hq + h) * Traits::kHeadDim + col;
+    return dq_accum_index(h, std::int64_t(w.row_start) + row, col, p.rows_ld, Traits::kHeadDim);
   };
 #pragma unroll
   for (int i = 0; i < size(acc_dq); i += 2) {

@@ -69,8 +69,8 @@ struct BackwardParams {
 
   // Workspace (backward_api.cu): [hq, rows_ld] LSE in log2 units (+inf for a row that saw no key,
   // and in a sequence's padding: its P is 0) and D = rowsum(dO * O) - dLSE (0 in the padding);
-  // [tokens_q, hq, d] f32 dQ accumulator (zeroed before the main kernel, scaled and converted by
-  // the postprocess). In the LSE / D rows every sequence starts at a multiple of kLseRowAlign
+  // the f32 dQ accumulator over the same padded rows in 64 x 64 tiles (dq_accum_index; zeroed
+  // before the main kernel, scaled and converted by the postprocess). In the LSE / D rows every sequence starts at a multiple of kLseRowAlign
   // (lse_row_start) and owns its length rounded up to one, so that the rows of one query block
   // (64 or 128 rows) are one aligned run (one bulk copy into shared memory in the wgmma kernel).
   float* lse_log2 = nullptr;
@@ -79,6 +79,31 @@ struct BackwardParams {
   float* dq_accum = nullptr;
   int head_dim = 0;
 };
+
+// The f32 dQ accumulator: [hq][rows_ld / 64 row blocks][d / 64 column tiles][4096], each 64 x 64
+// tile in the order a wgmma warpgroup's C fragment holds it, so that the wgmma kernel writes a
+// warpgroup's tile to shared memory as 8 conflict-free 16-byte stores a thread (no swizzle, no
+// reordering) and adds it into the workspace with one 16 KB bulk reduce-add. Element (r, c) of a
+// tile is held by thread t = 32 (r / 16) + 4 (r % 8) + (c % 8) / 2 at fragment index
+// i = c % 2 + 2 ((r % 16) / 8) + 4 (c / 8) (GMMA's 64 x N f32 C layout), and lives at float
+// (i / 4 * 128 + t) * 4 + i % 4 of the tile. A tile's rows past its sequence's end are the
+// sequence's own padding (rows_ld), which nothing reads. tests/gpu_backward/test_wgmma_layouts.cu
+// checks the mapping against CuTe's partition of the dQ product.
+inline constexpr int kDqTile = 64;
+BLASST_HOST_DEVICE std::int64_t dq_tile_offset(int h, std::int64_t padded_row, int col, int rows_ld, int head_dim) {
+  return ((std::int64_t(h) * (rows_ld / kDqTile) + padded_row / kDqTile) * (head_dim / kDqTile) + col / kDqTile) *
+         (kDqTile * kDqTile);
+}
+BLASST_HOST_DEVICE int dq_in_tile(int r, int c) {
+  const int t = 32 * (r / 16) + 4 * (r % 8) + (c % 8) / 2;
+  const int i = c % 2 + 2 * ((r % 16) / 8) + 4 * (c / 8);
+  return (i / 4 * 128 + t) * 4 + i % 4;
+}
+// The accumulator element of (query head h, padded row, column): padded_row = lse_row_start of
+// the sequence + the row's position in it.
+BLASST_HOST_DEVICE std::int64_t dq_accum_index(int h, std::int64_t padded_row, int col, int rows_ld, int head_dim) {
+  return dq_tile_offset(h, padded_row, col, rows_ld, head_dim) + dq_in_tile(int(padded_row % kDqTile), col % kDqTile);
+}
 
 // Whether every row of a [B, L, H, d] / [T, H, d]-shaped tensor can be written `vec_elems`
 // elements at a time from an element offset that is a multiple of vec_elems: the pointer aligned

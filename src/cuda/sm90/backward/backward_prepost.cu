@@ -35,17 +35,46 @@ __device__ __forceinline__ std::int64_t lse_offset(const LseStrides& s, const Ba
   return std::int64_t(b) * s.batch + std::int64_t(h) * s.head + std::int64_t(i) * s.row;
 }
 
+// The token's sequence b and position i in it; false for a ragged token past cu_q[B] (in none).
+__device__ __forceinline__ bool token_position(const BackwardParams& p, int tok, int& b, int& i) {
+  b = 0;
+  i = tok;
+  if (p.cu_q != nullptr) {
+    if (tok >= p.cu_q[p.batch]) return false;
+    int lo = 0, hi = p.batch - 1;  // the last b with cu_q[b] <= tok
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (p.cu_q[mid] <= tok) lo = mid;
+      else hi = mid - 1;
+    }
+    b = lo;
+    i = tok - p.cu_q[b];
+  } else {
+    b = tok / p.len_q;
+    i = tok % p.len_q;
+  }
+  return true;
+}
+
 // One warp per (query token, query head) row; kD (the head dim) a constant so the row's loads
-// unroll and are all in flight at once. The row's dQ accumulator is zeroed here too (it is the
-// same [tokens_q, hq] row: one 16-byte store per lane), in place of a separate memset pass.
+// unroll and are all in flight at once. The row's dQ accumulator elements are zeroed here too
+// (dq_accum_index: column pairs are adjacent, one 8-byte store each), in place of a separate
+// memset pass.
 template <class E, int kD>
 __global__ void __launch_bounds__(kThreads) preprocess_kernel(const BackwardParams p) {
-  static_assert(kD % 32 == 0 && kD / 4 <= 32, "one float4 of the dQ row per lane");
+  static_assert(kD % 64 == 0, "whole column pairs per lane");
   const int lane = int(threadIdx.x) % 32;
   const std::int64_t row = std::int64_t(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32;
   if (row >= std::int64_t(p.tokens_q) * p.hq) return;
-  if (lane < kD / 4) reinterpret_cast<float4*>(p.dq_accum + row * kD)[lane] = make_float4(0.f, 0.f, 0.f, 0.f);
   const int tok = int(row / p.hq), h = int(row % p.hq);
+  int b, i;
+  const bool in_sequence = token_position(p, tok, b, i);
+  if (in_sequence) {
+    const std::int64_t padded = lse_row_start(b, p.len_q, p.cu_q) + i;
+#pragma unroll
+    for (int c = 2 * lane; c < kD; c += 64)
+      *reinterpret_cast<float2*>(p.dq_accum + dq_accum_index(h, padded, c, p.rows_ld, kD)) = make_float2(0.f, 0.f);
+  }
   const std::int64_t o_off = row_offset(p.out_s, p, tok, h), do_off = row_offset(p.dout_s, p, tok, h);
   float g[kD / 32], o[kD / 32];
 #pragma unroll
@@ -63,24 +92,8 @@ __global__ void __launch_bounds__(kThreads) preprocess_kernel(const BackwardPara
   }
 #pragma unroll
   for (int s = 16; s > 0; s >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, s);
-  if (lane == 0) {
-    // The token's sequence b and position i in it (ragged: tokens past cu_q[B] belong to none).
-    int b = 0, i = 0, len = p.len_q;
-    if (p.cu_q != nullptr) {
-      if (tok >= p.cu_q[p.batch]) return;
-      int lo = 0, hi = p.batch - 1;  // the last b with cu_q[b] <= tok
-      while (lo < hi) {
-        const int mid = (lo + hi + 1) / 2;
-        if (p.cu_q[mid] <= tok) lo = mid;
-        else hi = mid - 1;
-      }
-      b = lo;
-      i = tok - p.cu_q[b];
-      len = p.cu_q[b + 1] - p.cu_q[b];
-    } else {
-      b = tok / p.len_q;
-      i = tok % p.len_q;
-    }
+  if (lane == 0 && in_sequence) {
+    const int len = p.cu_q != nullptr ? p.cu_q[b + 1] - p.cu_q[b] : p.len_q;
     const float lse = p.lse[lse_offset(p.lse_s, p, tok, h)];
     const float dlse = p.dlse != nullptr ? p.dlse[lse_offset(p.dlse_s, p, tok, h)] : 0.f;
     const std::int64_t at = std::int64_t(h) * p.rows_ld + lse_row_start(b, p.len_q, p.cu_q) + i;
@@ -97,9 +110,10 @@ __global__ void __launch_bounds__(kThreads) preprocess_kernel(const BackwardPara
   }
 }
 
-// dq = scale * dq_accum: one thread per 8 consecutive elements of a row (two 16-byte loads of the
-// f32 accumulator; one 16-byte store of 8 16-bit values, or two of f32, where dq's pointer and
-// strides allow it: `vec_store`, decided on the host; else 8 scalar stores).
+// dq = scale * dq_accum: one thread per 8 consecutive elements of a row (four 8-byte loads of the
+// f32 accumulator: dq_accum_index puts a row's 8-column group as 4 adjacent pairs 16 bytes apart;
+// one 16-byte store of 8 16-bit values, or two of f32, where dq's pointer and strides allow it:
+// `vec_store`, decided on the host; else 8 scalar stores).
 constexpr int kPostVec = 8;
 
 template <class E, int kD>
@@ -110,10 +124,18 @@ __global__ void __launch_bounds__(kThreads) postprocess_kernel(const BackwardPar
   if (th >= std::int64_t(p.tokens_q) * p.hq) return;
   const int c0 = int(ci % kChunks) * kPostVec;
   const int h = int(th % p.hq), tok = int(th / p.hq);
-  const float4* src = reinterpret_cast<const float4*>(p.dq_accum + th * kD + c0);  // 32-byte aligned
-  const float4 a = src[0], b = src[1];
-  const float x[kPostVec] = {a.x * p.scale, a.y * p.scale, a.z * p.scale, a.w * p.scale,
-                             b.x * p.scale, b.y * p.scale, b.z * p.scale, b.w * p.scale};
+  int b, i;
+  const bool in_sequence = token_position(p, tok, b, i);  // else a ragged token past cu_q[B]: dq 0
+  const std::int64_t padded = in_sequence ? lse_row_start(b, p.len_q, p.cu_q) + i : 0;
+  float x[kPostVec];
+#pragma unroll
+  for (int j = 0; j < kPostVec; j += 2) {
+    const float2 v = in_sequence
+                         ? *reinterpret_cast<const float2*>(p.dq_accum + dq_accum_index(h, padded, c0 + j, p.rows_ld, kD))
+                         : make_float2(0.f, 0.f);
+    x[j] = v.x * p.scale;
+    x[j + 1] = v.y * p.scale;
+  }
   const std::int64_t off = row_offset(p.dq_s, p, tok, h) + c0;
   if (p.dq_f32) {
     float* dst = static_cast<float*>(p.dq) + off;

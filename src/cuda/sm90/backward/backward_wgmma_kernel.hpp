@@ -7,10 +7,11 @@
 //   dV += P^T dO (RS wgmma, A from registers; issued before dS is formed, runs under it)
 //   dS^T -> shared memory (stmatrix.trans);  dQ = dS K (SS wgmma over all 128 keys: half the
 //   head dim per warpgroup at d = 128, half the rows at d = 64), then dK += dS^T Q (RS wgmma),
-//   which runs while dQ goes to shared memory and into the f32 workspace by one TMA reduce-add
+//   which runs while dQ goes to shared memory and into the f32 workspace by one bulk reduce-add
 //   per warpgroup.
 // Included only by the generated instance files (src/cuda/sm90/kernel_table.inc).
 #pragma once
+
 
 #include <cuda_runtime.h>
 
@@ -37,13 +38,11 @@ struct WgmmaParams {
   typename Traits::TmaQ tma_do;
   typename Traits::TmaK tma_k;
   typename Traits::TmaK tma_v;
-  typename Traits::TmaDQ tma_dq;
-  typename Traits::GLayout layout_q, layout_do, layout_k, layout_v, layout_dq;
+  typename Traits::GLayout layout_q, layout_do, layout_k, layout_v;
 };
 
-// Named barriers of the two consumer warpgroups (0 is __syncthreads): dS free (every dQ product of
-// the previous step has read it) and dS full (both halves written).
-inline constexpr int kBarDsFree = 1;
+// Named barriers of the two consumer warpgroups (0 is __syncthreads): dS full (both halves of the
+// step's dS buffer written).
 inline constexpr int kBarDsFull = 2;
 inline constexpr int kBarTileZeroed = 3;  // rows past a ragged sequence's end zeroed (below)
 inline constexpr int kBarDqFull = 4;      // + warpgroup: its dQ tile is in shared memory (128 threads)
@@ -111,80 +110,43 @@ __device__ void wg_producer(WgmmaParams<Traits> const& kp, BackwardWork const& w
 }
 
 // dQ of one step and warpgroup: the accumulator (rows dq_row0(wg).., columns dq_col0(wg).. of the
-// step's block) into the warpgroup's shared tile (rows past a ragged sequence's end as 0: the TMA
-// box reaches into the next sequence there), then one thread adds the tile into the f32 workspace
-// [tokens_q, hq, d] with a TMA reduce-add. A GMMA C fragment holds column pairs (c, c + 1) of one
-// row at consecutive indices: one 8-byte shared store each (a 16-byte swizzle chunk never splits a
-// pair).
-template <class Traits, class ThrMma, class Acc>
-__device__ void wg_store_dq(WgmmaParams<Traits> const& kp, const BackwardWork& w, int h, int m, int wg, int wg_tid,
-                            ThrMma const& thr, Acc const& acc, float* sdq_tile) {
-  constexpr int kBlockM = Traits::kBlockM, kDqRows = Traits::kDqRows, kDqCols = Traits::kDqCols;
-  static_assert(decltype(size<0, 0>(Acc{}.layout()))::value == 2, "column pairs innermost");
-  Tensor c = make_identity_tensor(select<0, 1>(typename Traits::TileShapeDQ{}));
-  Tensor tc = thr.partition_C(c);
-  static_assert(decltype(size(tc))::value == decltype(size(acc))::value, "dQ fragment and coordinates");
-  const int row0 = Traits::dq_row0(wg), col0 = Traits::dq_col0(wg);
-  const int valid = w.len_q - m * kBlockM - row0;  // rows of the tile inside the sequence
-  // The swizzle acts on the shared-memory address (CuTe's smem_ptr_flag layouts), as the TMA's
-  // 128-byte swizzle does: element addresses come from the swizzled tensor, not from the layout
-  // function alone (which would miss it on every row but the first of each 8). The first pair's
-  // address comes from it; the others follow by constants (Traits::dq_step), so that one address,
-  // not one per pair, lives across the step loop.
-  Tensor sdQ = make_tensor(make_smem_ptr(sdq_tile), typename Traits::SmemLayoutDQ{});
-  const int row_f = get<0>(tc(0)) - row0, col_f = get<1>(tc(0)) - col0;
-  // The pairs by (row half, 8-column group), then the groups in this lane's order (Traits::dq_gray:
-  // two conditional swaps, j <-> j ^ 1 and j <-> j ^ 2), so that store j writes group j ^ g.
-  constexpr int kGroups = kDqCols / 8;
-  static_assert(decltype(size(Acc{}))::value == 2 * 2 * kGroups, "two row halves of kGroups column pairs");
-  float v[2][kGroups][2];
+// step's block) into the warpgroup's shared buffer in the workspace's tile order (dq_in_tile: the
+// fragment's values 4 at a time, thread-minor: 8 16-byte stores a thread, a warp's 512 bytes
+// consecutive), then one thread adds the buffer into the f32 workspace's tile with a 16 KB bulk
+// reduce-add. Rows past the sequence's end land in its padding rows of the workspace, which
+// nothing reads (their dS is 0 anyway).
+template <class Traits, class Acc>
+__device__ void wg_store_dq(const BackwardParams& p, const BackwardWork& w, int h, int m, int wg, int wg_tid,
+                            Acc const& acc, float* sdq_tile) {
+  static_assert(decltype(size(Acc{}))::value == Traits::kDqTileFloats / 128, "one 64 x 64 tile per warpgroup");
+  const std::uint32_t base = smem_u32(sdq_tile) + 16u * std::uint32_t(wg_tid);
   CUTLASS_PRAGMA_UNROLL
-  for (int i = 0; i < size(acc); i += 2) {
-    const int row = get<0>(tc(i)) - row0, col = get<1>(tc(i)) - col0;
-    const bool keep = row < valid;
-    const int hf = (row - row_f) / 8, j = (col - col_f) / 8;
-    v[hf][j][0] = keep ? acc(i) : 0.f;
-    v[hf][j][1] = keep ? acc(i + 1) : 0.f;
-  }
-  const int g = Traits::dq_gray(row_f);
-  CUTLASS_PRAGMA_UNROLL
-  for (int bit = 1; bit <= 2; bit <<= 1) {
-    const bool swap = (g & bit) != 0;
-    CUTLASS_PRAGMA_UNROLL
-    for (int hf = 0; hf < 2; ++hf) {
-      CUTLASS_PRAGMA_UNROLL
-      for (int j = 0; j < kGroups; ++j) {
-        if (j & bit) continue;
-        CUTLASS_PRAGMA_UNROLL
-        for (int e = 0; e < 2; ++e) {
-          const float a = v[hf][j][e], b = v[hf][j ^ bit][e];
-          v[hf][j][e] = swap ? b : a;
-          v[hf][j ^ bit][e] = swap ? a : b;
-        }
-      }
-    }
-  }
-  const std::uint32_t first = smem_u32(&sdQ(row_f, col_f)) ^ std::uint32_t(32 * g);
-  CUTLASS_PRAGMA_UNROLL
-  for (int hf = 0; hf < 2; ++hf) {
-    CUTLASS_PRAGMA_UNROLL
-    for (int j = 0; j < kGroups; ++j) {
-      const auto step = Traits::dq_step(8 * hf, 8 * j);
-      asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"((first ^ step.x) + step.a), "f"(v[hf][j][0]),
-                   "f"(v[hf][j][1])
-                   : "memory");
-    }
-  }
-  cutlass::arch::fence_view_async_shared();  // generic-proxy stores -> the TMA (async proxy) read
+  for (int k = 0; k < size(acc) / 4; ++k)
+    asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(base + 16u * 128u * std::uint32_t(k)),
+                 "f"(acc(4 * k)), "f"(acc(4 * k + 1)), "f"(acc(4 * k + 2)), "f"(acc(4 * k + 3))
+                 : "memory");
+  cutlass::arch::fence_view_async_shared();  // generic-proxy stores -> the bulk copy (async proxy) read
   named_sync(kBarDqFull + wg, 128);
   if (wg_tid == 0) {
-    Tensor mdQ = kp.tma_dq.get_tma_tensor(shape(kp.layout_dq));
-    Tensor gdQ = local_tile(seq_view(mdQ, h, w.b, w.q_start, kp.p.cu_q != nullptr),
-                            Shape<Int<kDqRows>, Int<kDqCols>>{},
-                            make_coord(m * (kBlockM / kDqRows) + row0 / kDqRows, col0 / kDqCols));
-    auto cta = kp.tma_dq.get_slice(_0{});
-    copy(kp.tma_dq, cta.partition_S(sdQ), cta.partition_D(gdQ));
+    const std::int64_t row = std::int64_t(w.row_start) + std::int64_t(m) * Traits::kBlockM + Traits::dq_row0(wg);
+    bulk_reduce_add_f32(p.dq_accum + dq_tile_offset(h, row, Traits::dq_col0(wg), p.rows_ld, Traits::kHeadDim),
+                        smem_u32(sdq_tile), Traits::kDqTileBytes);
     tma_store_arrive();
+  }
+}
+
+// The values of a step's per-row array in shared memory (LSE or D) at this thread's rows, column
+// ni of its (key, row) accumulator view, into registers: the rows of columns (ni, ni + 1), ni even,
+// are adjacent and the first even (GMMA's C layout; tests/gpu_backward/test_wgmma_layouts.cu),
+// so one 8-byte load each pair.
+template <int kCols, class Coords>
+__device__ __forceinline__ void load_row_pairs(const float* rows, Coords const& rc, float (&out)[kCols]) {
+  static_assert(kCols % 2 == 0, "column pairs");
+  CUTLASS_PRAGMA_UNROLL
+  for (int ni = 0; ni < kCols; ni += 2) {
+    const float2 v = *reinterpret_cast<const float2*>(rows + get<1>(rc(0, ni)));
+    out[ni] = v.x;
+    out[ni + 1] = v.y;
   }
 }
 
@@ -221,14 +183,14 @@ __device__ void wg_consumer(WgmmaParams<Traits> const& kp, BackwardWork const& w
   Tensor tPrdO = thr_sdp.partition_fragment_B(sdO);   //       B = dO  (.., stage)
   Tensor tVrdOt = thr_dkv.partition_fragment_B(sdOt); // dV:   B = dO^T (.., stage)
   Tensor tKrQt = thr_dkv.partition_fragment_B(sQt);   // dK:   B = Q^T  (.., stage)
-  Tensor tQrdS = thr_dq.partition_fragment_A(sdS);  // dQ:   A = dS  (the warpgroup's rows, all keys)
+  Tensor tQrdS = thr_dq.partition_fragment_A(sdS);  // dQ:   A = dS  (the warpgroup's rows, all keys; buffer)
   Tensor tQrKt = thr_dq.partition_fragment_B(sKt);  //       B = K^T (the warpgroup's columns, all keys)
   // dS^T stores: stmatrix.trans of the S^T-shaped fragment into the (keys, rows) view of the dS tile.
   auto r2s_ds = make_tiled_copy_C(typename Traits::SmemCopyAtomDS{}, mma_sdp);
   auto thr_r2s_ds = r2s_ds.get_thread_slice(mma_tid);
   Tensor tdSsdS = thr_r2s_ds.partition_D(as_position_independent_swizzle_tensor(sdSt));
   const int wg_tid = mma_tid % 128;
-  float* sdq_tile = ss.dq.data() + wg * cosize_v<typename Traits::SmemLayoutDQ>;
+  float* sdq_tile = ss.dq.data() + wg * Traits::kDqTileFloats;
 
   Tensor acc_dk = partition_fragment_C(mma_dkv, select<0, 1>(typename Traits::TileShapeDKV{}));
   Tensor acc_dv = partition_fragment_C(mma_dkv, select<0, 1>(typename Traits::TileShapeDKV{}));
@@ -254,6 +216,8 @@ __device__ void wg_consumer(WgmmaParams<Traits> const& kp, BackwardWork const& w
   typename Traits::PipelineState st;
   int hh = 0, m = w.m_begin;
   constexpr int G = Traits::kGroupsPerStep;
+  static_assert(Traits::kDsStages == 2, "dS buffers alternate by step");
+  int ds_buf = 0;
   while (BackwardScheduler::next_kept<G>(p, w, kept_words, hh, m)) {
     const int h = w.kh * p.group + hh;
     const int m0 = m * kBlockM;
@@ -311,11 +275,18 @@ __device__ void wg_consumer(WgmmaParams<Traits> const& kp, BackwardWork const& w
         }
       }
     };
+    // The LSE of this thread's rows into registers while S^T runs (loaded where used, after the
+    // wait, their shared-memory latency stood before the first exponential: ncu, 2026-12-06, d128
+    // full 8k, ~9 % of the stall samples). At most 16 (d = 64's 32 rows a thread: 16 early ones
+    // and the rest loaded in the loop keep ptxas' spills where they were; all 32 spilled 116 B).
+    constexpr int kLseEarly = kCols < 16 ? kCols : 16;
+    float lse_r[kLseEarly];
+    load_row_pairs<kLseEarly>(s_lse, tScS_rc, lse_r);
     // P^T = exp2(S^T scale_log2 - LSE_log2) on visible pairs, 0 elsewhere; computed while dP^T runs.
     warpgroup_wait<1>();
     warpgroup_fence_operand(tSrS);
     each_pair([&](int mi, int ni, bool vis) {
-      S(mi, ni) = vis ? exp2_ftz(fmaf(S(mi, ni), p.scale_log2, -s_lse[get<1>(tScS_rc(mi, ni))])) : 0.f;
+      S(mi, ni) = vis ? exp2_ftz(fmaf(S(mi, ni), p.scale_log2, -(ni < kLseEarly ? lse_r[ni % kLseEarly] : s_lse[get<1>(tScS_rc(mi, ni))]))) : 0.f;
     });
     Tensor p_lp = convert_frag<Element>(tSrS);
     Tensor tPrP = make_tensor(p_lp.data(), acc_to_a(p_lp.layout()));  // the dV product's A operand
@@ -329,23 +300,24 @@ __device__ void wg_consumer(WgmmaParams<Traits> const& kp, BackwardWork const& w
     Tensor ds_lp = convert_frag<Element>(tSrdP);
     Tensor tdSrdS = make_tensor(ds_lp.data(), acc_to_a(ds_lp.layout()));  // the dK product's A operand
 
-    // dS^T into shared memory once every dQ product of the previous step has read it (each reads
-    // both warpgroups' dS: a barrier of all 256 threads), and, for this warpgroup's TMA thread,
-    // once the previous dQ reduce-add has read the dQ tile.
-    if (wg_tid == 0) tma_store_wait<0>();
-    named_sync(kBarDsFree, Traits::kNumMmaThreads);
-    copy(r2s_ds, thr_r2s_ds.retile_S(ds_lp), tdSsdS);
+    // dS^T into this step's buffer (the other one may still be read by the dQ products of the
+    // step before); each dQ product reads both warpgroups' dS: a barrier of all 256 threads. The
+    // same barrier holds every thread until each warpgroup's TMA thread has seen its previous dQ
+    // reduce-add read the dQ tile (issued a step ago), before this step's dQ stores below.
+    copy(r2s_ds, thr_r2s_ds.retile_S(ds_lp), tdSsdS(_, _, _, ds_buf));
     cutlass::arch::fence_view_async_shared();  // generic-proxy stores -> the wgmma (async proxy) reads
+    if (wg_tid == 0) tma_store_wait<0>();
     named_sync(kBarDsFull, Traits::kNumMmaThreads);
 
-    // dQ before dK, so that dQ's way out (shared memory, barrier, TMA reduce-add) runs while the
+    // dQ before dK, so that dQ's way out (shared memory, barrier, bulk reduce-add) runs while the
     // tensor cores do dK.
     Tensor acc_dq = partition_fragment_C(mma_dq, select<0, 1>(typename Traits::TileShapeDQ{}));
-    wg_gemm<true, -1, false>(mma_dq, tQrdS, tQrKt, acc_dq);
+    Tensor tQrdS_buf = tQrdS(_, _, _, ds_buf);
+    wg_gemm<true, -1, false>(mma_dq, tQrdS_buf, tQrKt, acc_dq);
     wg_gemm<false, -1, true>(mma_dkv, tdSrdS, tKrQt(_, _, _, st.index()), acc_dk);
     warpgroup_wait<1>();  // dV and dQ done (dK may run)
     warpgroup_fence_operand(acc_dq);
-    wg_store_dq<Traits>(kp, w, h, m, wg, wg_tid, thr_dq, acc_dq, sdq_tile);
+    wg_store_dq<Traits>(p, w, h, m, wg, wg_tid, acc_dq, sdq_tile);
     warpgroup_wait<0>();  // dK done: its A (dS^T registers) and B (Q^T of the stage) are read
     warpgroup_fence_operand(acc_dk);
     warpgroup_fence_operand(acc_dv);
@@ -353,6 +325,7 @@ __device__ void wg_consumer(WgmmaParams<Traits> const& kp, BackwardWork const& w
     warpgroup_fence_operand(tdSrdS);
     pipe.consumer_release(st);  // Q and dO of this stage are read
     ++st;
+    ds_buf ^= 1;
     ++m;
   }
   if (wg_tid == 0) tma_store_wait<0>();  // the last reduce-add has read the dQ tile
@@ -412,7 +385,6 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     cute::prefetch_tma_descriptor(kp.tma_do.get_tma_descriptor());
     cute::prefetch_tma_descriptor(kp.tma_k.get_tma_descriptor());
     cute::prefetch_tma_descriptor(kp.tma_v.get_tma_descriptor());
-    cute::prefetch_tma_descriptor(kp.tma_dq.get_tma_descriptor());
     cutlass::arch::ClusterTransactionBarrier::init(&ss.barrier_kv, 1);
   }
   typename Pipeline::Params pp;
@@ -454,9 +426,6 @@ void launch_backward_wgmma(const BackwardParams& p, cudaStream_t stream) {
   kp.layout_do = make_layout_g(rows_q, p.hq, p.dout_main_s);
   kp.layout_k = make_layout_g(rows_k, p.hk, p.k_s);
   kp.layout_v = make_layout_g(rows_k, p.hk, p.v_s);
-  // the f32 dQ workspace [tokens_q, hq, d]: token stride hq d, head stride d, batch stride Lq hq d
-  const std::int64_t dq_row = std::int64_t(p.hq) * Traits::kHeadDim;
-  kp.layout_dq = make_layout_g(rows_q, p.hq, RowStrides{dq_row, Traits::kHeadDim, dq_row * p.len_q});
   auto gq = make_tensor(make_gmem_ptr(static_cast<Element const*>(p.q)), kp.layout_q);
   auto gdo = make_tensor(make_gmem_ptr(static_cast<Element const*>(p.dout_main)), kp.layout_do);
   auto gk = make_tensor(make_gmem_ptr(static_cast<Element const*>(p.k)), kp.layout_k);
@@ -467,9 +436,6 @@ void launch_backward_wgmma(const BackwardParams& p, cudaStream_t stream) {
   kp.tma_do = make_tma_copy(SM90_TMA_LOAD{}, gdo, take<0, 2>(typename Traits::SmemLayoutDO{}), TileQ{}, _1{});
   kp.tma_k = make_tma_copy(SM90_TMA_LOAD{}, gk, typename Traits::SmemLayoutK{}, TileK{}, _1{});
   kp.tma_v = make_tma_copy(SM90_TMA_LOAD{}, gv, typename Traits::SmemLayoutV{}, TileK{}, _1{});
-  auto gdq = make_tensor(make_gmem_ptr(p.dq_accum), kp.layout_dq);
-  kp.tma_dq = make_tma_copy(SM90_TMA_REDUCE_ADD{}, gdq, typename Traits::SmemLayoutDQ{},
-                            Shape<Int<Traits::kDqRows>, Int<Traits::kDqCols>>{}, _1{});
 
   auto kernel = backward_wgmma_kernel<Traits>;
   ::blasst::detail::set_max_dynamic_smem<&backward_wgmma_kernel<Traits>>(Traits::kSmemBytes);

@@ -9,7 +9,7 @@
 // The scores are computed transposed (keys x rows), so that P^T and dS^T are already the register
 // A operands of dV += P^T dO and dK += dS^T Q; dQ = dS K reads dS from shared memory (both
 // warpgroups' keys): at d = 128 each consumer warpgroup computes one half of the head dim, at
-// d = 64 one half of the step's 128 rows; each leaves through shared memory and a TMA reduce-add
+// d = 64 one half of the step's 128 rows; each leaves through shared memory and a bulk reduce-add
 // into the f32 workspace.
 #pragma once
 
@@ -97,35 +97,17 @@ struct BackwardWgmmaTraits {
   CUTE_HOST_DEVICE static constexpr int dq_col0(int wg) { return kDqSplitN ? wg * kDqCols : 0; }
 
   // dQ leaves through shared memory: each consumer warpgroup's f32 tile (kDqRows x kDqCols) is
-  // stored to its own 128-byte-swizzled tile and added into the f32 workspace by one TMA
-  // reduce-add (element-wise atomic in L2, where other CTAs' add up).
-  using SmemLayoutDQ =
-      decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<float>{}, Shape<Int<kDqRows>, Int<kDqCols>>{}));
-  // A thread's dQ pairs lie whole 8-row and 8-column steps (dr, dc) from its first pair, whose
-  // column is below 8 (GMMA C layout). The 128-byte swizzle XORs byte bits [4, 7) of an address
-  // with bits [7, 10) and reads nothing else: 8 rows (1024 B) and a 32-float column block
-  // (kDqRows rows of 128 B) add from bit 10 up, and a column step inside a block sets bits [5, 7),
-  // clear before the swizzle in the first pair's address, so the swizzle passes it through as an
-  // XOR. A pair's address is (first ^ x) + a (16 per-pair addresses held across the step loop
-  // spilled at d = 128). tests/gpu_backward/test_wgmma_layouts.cu checks this against the
-  // swizzled tensor for every pair.
-  struct DqStep {
-    uint32_t x, a;
-  };
-  CUTE_HOST_DEVICE static constexpr DqStep dq_step(int dr, int dc) {
-    constexpr int kRowBytes = 32 * sizeof(float);  // one swizzle row
-    return {uint32_t(dc % 32 * sizeof(float)), uint32_t(dr * kRowBytes + dc / 32 * kDqRows * kRowBytes)};
-  }
-  // Bank conflicts of those stores. One st.shared.v2.f32 of the whole warp writes, per half-warp,
-  // four rows r..r+3 of four lanes each, each row one 32-byte chunk pair; the swizzle maps the
-  // chunk pair of rows r and r ^ 1 to the same banks, so every store took 4 wavefronts where 2
-  // carry its 256 bytes (ncu, 2026-12-05: 67 M conflicts at d128 8k). So a lane stores its column
-  // groups in a lane-dependent order: at slot j (of 8-column groups, within each 32-column block)
-  // the group j ^ g, g = dq_gray(row % 4) = 0, 1, 3, 2, which puts the four rows of a half-warp on
-  // four different chunk pairs. The address of group j ^ g is the slot's XOR 32 g (a column step
-  // inside the block, as in dq_step). tests/gpu_backward/test_wgmma_layouts.cu counts the
-  // wavefronts of every store against the swizzle.
-  CUTE_HOST_DEVICE static constexpr int dq_gray(int row) { return (row % 4) ^ (row % 4 >> 1); }
+  // stored to its own 16 KB buffer in the accumulator's tile order (dq_in_tile, backward_params.hpp:
+  // the fragment's values 4 at a time, thread-minor, so a warp's 16-byte stores are 512
+  // consecutive bytes, no bank conflict, no swizzle), then added into the f32 workspace by one bulk
+  // reduce-add (element-wise atomic in L2, where other CTAs' add up). The swizzled TMA tile it
+  // replaced took two value swaps a pair to avoid bank conflicts, and the stores were the step's
+  // critical path (ncu, 2026-12-06, d128 full 8k: ~20 % of the loop's stall samples, dK done
+  // before them).
+  static_assert(kDqRows == kDqTile && kDqCols == kDqTile, "the accumulator's 64 x 64 tiles");
+  static constexpr int kDqTileFloats = kDqRows * kDqCols;
+  static constexpr int kDqTileBytes = kDqTileFloats * int(sizeof(float));
+
   // dS^T registers -> shared memory by stmatrix.trans: the S^T accumulator holds (key, row pairs),
   // the dS tile is row-major with keys contiguous.
   using SmemCopyAtomDS = Copy_Atom<SM90_U16x8_STSM_T, Element>;
@@ -136,25 +118,28 @@ struct BackwardWgmmaTraits {
   using SmemLayoutDO = SmemLayoutQ;
   using SmemLayoutK = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}));
   using SmemLayoutV = SmemLayoutK;
-  using SmemLayoutDS = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockM>, Int<kBlockN>>{}));
-  // Transposed views of the same bytes: Q^T / dO^T (d, rows, stage), K^T (d, keys), dS^T (keys, rows).
+  // dS: two buffers, the step's and the one before, so that writing this step's dS waits for no
+  // dQ product of the step before (it reads the other buffer; the one two steps back was read
+  // before either warpgroup passed the last dS-full barrier). One buffer needed a dS-free barrier
+  // of both warpgroups every step (ncu, 2026-12-06, d128 full 8k: ~2 % of the stall samples).
+  static constexpr int kDsStages = 2;
+  using SmemLayoutDS =
+      decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockM>, Int<kBlockN>, Int<kDsStages>>{}));
+  // Transposed views of the same bytes: Q^T / dO^T (d, rows, stage), K^T (d, keys), dS^T (keys, rows, buffer).
   using SmemLayoutQt = decltype(composition(
       SmemLayoutQ{}, make_layout(Shape<Int<kHeadDim>, Int<kBlockM>, Int<kStages>>{},
                                  Stride<Int<kBlockM>, _1, Int<kBlockM * kHeadDim>>{})));
   using SmemLayoutKt = decltype(composition(
       SmemLayoutK{}, make_layout(Shape<Int<kHeadDim>, Int<kBlockN>>{}, Stride<Int<kBlockN>, _1>{})));
   using SmemLayoutDSt = decltype(composition(
-      SmemLayoutDS{}, make_layout(Shape<Int<kBlockN>, Int<kBlockM>>{}, Stride<Int<kBlockM>, _1>{})));
+      SmemLayoutDS{}, make_layout(Shape<Int<kBlockN>, Int<kBlockM>, Int<kDsStages>>{},
+                                  Stride<Int<kBlockM>, _1, Int<kBlockM * kBlockN>>{})));
 
   // Global tensors as (tokens, d, heads, batch) with element strides (as the prefill kernel's).
   using GShape = Shape<int32_t, Int<kHeadDim>, int32_t, int32_t>;
   using GStride = Stride<int64_t, _1, int64_t, int64_t>;
   using GLayout = Layout<GShape, GStride>;
   static auto dummy_gtensor() { return make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), GLayout{}); }
-  // The f32 dQ workspace [tokens_q, hq, d] in the same (tokens, d, heads, batch) form.
-  static auto dummy_gtensor_dq() { return make_tensor(make_gmem_ptr(static_cast<float*>(nullptr)), GLayout{}); }
-  using TmaDQ = decltype(make_tma_copy(SM90_TMA_REDUCE_ADD{}, dummy_gtensor_dq(), SmemLayoutDQ{},
-                                       Shape<Int<kDqRows>, Int<kDqCols>>{}, _1{}));
   using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, dummy_gtensor(), take<0, 2>(SmemLayoutQ{}),
                                       Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{}));
   using TmaK = decltype(make_tma_copy(SM90_TMA_LOAD{}, dummy_gtensor(), SmemLayoutK{},
@@ -178,7 +163,7 @@ struct BackwardWgmmaTraits {
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> q;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutDO>, 1024> dout;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutDS>, 1024> ds;
-    cute::array_aligned<float, kNumMmaWG * cute::cosize_v<SmemLayoutDQ>, 1024> dq;  // one tile per warpgroup
+    cute::array_aligned<float, kNumMmaWG * kDqTileFloats, 128> dq;  // one tile per warpgroup
     // LSE (log2) and D of each stage's kBlockM query rows: one bulk copy each, on the stage's barrier.
     cute::array_aligned<float, kStages * kBlockM, 128> lse;
     cute::array_aligned<float, kStages * kBlockM, 128> dsum;

@@ -87,6 +87,15 @@ __device__ __forceinline__ void tma_load_4d(std::uint32_t dst, const CUtensorMap
       "l"(reinterpret_cast<std::uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
       : "memory");
 }
+// dst[0, bytes / 4) += src[0, bytes / 4) (f32, element-wise atomic in L2) from shared memory by
+// the bulk-copy engine, one thread issuing: 16-byte aligned addresses, bytes a multiple of 16. A
+// bulk async-group: commit with cute::tma_store_arrive, wait with cute::tma_store_wait (reads).
+__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, std::uint32_t src, int bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst), "r"(src),
+               "r"(bytes)
+               : "memory");
+}
+
 __device__ __forceinline__ void prefetch_tensormap(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<std::uint64_t>(map)) : "memory");
 }
