@@ -1,5 +1,6 @@
 // Probe (not part of the library): does compute-sanitizer racecheck accept the d = 64 backward's
-// dQ partial hand-off (backward_wgmma_kernel.hpp, kBarDqPartials / kBarDqTile1Free)? Two
+// dQ partial hand-off (backward_wgmma_kernel.hpp, kBarDqPartials / kBarDqTile1Free, until ab66790
+// replaced the hand-off by 128-row steps; kept as the record of what the tool reports)? Two
 // warpgroups, one tile of floats each. Per step, warpgroup 1 stores its tile and arrives on
 // barrier 10 (256 threads); warpgroup 0 waits there, adds tile 1 into its tile 0 and arrives on
 // barrier 11; warpgroup 1 waits on 11 before its next store (and once after the loop). As in the
