@@ -23,8 +23,8 @@ struct BackwardWork {
   int b = 0, kh = 0, n_block = 0;
   int len_q = 0, len_k = 0;
   // Offsets of the sequence in the token axes (ragged: cu_q[b], cu_k[b]; batched: 0, and the
-  // batch strides apply) and its first token in the workspace arrays (b * Lq or cu_q[b]).
-  int q_start = 0, k_start = 0, tok_start = 0;
+  // batch strides apply).
+  int q_start = 0, k_start = 0;
   int row_start = 0;  // its first row in the LSE / D workspace (lse_row_start: 64-row aligned)
   int m_begin = 0, m_end = 0;  // query blocks [m_begin, m_end) that can see the key block
 };
@@ -44,11 +44,9 @@ struct BackwardScheduler {
       w.k_start = p.cu_k[w.b];
       w.len_q = p.cu_q[w.b + 1] - w.q_start;
       w.len_k = p.cu_k[w.b + 1] - w.k_start;
-      w.tok_start = w.q_start;
     } else {
       w.len_q = p.len_q;
       w.len_k = p.len_k;
-      w.tok_start = w.b * p.len_q;
     }
     w.row_start = int(lse_row_start(w.b, p.len_q, p.cu_q));
     const int n0 = w.n_block * kBlockN;
