@@ -280,9 +280,12 @@ void check_dq_tile_order() {
         EXPECT_TRUE(at >= 0 && at < long(hq) * rows_ld * D);
         seen.insert(at);
         if (col % 2 == 0) bad_pairs += dq_accum_index(h, row, col + 1, rows_ld, D) != at + 1;
+        // the postprocess reads an 8-column group's 4 pairs 4 floats apart
+        if (col % 8 == 0)
+          for (int q = 1; q < 4; ++q) bad_pairs += dq_accum_index(h, row, col + 2 * q, rows_ld, D) != at + 4 * q;
       }
   EXPECT_EQ(long(seen.size()), long(hq) * rows_ld * D) << "dq_accum_index is not one-to-one";
-  EXPECT_EQ(bad_pairs, 0) << "column pairs not adjacent in the dQ accumulator";
+  EXPECT_EQ(bad_pairs, 0) << "column pairs not adjacent, or an 8-column group's pairs not 4 floats apart";
 }
 
 template <class Tr>

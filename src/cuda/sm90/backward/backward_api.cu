@@ -31,7 +31,7 @@ namespace {
 
 using detail::check_i32;
 using i64 = std::int64_t;
-constexpr int kBlockM = 64;    // BackwardTraits::kBlockM: query rows per step = one vote group
+using sm90::backward::kVoteRows;  // query rows of one skip-set bit (a kernel step holds 1 or 2)
 constexpr int kBlockN = 128;   // BackwardTraits::kBlockN: keys per CTA = one key tile
 constexpr const char* kKernel = "the CUDA backward kernel";
 
@@ -117,9 +117,9 @@ Plan plan(const AttentionBackwardProblem& p, const SkipConfig& skip_in, const Sk
     pl.set_tiles = shape.tiles;
   } else if (set != nullptr) {
     detail::validate_skip_set(*set, skip, r.batch, r.hq, pl.max_q, pl.max_k);
-    if (set->vote.rows != kBlockM || set->vote.tile_keys != kBlockN)
+    if (set->vote.rows != kVoteRows || set->vote.tile_keys != kBlockN)
       throw Error("skip_set: " + std::string(kKernel) + " reads sets recorded at vote rows " +
-                  std::to_string(kBlockM) + " x tile_keys " + std::to_string(kBlockN) + " (one bit per step), got rows " +
+                  std::to_string(kVoteRows) + " x tile_keys " + std::to_string(kBlockN) + " (one bit per step), got rows " +
                   std::to_string(set->vote.rows) + " x tile_keys " + std::to_string(set->vote.tile_keys));
     pl.bytes_bits = set->bits.size();
     pl.set_groups = set->groups;

@@ -81,9 +81,9 @@ __device__ void write_dkdv_zero(const BackwardParams& p, const BackwardWork& w, 
 
 // dQ accumulator (dq_accum_index) += acc_dq for the valid rows of query block m0 of head h.
 // The C fragment holds column pairs (c, c + 1) of one row at consecutive indices, adjacent in the
-// accumulator too: those go as one 8-byte vector atomic (sm_90 atom.global.add.v2.f32, result unused), anything else element by
-// element (the check is per pair; the compiler folds it where the layout makes it constant: at
-// d = 128 every pair takes the vector path).
+// accumulator too: those go as one 8-byte vector atomic (sm_90 atom.global.add.v2.f32, result
+// unused), anything else element by element (the check is per pair; the compiler folds it where
+// the layout makes it constant: at d = 128 every pair takes the vector path).
 template <class Traits, class AccDQ>
 __device__ void add_dq(const BackwardParams& p, const BackwardWork& w, int h, int m0, int tid, AccDQ const& acc_dq) {
   typename Traits::TiledMmaDQ mma;

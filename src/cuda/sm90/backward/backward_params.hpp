@@ -19,6 +19,11 @@ struct LseStrides {
   std::int64_t batch = 0, head = 0, row = 0;
 };
 
+// Rows of a forward vote group: one skip-set bit per (vote group, key tile) (SPEC §9).
+inline constexpr int kVoteRows = 64;
+// The vote groups of a sequence of len_q rows.
+BLASST_HOST_DEVICE int vote_groups(int len_q) { return (len_q + kVoteRows - 1) / kVoteRows; }
+
 // Rows of the LSE / D workspace per alignment unit: the longest query block of a backward step
 // (128 rows at d = 64, BackwardWgmmaTraits::kBlockM; 512 bytes of f32), so that every step's rows
 // are one aligned run inside its sequence's own rows.
@@ -70,12 +75,14 @@ struct BackwardParams {
   // Workspace (backward_api.cu): [hq, rows_ld] LSE in log2 units (+inf for a row that saw no key,
   // and in a sequence's padding: its P is 0) and D = rowsum(dO * O) - dLSE (0 in the padding);
   // the f32 dQ accumulator over the same padded rows in 64 x 64 tiles (dq_accum_index; zeroed
-  // before the main kernel, scaled and converted by the postprocess). In the LSE / D rows every sequence starts at a multiple of kLseRowAlign
-  // (lse_row_start) and owns its length rounded up to one, so that the rows of one query block
-  // (64 or 128 rows) are one aligned run (one bulk copy into shared memory in the wgmma kernel).
+  // before the main kernel, scaled and converted by the postprocess). In the LSE / D rows every
+  // sequence starts at a multiple of kLseRowAlign (lse_row_start) and owns its length rounded up
+  // to one, so that the rows of one query block (64 or 128 rows) are one aligned run (one bulk
+  // copy into shared memory in the wgmma kernel).
   float* lse_log2 = nullptr;
   float* dsum = nullptr;
-  int rows_ld = 0;  // per head: B * round_up(Lq, A) batched, round_up(tokens_q + A B, A) ragged; A = kLseRowAlign
+  // per head: B * round_up(Lq, A) batched, round_up(tokens_q + A B, A) ragged; A = kLseRowAlign
+  int rows_ld = 0;
   float* dq_accum = nullptr;
   int head_dim = 0;
 };
@@ -86,7 +93,8 @@ struct BackwardParams {
 // reordering) and adds it into the workspace with one 16 KB bulk reduce-add. Element (r, c) of a
 // tile is held by thread t = 32 (r / 16) + 4 (r % 8) + (c % 8) / 2 at fragment index
 // i = c % 2 + 2 ((r % 16) / 8) + 4 (c / 8) (GMMA's 64 x N f32 C layout), and lives at float
-// (i / 4 * 128 + t) * 4 + i % 4 of the tile. A tile's rows past its sequence's end are the
+// (i / 4 * 128 + t) * 4 + i % 4 of the tile: the 4 column pairs (c, c + 1) of one row's 8-column
+// group (c % 8 = 0, 2, 4, 6: threads t .. t + 3) lie 4 floats apart. A tile's rows past its sequence's end are the
 // sequence's own padding (rows_ld), which nothing reads. tests/gpu_backward/test_wgmma_layouts.cu
 // checks the mapping against CuTe's partition of the dQ product.
 inline constexpr int kDqTile = 64;

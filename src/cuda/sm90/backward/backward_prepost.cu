@@ -127,12 +127,12 @@ __global__ void __launch_bounds__(kThreads) postprocess_kernel(const BackwardPar
   int b, i;
   const bool in_sequence = token_position(p, tok, b, i);  // else a ragged token past cu_q[B]: dq 0
   const std::int64_t padded = in_sequence ? lse_row_start(b, p.len_q, p.cu_q) + i : 0;
+  // the group's first pair; the others 4 floats apart each (dq_accum_index)
+  const float* src = in_sequence ? p.dq_accum + dq_accum_index(h, padded, c0, p.rows_ld, kD) : nullptr;
   float x[kPostVec];
 #pragma unroll
   for (int j = 0; j < kPostVec; j += 2) {
-    const float2 v = in_sequence
-                         ? *reinterpret_cast<const float2*>(p.dq_accum + dq_accum_index(h, padded, c0 + j, p.rows_ld, kD))
-                         : make_float2(0.f, 0.f);
+    const float2 v = in_sequence ? *reinterpret_cast<const float2*>(src + 2 * j) : make_float2(0.f, 0.f);
     x[j] = v.x * p.scale;
     x[j + 1] = v.y * p.scale;
   }

@@ -25,7 +25,7 @@ struct BackwardWork {
   // Offsets of the sequence in the token axes (ragged: cu_q[b], cu_k[b]; batched: 0, and the
   // batch strides apply).
   int q_start = 0, k_start = 0;
-  int row_start = 0;  // its first row in the LSE / D workspace (lse_row_start: 64-row aligned)
+  int row_start = 0;  // its first row in the LSE / D workspace (lse_row_start: kLseRowAlign-aligned)
   int m_begin = 0, m_end = 0;  // query blocks [m_begin, m_end) that can see the key block
 };
 
@@ -61,20 +61,20 @@ struct BackwardScheduler {
     return true;
   }
 
-  // The skip-set bit of (query head h, vote group g of 64 rows) for this CTA's key block.
+  // The skip-set bit of (query head h, vote group g of kVoteRows rows) for this CTA's key block.
   __device__ static bool skipped(const BackwardParams& p, const BackwardWork& w, int h, int g) {
     if (p.skip_bits == nullptr) return false;
     const std::int64_t i = ((std::int64_t(w.b) * p.hq + h) * p.skip_groups + g) * p.skip_tiles + w.n_block;
     return (p.skip_bits[i >> 3] >> (i & 7)) & 1u;
   }
 
-  // Steps of G vote groups (the kernel's query block, G x 64 rows): step m holds groups
+  // Steps of G vote groups (the kernel's query block, G x kVoteRows rows): step m holds groups
   // [G m, G m + G). Bit r of kept_groups: group G m + r exists in the sequence and the skip set
   // keeps it for this key block (SPEC §9: a skipped group's rows are masked in the step; a step
   // with no kept group does not run). The same answer in every thread.
   template <int G>
   __device__ static unsigned kept_groups(const BackwardParams& p, const BackwardWork& w, int h, int m) {
-    const int groups = (w.len_q + 63) / 64;
+    const int groups = vote_groups(w.len_q);
     unsigned bits = 0;
     for (int r = 0; r < G; ++r) {
       const int g = G * m + r;
@@ -109,7 +109,7 @@ struct BackwardScheduler {
   __device__ static int load_kept_words(const BackwardParams& p, const BackwardWork& w, std::uint32_t* words,
                                         int tid, int nthreads) {
     const int ng = G * (w.m_end - w.m_begin), n = p.group * ng, nwords = (n + 31) / 32;
-    const int groups = (w.len_q + 63) / 64, lane = tid % 32;
+    const int groups = vote_groups(w.len_q), lane = tid % 32;
     int any = 0;
     for (int wd = tid / 32; wd < nwords; wd += nthreads / 32) {  // the same trip count in a warp
       const int x = wd * 32 + lane;

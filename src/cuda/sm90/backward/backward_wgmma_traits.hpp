@@ -44,7 +44,7 @@ struct BackwardWgmmaTraits {
   // D, the dQ way out) are paid once per 128 rows; the accumulators (S^T, dP^T 64 each, dK, dV 32
   // each) fit 240 registers. d = 128: 64 (dK and dV alone hold 128 registers).
   static constexpr int kBlockM = kHeadDim == 64 ? 128 : 64;
-  static constexpr int kVoteRows = 64;  // rows of a forward vote group: one skip-set bit
+  static constexpr int kVoteRows = ::blasst::sm90::backward::kVoteRows;  // one skip-set bit (backward_params.hpp)
   static constexpr int kGroupsPerStep = kBlockM / kVoteRows;
   static constexpr int kBlockN = kTileKeys;   // keys per CTA: one SPEC tile
   // The vote group (within the step) of column ni of a thread's S^T accumulator in its (key, row)
