@@ -158,7 +158,8 @@ def main():
     ap.add_argument("--order", default="max_first", choices=["natural", "max_first"])
     ap.add_argument("--targets", type=float, nargs="*", default=[0.5, 0.7, 0.9])
     ap.add_argument("--d64", action="store_true",
-                    help="add d = 64 rows (random causal and full, H 32) at each length")
+                    help="add d = 64 rows at each length: random causal and full, and the llm (causal, "
+                         "GQA 32/8) and dit (full) workloads with their skip rows")
     args = ap.parse_args()
     if args.tiny:
         configs = [("random", 1, 1024, 2, 2, 64, True), ("llm", 1, 1024, 2, 2, 64, True)]
@@ -169,7 +170,8 @@ def main():
             configs += [("random", 1, L, 32, 32, 128, True), ("random", 1, L, 32, 32, 128, False),
                         ("llm", 1, L, 32, 8, 128, True), ("dit", 1, L, 32, 32, 128, False)]
             if args.d64:
-                configs += [("random", 1, L, 32, 32, 64, True), ("random", 1, L, 32, 32, 64, False)]
+                configs += [("random", 1, L, 32, 32, 64, True), ("random", 1, L, 32, 32, 64, False),
+                            ("llm", 1, L, 32, 8, 64, True), ("dit", 1, L, 32, 32, 64, False)]
     rows = [row(*c, args) for c in configs]
     dev = torch.cuda.get_device_name() if args.device == "cuda" else "CPU"
     commit = os.environ.get("BLASST_COMMIT", "unknown")
