@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: backward trees side by side (bench_backward's i.i.d. synthetic skip sets and
-# dense rows; TEST=1 also the tree's test_gpu_backward and compute-sanitizer racecheck on its
-# sanitizer suite). First used for the d = 64 skip backward before and after the 128-row steps
+# dense rows; for the trees in TEST_TREES also their test_gpu_backward and compute-sanitizer
+# racecheck on its sanitizer suite). First used for the d = 64 skip backward before and after the 128-row steps
 # (ab66790: a step runs when either of its two vote groups is kept; i.i.d. sets are the worst case).
 # Trees in .ab/<name> trimmed to the backward instances:
 #   for t in b0:427bb78 h:HEAD; do n=${t%%:*}; mkdir -p .ab/$n; git archive ${t#*:} | tar -x -C .ab/$n; done

@@ -119,8 +119,9 @@ Plan plan(const AttentionBackwardProblem& p, const SkipConfig& skip_in, const Sk
     detail::validate_skip_set(*set, skip, r.batch, r.hq, pl.max_q, pl.max_k);
     if (set->vote.rows != kVoteRows || set->vote.tile_keys != kBlockN)
       throw Error("skip_set: " + std::string(kKernel) + " reads sets recorded at vote rows " +
-                  std::to_string(kVoteRows) + " x tile_keys " + std::to_string(kBlockN) + " (one bit per vote group and key tile), got rows " +
-                  std::to_string(set->vote.rows) + " x tile_keys " + std::to_string(set->vote.tile_keys));
+                  std::to_string(kVoteRows) + " x tile_keys " + std::to_string(kBlockN) +
+                  " (one bit per vote group and key tile), got rows " + std::to_string(set->vote.rows) +
+                  " x tile_keys " + std::to_string(set->vote.tile_keys));
     pl.bytes_bits = set->bits.size();
     pl.set_groups = set->groups;
     pl.set_tiles = set->tiles;

@@ -94,9 +94,10 @@ struct BackwardParams {
 // tile is held by thread t = 32 (r / 16) + 4 (r % 8) + (c % 8) / 2 at fragment index
 // i = c % 2 + 2 ((r % 16) / 8) + 4 (c / 8) (GMMA's 64 x N f32 C layout), and lives at float
 // (i / 4 * 128 + t) * 4 + i % 4 of the tile: the 4 column pairs (c, c + 1) of one row's 8-column
-// group (c % 8 = 0, 2, 4, 6: threads t .. t + 3) lie 4 floats apart. A tile's rows past its sequence's end are the
-// sequence's own padding (rows_ld), which nothing reads. tests/gpu_backward/test_wgmma_layouts.cu
-// checks the mapping against CuTe's partition of the dQ product.
+// group (c % 8 = 0, 2, 4, 6: threads t .. t + 3) lie 4 floats apart. A tile's rows past its
+// sequence's end are the sequence's own padding (rows_ld), which nothing reads.
+// tests/gpu_backward/test_wgmma_layouts.cu checks the mapping against CuTe's partition of the dQ
+// product.
 inline constexpr int kDqTile = 64;
 BLASST_HOST_DEVICE std::int64_t dq_tile_offset(int h, std::int64_t padded_row, int col, int rows_ld, int head_dim) {
   return ((std::int64_t(h) * (rows_ld / kDqTile) + padded_row / kDqTile) * (head_dim / kDqTile) + col / kDqTile) *
