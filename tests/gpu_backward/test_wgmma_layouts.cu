@@ -15,18 +15,28 @@
 //   - the dS^T stmatrix.trans copy moves each register to the (key, row) it holds;
 //   - the dQ tile of each warpgroup: the kernel's thread-minor 16-byte stores put every value where
 //     the workspace's tile order (dq_in_tile, read by the postprocess) says, every element once;
-//     the whole accumulator index one-to-one with adjacent column pairs.
-// Expected values come from the definitions (coordinates, offsets), not from the kernel.
+//     the whole accumulator index one-to-one with adjacent column pairs;
+//   - a step's slot (one vote group's 64 rows, loaded by its own TMA copy at slot_offset) is the
+//     same bytes as rows [64 r, 64 r + 64) of the stage's tile;
+//   - the step list (BackwardScheduler::next_step): every kept (query head, vote group) pair of a
+//     CTA in exactly one live slot, in the flat order, no skipped one, the slots that are not
+//     live only at the list's end and repeating a live one; from the shared-memory words and
+//     from the skip set in global memory alike.
+// Expected values come from the definitions (coordinates, offsets, the SPEC §9 skip-set index),
+// not from the kernel.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstdio>
 #include <map>
+#include <random>
 #include <set>
 #include <tuple>
 #include <vector>
 
+#include "cuda/sm90/backward/backward_tile_scheduler.hpp"
 #include "cuda/sm90/backward/backward_wgmma_traits.hpp"
 #include "cuda/sm90/common/wgmma.hpp"
 
@@ -289,7 +299,23 @@ void check_dq_tile_order() {
 }
 
 template <class Tr>
+void check_slots() {
+  auto lq = typename Tr::SmemLayoutQ{};
+  auto lslot = typename Tr::SmemLayoutSlot{};
+  int bad = 0;
+  for (int s = 0; s < Tr::kStages; ++s)
+    for (int r = 0; r < Tr::kGroupsPerStep; ++r)
+      for (int row = 0; row < Tr::kVoteRows; ++row)
+        for (int c = 0; c < Tr::kHeadDim; ++c)
+          bad += int(lq(r * Tr::kVoteRows + row, c, s)) != Tr::slot_offset(s, r) + int(lslot(row, c));
+  EXPECT_EQ(bad, 0) << "a slot's layout at slot_offset is not its rows of the stage's tile";
+  EXPECT_EQ(Tr::kStageBytes, 2u * Tr::kBlockM * Tr::kHeadDim * 2u + 2u * Tr::kBlockM * 4u)
+      << "the stage's transaction bytes are not its Q, dO, LSE and D";
+}
+
+template <class Tr>
 void check_all() {
+  check_slots<Tr>();
   check_views<Tr>();
   check_register_handoff<Tr>();
   check_vote_group_of_col<Tr>();
@@ -303,6 +329,93 @@ TEST(WgmmaBackwardLayouts, Bf16D128) { check_all<BackwardWgmmaTraits<cutlass::bf
 TEST(WgmmaBackwardLayouts, Bf16D64) { check_all<BackwardWgmmaTraits<cutlass::bfloat16_t, 64>>(); }
 TEST(WgmmaBackwardLayouts, F16D128) { check_all<BackwardWgmmaTraits<cutlass::half_t, 128>>(); }
 TEST(WgmmaBackwardLayouts, F16D64) { check_all<BackwardWgmmaTraits<cutlass::half_t, 64>>(); }
+
+// The step list of random CTAs: skip sets of several densities, GQA groups, causal starts, odd
+// lengths, CTAs with every group skipped. The expected kept pairs come from the SPEC §9 bit index
+// (((b hq + h) skip_groups + g) skip_tiles + t), the shared-memory words are built here from
+// them (bit hh nm + g - m_begin), and both walks (words, global skip set) must give the same list.
+template <int G>
+void check_step_list(int ctas, std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  int bad_cover = 0, bad_order = 0, bad_dead = 0, bad_count = 0, partial_steps = 0, empty_ctas = 0;
+  for (int c = 0; c < ctas; ++c) {
+    BackwardParams p;
+    p.batch = 1 + int(rng() % 3);
+    p.hk = 1 + int(rng() % 3);
+    p.group = 1 << (rng() % 4);
+    p.hq = p.hk * p.group;
+    const int len_q = 1 + int(rng() % 3000);
+    p.skip_groups = vote_groups(len_q) + int(rng() % 3);  // the set may be wider than the sequence
+    p.skip_tiles = 1 + int(rng() % 20);
+    const double keep = std::array<double, 5>{0.0, 0.05, 0.3, 0.7, 1.0}[rng() % 5];
+    const std::int64_t nbits = std::int64_t(p.batch) * p.hq * p.skip_groups * p.skip_tiles;
+    std::vector<std::uint8_t> bits((nbits + 7) / 8, 0);
+    std::bernoulli_distribution kept_bit(keep);
+    for (std::int64_t i = 0; i < nbits; ++i)
+      if (!kept_bit(rng)) bits[i >> 3] |= std::uint8_t(1u << (i & 7));
+    p.skip_bits = bits.data();
+    BackwardWork w;
+    w.b = int(rng() % p.batch);
+    w.kh = int(rng() % p.hk);
+    w.n_block = int(rng() % p.skip_tiles);
+    w.len_q = len_q;
+    w.m_end = vote_groups(len_q);
+    w.m_begin = int(rng() % w.m_end);
+    const int nm = w.m_end - w.m_begin;
+
+    std::vector<std::pair<int, int>> want;  // (hh, g) kept, in the flat order
+    std::vector<std::uint32_t> words((p.group * nm + 31) / 32, 0u);
+    for (int hh = 0; hh < p.group; ++hh)
+      for (int g = w.m_begin; g < w.m_end; ++g) {
+        const std::int64_t i =
+            ((std::int64_t(w.b) * p.hq + w.kh * p.group + hh) * p.skip_groups + g) * p.skip_tiles + w.n_block;
+        if ((bits[i >> 3] >> (i & 7)) & 1u) continue;
+        want.emplace_back(hh, g);
+        const int x = hh * nm + g - w.m_begin;
+        words[x >> 5] |= 1u << (x & 31);
+      }
+    empty_ctas += want.empty();
+    for (const std::uint32_t* wd : {static_cast<const std::uint32_t*>(words.data()),
+                                    static_cast<const std::uint32_t*>(nullptr)}) {
+      std::vector<std::pair<int, int>> got;
+      int x = 0, steps = 0;
+      BackwardStep<G> st;
+      bool ended_partial = false;
+      while (BackwardScheduler::next_step<G>(p, w, wd, x, st)) {
+        ++steps;
+        bad_dead += ended_partial;  // a step after a partial one
+        int live_slots = 0;
+        for (int r = 0; r < G; ++r) {
+          if ((st.live >> r) & 1u) {
+            bad_dead += live_slots != r;  // live slots first
+            ++live_slots;
+            got.emplace_back(st.hh[r], st.g[r]);
+          } else {
+            bad_dead += r == 0 || st.hh[r] != st.hh[r - 1] || st.g[r] != st.g[r - 1];
+          }
+        }
+        bad_dead += (st.live >> G) != 0u;
+        if (live_slots < G) {
+          ended_partial = true;
+          ++partial_steps;
+        }
+        if (steps > p.group * nm + 1) break;  // a walk that does not end
+      }
+      bad_cover += got.size() != want.size() ? 1 : 0;
+      bad_order += got != want;
+      bad_count += steps != (int(want.size()) + G - 1) / G;
+    }
+  }
+  EXPECT_EQ(bad_cover, 0) << "a kept (query head, vote group) pair missed, or a skipped one visited";
+  EXPECT_EQ(bad_order, 0) << "the live slots are not the kept pairs in the flat order, once each";
+  EXPECT_EQ(bad_dead, 0) << "a slot that is not live does not repeat the live one before it, or is not at the end";
+  EXPECT_EQ(bad_count, 0) << "the step count is not ceil(kept / G)";
+  EXPECT_GT(empty_ctas, 0) << "no CTA with every group skipped was drawn";
+  if (G > 1) EXPECT_GT(partial_steps, 0) << "no list ended in a partial step";
+}
+
+TEST(WgmmaBackwardSteps, OneGroupPerStep) { check_step_list<1>(10000, 11u); }
+TEST(WgmmaBackwardSteps, TwoGroupsPerStep) { check_step_list<2>(10000, 12u); }
 
 }  // namespace
 }  // namespace blasst::sm90::backward

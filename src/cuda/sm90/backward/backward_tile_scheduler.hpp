@@ -1,5 +1,6 @@
-// Internal: which work one backward CTA owns, and which of its (query head, query block) steps
-// the skip set removes. Grid (key blocks of the longest sequence x KV heads, sequences): a CTA
+// Internal: which work one backward CTA owns, and which of its (query head, vote group) pairs the
+// skip set removes (the kernels walk only the kept ones: one a step in the mma.sync kernel, G a
+// step in the wgmma kernel, BackwardStep). Grid (key blocks of the longest sequence x KV heads, sequences): a CTA
 // owns dK / dV of one 128-key block of one KV head and visits the query blocks of its g query
 // heads that see the block (causal: from the first row whose diagonal reaches it).
 //
@@ -28,6 +29,24 @@ struct BackwardWork {
   int row_start = 0;  // its first row in the LSE / D workspace (lse_row_start: kLseRowAlign-aligned)
   int m_begin = 0, m_end = 0;  // query blocks [m_begin, m_end) that can see the key block
 };
+
+// One step of the wgmma kernel: G kept vote groups (slot r: query head hh[r] of the KV group, vote
+// group g[r]); bit r of live is clear for a slot that only repeats the one before it (masked).
+template <int G>
+struct BackwardStep {
+  int hh[G];
+  int g[G];
+  unsigned live;
+};
+
+// The index of the lowest set bit of v (v != 0).
+BLASST_HOST_DEVICE int first_set_bit(std::uint32_t v) {
+#if defined(__CUDA_ARCH__)
+  return __ffs(int(v)) - 1;
+#else
+  return __builtin_ctz(v);
+#endif
+}
 
 struct BackwardScheduler {
   static dim3 grid(const BackwardParams& p) {
@@ -62,110 +81,110 @@ struct BackwardScheduler {
   }
 
   // The skip-set bit of (query head h, vote group g of kVoteRows rows) for this CTA's key block.
-  __device__ static bool skipped(const BackwardParams& p, const BackwardWork& w, int h, int g) {
+  BLASST_HOST_DEVICE static bool skipped(const BackwardParams& p, const BackwardWork& w, int h, int g) {
     if (p.skip_bits == nullptr) return false;
     const std::int64_t i = ((std::int64_t(w.b) * p.hq + h) * p.skip_groups + g) * p.skip_tiles + w.n_block;
     return (p.skip_bits[i >> 3] >> (i & 7)) & 1u;
   }
 
-  // Steps of G vote groups (the kernel's query block, G x kVoteRows rows): step m holds groups
-  // [G m, G m + G). Bit r of kept_groups: group G m + r exists in the sequence and the skip set
-  // keeps it for this key block (SPEC §9: a skipped group's rows are masked in the step; a step
-  // with no kept group does not run). The same answer in every thread.
-  template <int G>
-  __device__ static unsigned kept_groups(const BackwardParams& p, const BackwardWork& w, int h, int m) {
-    const int groups = vote_groups(w.len_q);
-    unsigned bits = 0;
-    for (int r = 0; r < G; ++r) {
-      const int g = G * m + r;
-      if (g < groups && !skipped(p, w, h, g)) bits |= 1u << r;
-    }
-    return bits;
+  // The CTA's (query head, vote group) pairs are walked in one flat order: x = hh * nm + (g -
+  // m_begin) for query head hh of the KV group and vote group g in [m_begin, m_end) (w from
+  // get<kVoteRows, ...>: its query blocks are the vote groups), nm = m_end - m_begin.
+  BLASST_HOST_DEVICE static int flat_groups(const BackwardParams& p, const BackwardWork& w) {
+    return p.group * (w.m_end - w.m_begin);
   }
 
-  // 1 when some step of the CTA (any query head of its KV group, any of its query blocks) is
-  // kept, as seen by this thread's share of the steps (x = tid, tid + nthreads, ...); the caller
-  // ORs it over the CTA (__syncthreads_or). SPEC §9: a key block with none kept costs no work.
-  template <int G = 1>
+  // 1 when some vote group of the CTA (any query head of its KV group) is kept, as seen by this
+  // thread's share of them (x = tid, tid + nthreads, ...); the caller ORs it over the CTA
+  // (__syncthreads_or). SPEC §9: a key block with none kept costs no work.
   __device__ static int kept_share(const BackwardParams& p, const BackwardWork& w, int tid, int nthreads) {
     const int nm = w.m_end - w.m_begin;
-    for (int x = tid; x < p.group * nm; x += nthreads)
-      if (kept_groups<G>(p, w, w.kh * p.group + x / nm, w.m_begin + x % nm) != 0) return 1;
+    for (int x = tid; x < flat_groups(p, w); x += nthreads)
+      if (!skipped(p, w, w.kh * p.group + x / nm, w.m_begin + x % nm)) return 1;
     return 0;
   }
 
-  // The CTA's vote groups as a bitmask in shared memory, read from the skip set once by the whole
-  // CTA (bit x = hh * G nm + j: group G m_begin + j of query head hh of the KV group is kept, with
-  // nm steps per head, so that a step's G bits are consecutive), so that walking to the next kept
-  // step costs no global load per skipped step. Each warp fills whole 32-bit words with one ballot.
-  // Returns this thread's share of "some step is kept" (the caller ORs it over the CTA with
-  // __syncthreads_or, which also publishes the words). Only for a skip set whose bits fit:
-  // kept_words_needed(p, w) <= capacity (else kept_share / the global walk).
-  template <int G = 1>
-  __device__ static int kept_words_needed(const BackwardParams& p, const BackwardWork& w) {
-    return (p.group * G * (w.m_end - w.m_begin) + 31) / 32;
+  // The CTA's kept vote groups as a bitmask in shared memory (bit x of the flat order: kept),
+  // read from the skip set once by the whole CTA, so that walking to the next kept group costs no
+  // global load per skipped one. Each warp fills whole 32-bit words with one ballot; bits past
+  // the last group are 0. Returns this thread's share of "some group is kept" (the caller ORs it
+  // over the CTA with __syncthreads_or, which also publishes the words). Only for a skip set whose
+  // bits fit: kept_words_needed(p, w) <= capacity (else kept_share / the global walk).
+  BLASST_HOST_DEVICE static int kept_words_needed(const BackwardParams& p, const BackwardWork& w) {
+    return (flat_groups(p, w) + 31) / 32;
   }
-  template <int G = 1>
   __device__ static int load_kept_words(const BackwardParams& p, const BackwardWork& w, std::uint32_t* words,
                                         int tid, int nthreads) {
-    const int ng = G * (w.m_end - w.m_begin), n = p.group * ng, nwords = (n + 31) / 32;
-    const int groups = vote_groups(w.len_q), lane = tid % 32;
+    const int nm = w.m_end - w.m_begin, n = flat_groups(p, w), nwords = (n + 31) / 32;
+    const int lane = tid % 32;
     int any = 0;
     for (int wd = tid / 32; wd < nwords; wd += nthreads / 32) {  // the same trip count in a warp
       const int x = wd * 32 + lane;
-      const int g = G * w.m_begin + x % ng;
-      const bool kept = x < n && g < groups && !skipped(p, w, w.kh * p.group + x / ng, g);
+      const bool kept = x < n && !skipped(p, w, w.kh * p.group + x / nm, w.m_begin + x % nm);
       const std::uint32_t bits = __ballot_sync(0xffffffffu, kept);
       if (lane == 0) words[wd] = bits;
       any |= int(kept);
     }
     return any;
   }
-  // next_kept over those words (nullptr: the skip set in global memory, below).
-  template <int G = 1>
-  __device__ static bool next_kept(const BackwardParams& p, const BackwardWork& w, const std::uint32_t* words,
-                                   int& hh, int& m) {
-    if (words == nullptr) return next_kept<G>(p, w, hh, m);
-    const int ng = G * (w.m_end - w.m_begin), n = p.group * ng;
-    int x = hh * ng + G * (m - w.m_begin);  // m == m_end reads as the next head's first block
-    while (x < n) {
-      const std::uint32_t rest = words[x >> 5] >> (x & 31);
-      if (rest != 0) {
-        x += __ffs(int(rest)) - 1;  // bits past n are 0: x < n here
-        hh = x / ng;
-        m = w.m_begin + x % ng / G;
-        return true;
+
+  // Moves x to the first kept vote group at or after it in the flat order, from those words or
+  // (words == nullptr) from the skip set in global memory; false when none is left. The same
+  // answer in every thread.
+  BLASST_HOST_DEVICE static bool next_kept_group(const BackwardParams& p, const BackwardWork& w,
+                                                 const std::uint32_t* words, int& x) {
+    const int n = flat_groups(p, w);
+    if (words != nullptr) {
+      while (x < n) {
+        const std::uint32_t rest = words[x >> 5] >> (x & 31);
+        if (rest != 0) {
+          x += first_set_bit(rest);  // bits past n are 0: x < n here
+          return true;
+        }
+        x = (x | 31) + 1;
       }
-      x = (x | 31) + 1;
+      return false;
     }
+    const int nm = w.m_end - w.m_begin;
+    for (; x < n; ++x)
+      if (!skipped(p, w, w.kh * p.group + x / nm, w.m_begin + x % nm)) return true;
     return false;
   }
-  // The kept groups of step (hh, m) (kept_groups' bits) from those words, or from the skip set in
-  // global memory (nullptr).
+
+  // The next step of G kept vote groups, wherever they lie (any query head of the KV group, any
+  // position), from flat index x (moved past them). A step short of G groups (the list's end)
+  // repeats its last group in the remaining slots with their live bit clear: they load valid
+  // rows, and the kernel masks them (no gradient). False when no kept group is left.
   template <int G>
-  __device__ static unsigned kept_groups(const BackwardParams& p, const BackwardWork& w, const std::uint32_t* words,
-                                         int hh, int m) {
-    if (words == nullptr) return kept_groups<G>(p, w, w.kh * p.group + hh, m);
-    const int x = hh * G * (w.m_end - w.m_begin) + G * (m - w.m_begin);
-    unsigned bits = 0;
-    for (int r = 0; r < G; ++r) bits |= ((words[(x + r) >> 5] >> ((x + r) & 31)) & 1u) << r;
-    return bits;
+  BLASST_HOST_DEVICE static bool next_step(const BackwardParams& p, const BackwardWork& w,
+                                           const std::uint32_t* words, int& x, BackwardStep<G>& s) {
+    const int nm = w.m_end - w.m_begin;
+    s.live = 0;
+    for (int r = 0; r < G; ++r) {
+      if (next_kept_group(p, w, words, x)) {
+        s.hh[r] = x / nm;
+        s.g[r] = w.m_begin + x % nm;
+        s.live |= 1u << r;
+        ++x;
+      } else if (r == 0) {
+        return false;
+      } else {
+        s.hh[r] = s.hh[r - 1];
+        s.g[r] = s.g[r - 1];
+      }
+    }
+    return true;
   }
 
   // The first step at or after (query head hh of the KV group, query block m), in that order,
-  // that the skip set keeps; false when none is left. The same answer in every thread.
-  template <int G = 1>
+  // that the skip set keeps; false when none is left. The same answer in every thread. (The
+  // mma.sync kernel's walk: one vote group a step.)
   __device__ static bool next_kept(const BackwardParams& p, const BackwardWork& w, int& hh, int& m) {
-    while (hh < p.group) {
-      if (m >= w.m_end) {
-        ++hh;
-        m = w.m_begin;
-        continue;
-      }
-      if (kept_groups<G>(p, w, w.kh * p.group + hh, m) != 0) return true;
-      ++m;
-    }
-    return false;
+    int x = hh * (w.m_end - w.m_begin) + (m - w.m_begin);  // m == m_end reads as the next head's first
+    if (!next_kept_group(p, w, nullptr, x)) return false;
+    hh = x / (w.m_end - w.m_begin);
+    m = w.m_begin + x % (w.m_end - w.m_begin);
+    return true;
   }
 };
 

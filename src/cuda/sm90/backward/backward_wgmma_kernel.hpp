@@ -62,14 +62,13 @@ __device__ void wg_producer(WgmmaParams<Traits> const& kp, BackwardWork const& w
                             typename Traits::SharedStorage& ss, typename Traits::Pipeline& pipe,
                             const std::uint32_t* kept_words) {
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kD = Traits::kHeadDim;
+  constexpr int kVoteRows = Traits::kVoteRows;
   const BackwardParams& p = kp.p;
   const bool ragged = p.cu_q != nullptr;
   Tensor mQ = kp.tma_q.get_tma_tensor(shape(kp.layout_q));
   Tensor mdO = kp.tma_do.get_tma_tensor(shape(kp.layout_do));
   Tensor mK = kp.tma_k.get_tma_tensor(shape(kp.layout_k));
   Tensor mV = kp.tma_v.get_tma_tensor(shape(kp.layout_v));
-  Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename Traits::SmemLayoutQ{});
-  Tensor sdO = make_tensor(make_smem_ptr(ss.dout.data()), typename Traits::SmemLayoutDO{});
   Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename Traits::SmemLayoutK{});
   Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename Traits::SmemLayoutV{});
 
@@ -84,39 +83,63 @@ __device__ void wg_producer(WgmmaParams<Traits> const& kp, BackwardWork const& w
   copy(kp.tma_k.with(ss.barrier_kv), tKgK, tKsK);
   copy(kp.tma_v.with(ss.barrier_kv), tVgV, tVsV);
 
-  // Q and dO of every kept step, in the consumers' order.
+  // Q and dO of every kept step, in the consumers' order: each slot's vote group by its own TMA
+  // copies and LSE / D bulk copies; the step's groups published in the step ring first.
+  constexpr int G = Traits::kGroupsPerStep;
   auto st = cutlass::make_producer_start_state<typename Traits::Pipeline>();
-  int hh = 0, m = w.m_begin;
-  while (BackwardScheduler::next_kept<Traits::kGroupsPerStep>(p, w, kept_words, hh, m)) {
-    const int h = w.kh * p.group + hh;
-    Tensor gQ = local_tile(seq_view(mQ, h, w.b, w.q_start, ragged), Shape<Int<kBlockM>, Int<kD>>{},
-                           make_coord(_, _0{}));  // (rows, d, query blocks)
-    Tensor gdO = local_tile(seq_view(mdO, h, w.b, w.q_start, ragged), Shape<Int<kBlockM>, Int<kD>>{},
-                            make_coord(_, _0{}));
-    auto [tQgQ, tQsQ] = tma_partition(kp.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
-    auto [tdOgdO, tdOsdO] =
-        tma_partition(kp.tma_do, _0{}, Layout<_1>{}, group_modes<0, 2>(sdO), group_modes<0, 2>(gdO));
-    pipe.producer_acquire(st);
+  int x = 0;
+  BackwardStep<G> step;
+  bool have = BackwardScheduler::next_step<G>(p, w, kept_words, x, step);
+  for (int k = 0; have; ++k) {
+    BackwardStep<G> next;
+    const bool more = BackwardScheduler::next_step<G>(p, w, kept_words, x, next);
+    int* e = ss.steps.data() + (k % Traits::kStepRing) * Traits::kStepInts;
+    CUTLASS_PRAGMA_UNROLL
+    for (int r = 0; r < G; ++r) {
+      e[Traits::kStepHh + r] = step.hh[r];
+      e[Traits::kStepG + r] = step.g[r];
+    }
+    e[Traits::kStepLive] = int(step.live);
+    e[Traits::kStepLast] = int(!more);
+    pipe.producer_acquire(st);  // its arrive releases the entry to the consumers' wait
     auto* full = pipe.producer_get_barrier(st);
-    copy(kp.tma_q.with(*full), tQgQ(_, m), tQsQ(_, st.index()));
-    copy(kp.tma_do.with(*full), tdOgdO(_, m), tdOsdO(_, st.index()));
-    // The step's LSE and D: kBlockM consecutive f32 of the padded workspace rows (aligned runs).
-    const std::int64_t at = std::int64_t(h) * p.rows_ld + w.row_start + m * kBlockM;
-    SM90_BULK_COPY_G2S::copy(p.lse_log2 + at, full, ss.lse.data() + st.index() * kBlockM, Traits::kBulkBytesRows);
-    SM90_BULK_COPY_G2S::copy(p.dsum + at, full, ss.dsum.data() + st.index() * kBlockM, Traits::kBulkBytesRows);
+    CUTLASS_PRAGMA_UNROLL
+    for (int r = 0; r < G; ++r) {
+      const int h = w.kh * p.group + step.hh[r];
+      Tensor gQ = local_tile(seq_view(mQ, h, w.b, w.q_start, ragged), Shape<Int<kVoteRows>, Int<kD>>{},
+                             make_coord(step.g[r], _0{}));
+      Tensor gdO = local_tile(seq_view(mdO, h, w.b, w.q_start, ragged), Shape<Int<kVoteRows>, Int<kD>>{},
+                              make_coord(step.g[r], _0{}));
+      Tensor sQs = make_tensor(make_smem_ptr(ss.q.data() + Traits::slot_offset(st.index(), r)),
+                               typename Traits::SmemLayoutSlot{});
+      Tensor sdOs = make_tensor(make_smem_ptr(ss.dout.data() + Traits::slot_offset(st.index(), r)),
+                                typename Traits::SmemLayoutSlot{});
+      auto [tQgQ, tQsQ] = tma_partition(kp.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQs), group_modes<0, 2>(gQ));
+      auto [tdOgdO, tdOsdO] =
+          tma_partition(kp.tma_do, _0{}, Layout<_1>{}, group_modes<0, 2>(sdOs), group_modes<0, 2>(gdO));
+      copy(kp.tma_q.with(*full), tQgQ, tQsQ);
+      copy(kp.tma_do.with(*full), tdOgdO, tdOsdO);
+      // The group's LSE and D: kVoteRows consecutive f32 of the padded workspace rows (aligned runs).
+      const std::int64_t at = std::int64_t(h) * p.rows_ld + w.row_start + step.g[r] * kVoteRows;
+      const int to = st.index() * kBlockM + r * kVoteRows;
+      SM90_BULK_COPY_G2S::copy(p.lse_log2 + at, full, ss.lse.data() + to, Traits::kBulkBytesSlot);
+      SM90_BULK_COPY_G2S::copy(p.dsum + at, full, ss.dsum.data() + to, Traits::kBulkBytesSlot);
+    }
     ++st;
-    ++m;
+    step = next;
+    have = more;
   }
 }
 
-// dQ of one step and warpgroup: the accumulator (rows dq_row0(wg).., columns dq_col0(wg).. of the
-// step's block) into the warpgroup's shared buffer in the workspace's tile order (dq_in_tile: the
-// fragment's values 4 at a time, thread-minor: 8 16-byte stores a thread, a warp's 512 bytes
-// consecutive), then one thread adds the buffer into the f32 workspace's tile with a 16 KB bulk
-// reduce-add. Rows past the sequence's end land in its padding rows of the workspace, which
-// nothing reads (their dS is 0 anyway).
+// dQ of one step and warpgroup: the accumulator (its 64 x 64 tile: rows of the warpgroup's slot,
+// columns dq_col0(wg)..) into the warpgroup's shared buffer in the workspace's tile order
+// (dq_in_tile: the fragment's values 4 at a time, thread-minor: 8 16-byte stores a thread, a
+// warp's 512 bytes consecutive), then one thread adds the buffer into the f32 workspace's tile of
+// (query head h, padded_row) with a 16 KB bulk reduce-add, unless add is false (a slot that is not
+// live). Rows past the sequence's end land in its padding rows of the workspace, which nothing
+// reads (their dS is 0 anyway).
 template <class Traits, class Acc>
-__device__ void wg_store_dq(const BackwardParams& p, const BackwardWork& w, int h, int m, int wg, int wg_tid,
+__device__ void wg_store_dq(const BackwardParams& p, int h, std::int64_t padded_row, int wg, int wg_tid, bool add,
                             Acc const& acc, float* sdq_tile) {
   static_assert(decltype(size(Acc{}))::value == Traits::kDqTileFloats / 128, "one 64 x 64 tile per warpgroup");
   const std::uint32_t base = smem_u32(sdq_tile) + 16u * std::uint32_t(wg_tid);
@@ -127,9 +150,8 @@ __device__ void wg_store_dq(const BackwardParams& p, const BackwardWork& w, int 
                  : "memory");
   cutlass::arch::fence_view_async_shared();  // generic-proxy stores -> the bulk copy (async proxy) read
   named_sync(kBarDqFull + wg, 128);
-  if (wg_tid == 0) {
-    const std::int64_t row = std::int64_t(w.row_start) + std::int64_t(m) * Traits::kBlockM + Traits::dq_row0(wg);
-    bulk_reduce_add_f32(p.dq_accum + dq_tile_offset(h, row, Traits::dq_col0(wg), p.rows_ld, Traits::kHeadDim),
+  if (wg_tid == 0 && add) {
+    bulk_reduce_add_f32(p.dq_accum + dq_tile_offset(h, padded_row, Traits::dq_col0(wg), p.rows_ld, Traits::kHeadDim),
                         smem_u32(sdq_tile), Traits::kDqTileBytes);
     tma_store_arrive();
   }
@@ -152,8 +174,7 @@ __device__ __forceinline__ void load_row_pairs(const float* rows, Coords const& 
 
 template <class Traits>
 __device__ void wg_consumer(WgmmaParams<Traits> const& kp, BackwardWork const& w,
-                            typename Traits::SharedStorage& ss, typename Traits::Pipeline& pipe, int mma_tid,
-                            const std::uint32_t* kept_words) {
+                            typename Traits::SharedStorage& ss, typename Traits::Pipeline& pipe, int mma_tid) {
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN;
   const BackwardParams& p = kp.p;
@@ -214,26 +235,47 @@ __device__ void wg_consumer(WgmmaParams<Traits> const& kp, BackwardWork const& w
     named_sync(kBarTileZeroed, Traits::kNumMmaThreads);
   }
   typename Traits::PipelineState st;
-  int hh = 0, m = w.m_begin;
   constexpr int G = Traits::kGroupsPerStep;
+  constexpr int kVoteRows = Traits::kVoteRows;
   static_assert(Traits::kDsStages == 2, "dS buffers alternate by step");
   int ds_buf = 0;
-  while (BackwardScheduler::next_kept<G>(p, w, kept_words, hh, m)) {
-    const int h = w.kh * p.group + hh;
-    const int m0 = m * kBlockM;
-    // The step's vote groups that the skip set keeps (bit r: rows [64 r, 64 r + 64)); the rows of
-    // the others are masked (SPEC §9). A step of one group runs only when it is kept.
-    const unsigned kept_rows = G > 1 ? BackwardScheduler::kept_groups<G>(p, w, kept_words, hh, m) : 1u;
+  // The slot whose rows this warpgroup's dQ tile holds (d = 64: one group per warpgroup; d = 128:
+  // the step's one group, half the head dim each).
+  const int dq_slot = Traits::dq_row0(wg) / kVoteRows;
+  static_assert(Traits::kStepRing == 2 * Traits::kStages, "step k's entry: its stage and phase");
+  for (;;) {
     pipe.consumer_wait(st);
+    // The step's groups (the producer's ring entry k % kStepRing, ordered by the stage's full
+    // barrier): slot r is rows [64 r, 64 r + 64) of the stage, vote group e[kStepG + r] of query
+    // head e[kStepHh + r] of the KV group; a slot whose live bit is clear repeats the one before
+    // it and is masked. Read where used (held across the step, they spilled at d = 64).
+    const int* e = ss.steps.data() + (st.index() + Traits::kStages * int(st.phase())) * Traits::kStepInts;
+    const unsigned live = unsigned(e[Traits::kStepLive]);
     // LSE (log2; +inf for a row that saw no key or lies in the padding: P = 0) and D of the step's
     // rows, in the stage (read where used: nothing held across the products). A 2D TMA load of
     // the unpadded [hq, tokens] rows faulted at its UTMALDG.2D in the CTAs of every sequence but
     // the first (3e724fe); these are plain 1D bulk copies of aligned runs.
     const float* s_lse = ss.lse.data() + st.index() * kBlockM;
     const float* s_dsum = ss.dsum.data() + st.index() * kBlockM;
-    if (ragged && m0 + kBlockM > w.len_q) {
-      zero_rows_from<Element>(sQ(_, _, st.index()), w.len_q - m0, mma_tid, Traits::kNumMmaThreads);
-      zero_rows_from<Element>(sdO(_, _, st.index()), w.len_q - m0, mma_tid, Traits::kNumMmaThreads);
+    // Masking only where the step can hold an invisible pair (block edges, the causal diagonal, a
+    // slot that is not live); the same answer in every thread.
+    bool masked = n0 + kBlockN > w.len_k || live != (1u << G) - 1;
+    bool zeroed = false;
+    CUTLASS_PRAGMA_UNROLL
+    for (int r = 0; r < G; ++r) {  // (kept rolled below: only ragged sequences' last groups zero rows)
+      const int r0 = e[Traits::kStepG + r] * kVoteRows;
+      masked |= r0 + kVoteRows > w.len_q || (p.causal && n0 + kBlockN - 1 > r0 + kVoteRows - 1 + diag);
+      if (ragged && r0 + kVoteRows > w.len_q) {
+        zero_rows_from<Element>(make_tensor(make_smem_ptr(ss.q.data() + Traits::slot_offset(st.index(), r)),
+                                            typename Traits::SmemLayoutSlot{}),
+                                w.len_q - r0, mma_tid, Traits::kNumMmaThreads);
+        zero_rows_from<Element>(make_tensor(make_smem_ptr(ss.dout.data() + Traits::slot_offset(st.index(), r)),
+                                            typename Traits::SmemLayoutSlot{}),
+                                w.len_q - r0, mma_tid, Traits::kNumMmaThreads);
+        zeroed = true;
+      }
+    }
+    if (zeroed) {
       cutlass::arch::fence_view_async_shared();
       named_sync(kBarTileZeroed, Traits::kNumMmaThreads);
     }
@@ -244,21 +286,21 @@ __device__ void wg_consumer(WgmmaParams<Traits> const& kp, BackwardWork const& w
 
     Tensor S = make_tensor(tSrS.data(), acc_rowcol(tSrS.layout()));
     Tensor dP = make_tensor(tSrdP.data(), acc_rowcol(tSrdP.layout()));
-    // Masking only where the step can hold an invisible pair (block edges, the causal diagonal);
-    // the same answer in every thread.
-    const bool masked = n0 + kBlockN > w.len_k || m0 + kBlockM > w.len_q ||
-                        (p.causal && n0 + kBlockN - 1 > m0 + diag) || kept_rows != (1u << G) - 1;
     // Row ni of the thread's (key, row) view sees the keys below key_end(ni): none past the
-    // sequence's rows or in a skipped vote group, else those before len_k and, causal, up to
+    // sequence's rows or in a slot that is not live, else those before len_k and, causal, up to
     // its diagonal. One bound per row, used at once by its keys (a bound per pair, or per-row
-    // terms held across the walk, spilled at d = 64's 32 rows a thread).
+    // terms held across the walk, spilled at d = 64's 32 rows a thread). The slot of column ni
+    // is a constant of ni (vote_group_of_col), so its group is one shared-memory read.
     auto key_end = [&](int ni) {
-      const int row = m0 + get<1>(tScS_rc(0, ni));
-      const bool live = row < w.len_q && (G == 1 || ((kept_rows >> Traits::vote_group_of_col(ni)) & 1u) != 0);
-      return !live ? 0 : p.causal ? min(w.len_k, row + diag + 1) : w.len_k;
+      const int slot = Traits::vote_group_of_col(ni);
+      const int row = e[Traits::kStepG + slot] * kVoteRows + get<1>(tScS_rc(0, ni)) - slot * kVoteRows;
+      const bool vis_row = row < w.len_q && ((live >> slot) & 1u) != 0;
+      return !vis_row ? 0 : p.causal ? min(w.len_k, row + diag + 1) : w.len_k;
     };
     // f(mi, ni, visible) over this thread's (key, row) pairs, row by row; the mask tested on
-    // masked steps only.
+    // masked steps only. f computes its value for every pair and then selects it (straight-line
+    // code: a conditional value compiled to a branch around each pair, ~830 instructions a step
+    // where an unmasked one has ~140; cuobjdump, 2026-12-06).
     auto each_pair = [&](auto&& f) {
       if (masked) {
         CUTLASS_PRAGMA_UNROLL
@@ -286,7 +328,9 @@ __device__ void wg_consumer(WgmmaParams<Traits> const& kp, BackwardWork const& w
     warpgroup_wait<1>();
     warpgroup_fence_operand(tSrS);
     each_pair([&](int mi, int ni, bool vis) {
-      S(mi, ni) = vis ? exp2_ftz(fmaf(S(mi, ni), p.scale_log2, -(ni < kLseEarly ? lse_r[ni % kLseEarly] : s_lse[get<1>(tScS_rc(mi, ni))]))) : 0.f;
+      const float lse = ni < kLseEarly ? lse_r[ni % kLseEarly] : s_lse[get<1>(tScS_rc(mi, ni))];
+      const float v = exp2_ftz(fmaf(S(mi, ni), p.scale_log2, -lse));
+      S(mi, ni) = vis ? v : 0.f;
     });
     Tensor p_lp = convert_frag<Element>(tSrS);
     Tensor tPrP = make_tensor(p_lp.data(), acc_to_a(p_lp.layout()));  // the dV product's A operand
@@ -296,7 +340,10 @@ __device__ void wg_consumer(WgmmaParams<Traits> const& kp, BackwardWork const& w
     // dS^T = P^T (dP^T - D) on visible pairs, 0 elsewhere.
     warpgroup_wait<1>();  // dP^T landed (dV may still run)
     warpgroup_fence_operand(tSrdP);
-    each_pair([&](int mi, int ni, bool vis) { dP(mi, ni) = vis ? S(mi, ni) * (dP(mi, ni) - s_dsum[get<1>(tScS_rc(mi, ni))]) : 0.f; });
+    each_pair([&](int mi, int ni, bool vis) {
+      const float v = S(mi, ni) * (dP(mi, ni) - s_dsum[get<1>(tScS_rc(mi, ni))]);
+      dP(mi, ni) = vis ? v : 0.f;
+    });
     Tensor ds_lp = convert_frag<Element>(tSrdP);
     Tensor tdSrdS = make_tensor(ds_lp.data(), acc_to_a(ds_lp.layout()));  // the dK product's A operand
 
@@ -317,16 +364,19 @@ __device__ void wg_consumer(WgmmaParams<Traits> const& kp, BackwardWork const& w
     wg_gemm<false, -1, true>(mma_dkv, tdSrdS, tKrQt(_, _, _, st.index()), acc_dk);
     warpgroup_wait<1>();  // dV and dQ done (dK may run)
     warpgroup_fence_operand(acc_dq);
-    wg_store_dq<Traits>(p, w, h, m, wg, wg_tid, acc_dq, sdq_tile);
+    // The warpgroup's rows: its slot's group (a slot that is not live adds nothing).
+    wg_store_dq<Traits>(p, w.kh * p.group + e[Traits::kStepHh + dq_slot],
+                        std::int64_t(w.row_start) + std::int64_t(e[Traits::kStepG + dq_slot]) * kVoteRows, wg,
+                        wg_tid, ((live >> dq_slot) & 1u) != 0, acc_dq, sdq_tile);
     warpgroup_wait<0>();  // dK done: its A (dS^T registers) and B (Q^T of the stage) are read
     warpgroup_fence_operand(acc_dk);
     warpgroup_fence_operand(acc_dv);
     warpgroup_fence_operand(tPrP);
     warpgroup_fence_operand(tdSrdS);
-    pipe.consumer_release(st);  // Q and dO of this stage are read
+    pipe.consumer_release(st);  // Q and dO of this stage (and the step's ring entry) are read
     ++st;
     ds_buf ^= 1;
-    ++m;
+    if (e[Traits::kStepLast] != 0) break;  // rewritten for step k + kStepRing only after step k + 1 is released
   }
   if (wg_tid == 0) tma_store_wait<0>();  // the last reduce-add has read the dQ tile
 
@@ -360,19 +410,19 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
   auto& ss = *reinterpret_cast<typename Traits::SharedStorage*>(smem_raw);
   const BackwardParams& p = kp.p;
 
-  constexpr int G = Traits::kGroupsPerStep;
   BackwardWork w;
-  if (!BackwardScheduler::get<Traits::kBlockM, Traits::kBlockN>(p, w)) return;  // uniform: the whole CTA
+  // The CTA's query blocks in vote groups: the steps take kept groups wherever they lie.
+  if (!BackwardScheduler::get<Traits::kVoteRows, Traits::kBlockN>(p, w)) return;  // uniform: the whole CTA
   const int tid = int(threadIdx.x);
-  // SPEC §9: a key block whose steps the skip set removes for every query head of the CTA costs
-  // no work, not even the K / V loads.
-  // The CTA's kept steps into shared memory when there is a skip set and they fit (uniform).
+  // SPEC §9: a key block whose vote groups the skip set removes for every query head of the CTA
+  // costs no work, not even the K / V loads.
+  // The CTA's kept groups into shared memory when there is a skip set and they fit (uniform).
   const std::uint32_t* kept_words =
-      p.skip_bits != nullptr && BackwardScheduler::kept_words_needed<G>(p, w) <= Traits::kKeptWords ? ss.kept.data()
-                                                                                                   : nullptr;
+      p.skip_bits != nullptr && BackwardScheduler::kept_words_needed(p, w) <= Traits::kKeptWords ? ss.kept.data()
+                                                                                                : nullptr;
   const int kept_here = kept_words != nullptr
-                            ? BackwardScheduler::load_kept_words<G>(p, w, ss.kept.data(), tid, Traits::kNumThreads)
-                            : BackwardScheduler::kept_share<G>(p, w, tid, Traits::kNumThreads);
+                            ? BackwardScheduler::load_kept_words(p, w, ss.kept.data(), tid, Traits::kNumThreads)
+                            : BackwardScheduler::kept_share(p, w, tid, Traits::kNumThreads);
   if (!__syncthreads_or(kept_here)) {
     write_dkdv_zero<Traits>(p, w, tid);
     return;
@@ -388,7 +438,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     cutlass::arch::ClusterTransactionBarrier::init(&ss.barrier_kv, 1);
   }
   typename Pipeline::Params pp;
-  pp.transaction_bytes = 2 * Traits::kTmaBytesQ + 2 * Traits::kBulkBytesRows;  // Q, dO, LSE and D of one step
+  pp.transaction_bytes = Traits::kStageBytes;  // Q, dO, LSE and D of one step
   pp.role = wg_idx == 0 ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
   pp.is_leader = threadIdx.x == 0;
   pp.num_consumers = Traits::kNumMmaThreads;
@@ -400,7 +450,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     if (threadIdx.x == 0) wg_producer<Traits>(kp, w, ss, pipe, kept_words);
   } else {
     cutlass::arch::warpgroup_reg_alloc<Traits::kRegConsumer>();
-    wg_consumer<Traits>(kp, w, ss, pipe, tid - 128, kept_words);
+    wg_consumer<Traits>(kp, w, ss, pipe, tid - 128);
   }
 #endif
 }
@@ -430,10 +480,10 @@ void launch_backward_wgmma(const BackwardParams& p, cudaStream_t stream) {
   auto gdo = make_tensor(make_gmem_ptr(static_cast<Element const*>(p.dout_main)), kp.layout_do);
   auto gk = make_tensor(make_gmem_ptr(static_cast<Element const*>(p.k)), kp.layout_k);
   auto gv = make_tensor(make_gmem_ptr(static_cast<Element const*>(p.v)), kp.layout_v);
-  using TileQ = Shape<Int<Traits::kBlockM>, Int<Traits::kHeadDim>>;
+  using TileQ = Shape<Int<Traits::kVoteRows>, Int<Traits::kHeadDim>>;  // one slot (vote group)
   using TileK = Shape<Int<Traits::kBlockN>, Int<Traits::kHeadDim>>;
-  kp.tma_q = make_tma_copy(SM90_TMA_LOAD{}, gq, take<0, 2>(typename Traits::SmemLayoutQ{}), TileQ{}, _1{});
-  kp.tma_do = make_tma_copy(SM90_TMA_LOAD{}, gdo, take<0, 2>(typename Traits::SmemLayoutDO{}), TileQ{}, _1{});
+  kp.tma_q = make_tma_copy(SM90_TMA_LOAD{}, gq, typename Traits::SmemLayoutSlot{}, TileQ{}, _1{});
+  kp.tma_do = make_tma_copy(SM90_TMA_LOAD{}, gdo, typename Traits::SmemLayoutSlot{}, TileQ{}, _1{});
   kp.tma_k = make_tma_copy(SM90_TMA_LOAD{}, gk, typename Traits::SmemLayoutK{}, TileK{}, _1{});
   kp.tma_v = make_tma_copy(SM90_TMA_LOAD{}, gv, typename Traits::SmemLayoutV{}, TileK{}, _1{});
 

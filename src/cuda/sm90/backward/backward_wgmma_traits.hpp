@@ -1,10 +1,10 @@
 // Internal: compile-time shape of the warp-specialised sm_90a backward kernel (TMA loads, wgmma)
 // as one function of (element type, head dim). One CTA owns one 128-key block (the SPEC tile) of
 // one KV head: warpgroup 0 produces (TMA of K and V once, then Q and dO per step through a
-// kStages-deep pipeline), warpgroups 1 and 2 consume, each owning 64 of the 128 keys. A step is one
-// (query head, kBlockM-row query block) pair: one forward vote group of 64 rows at d = 128, two at
-// d = 64 (SPEC §9 skip-set bits: a step runs when one of its groups is kept; the rows of a skipped
-// group are masked in it).
+// kStages-deep pipeline), warpgroups 1 and 2 consume, each owning 64 of the 128 keys. A step is
+// kBlockM query rows: one forward vote group of 64 rows at d = 128, two at d = 64, each the next
+// kept (query head, vote group) of the CTA wherever it lies (BackwardScheduler::next_step; SPEC
+// §9: a skipped group costs nothing; a slot past the list's end repeats one and is masked).
 //
 // The scores are computed transposed (keys x rows), so that P^T and dS^T are already the register
 // A operands of dV += P^T dO and dK += dS^T Q; dQ = dS K reads dS from shared memory (both
@@ -38,7 +38,7 @@ struct BackwardWgmmaTraits {
   static constexpr int kHeadDim = kHeadDim_;
   static_assert(kHeadDim == 64 || kHeadDim == 128, "the tilings below are written for d = 64 and 128");
   static_assert(sizeof(Element) == 2, "16-bit inputs");
-  // Query rows per step. d = 64: 128 (two vote groups), so that the S^T / dP^T products are
+  // Query rows per step. d = 64: 128 (two kept vote groups), so that the S^T / dP^T products are
   // 64 x 128 (N = 128: the wgmma shape whose shared-memory operand reads keep up with the tensor
   // cores; N = 64 reads one byte per FMA more) and a step's fixed costs (barriers, pipeline, LSE /
   // D, the dQ way out) are paid once per 128 rows; the accumulators (S^T, dP^T 64 each, dK, dV 32
@@ -140,19 +140,39 @@ struct BackwardWgmmaTraits {
   using GStride = Stride<int64_t, _1, int64_t, int64_t>;
   using GLayout = Layout<GShape, GStride>;
   static auto dummy_gtensor() { return make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), GLayout{}); }
-  using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, dummy_gtensor(), take<0, 2>(SmemLayoutQ{}),
-                                      Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{}));
+  // A step's G vote groups lie anywhere (BackwardScheduler::next_step), so Q and dO arrive one
+  // group (slot) at a time: slot r of a stage is rows [64 r, 64 r + 64) of its tile, a whole
+  // number of swizzle atoms (tests/gpu_backward/test_wgmma_layouts.cu checks that the slot layout
+  // at slot_offset addresses the same element as the stage's tile).
+  using SmemLayoutSlot = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kVoteRows>, Int<kHeadDim>>{}));
+  CUTE_HOST_DEVICE static constexpr int slot_offset(int stage, int r) {
+    return (stage * kGroupsPerStep + r) * kVoteRows * kHeadDim;
+  }
+  using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, dummy_gtensor(), SmemLayoutSlot{},
+                                      Shape<Int<kVoteRows>, Int<kHeadDim>>{}, _1{}));
   using TmaK = decltype(make_tma_copy(SM90_TMA_LOAD{}, dummy_gtensor(), SmemLayoutK{},
                                       Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
-  static constexpr uint32_t kTmaBytesQ = kBlockM * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kTmaBytesSlot = kVoteRows * kHeadDim * sizeof(Element);
   static constexpr uint32_t kTmaBytesK = kBlockN * kHeadDim * sizeof(Element);
-  // Kept-step words in shared memory: 32768 steps (e.g. 8 query heads per KV head x 4096 query
-  // blocks = 256k tokens); a CTA with more walks the skip set in global memory.
+  // Kept-group words in shared memory: 32768 (query head, vote group) pairs (e.g. 8 query heads
+  // per KV head x 4096 vote groups = 256k tokens); a CTA with more walks the skip set in global
+  // memory.
   static constexpr int kKeptWords = 1024;
-  static constexpr uint32_t kBulkBytesRows = kBlockM * sizeof(float);  // one LSE or D run of a step
-  // A step's rows lie inside its sequence's own rows (each sequence starts at a multiple of
+  static constexpr uint32_t kBulkBytesSlot = kVoteRows * sizeof(float);  // one LSE or D run of a slot
+  // A group's rows lie inside its sequence's own rows (each sequence starts at a multiple of
   // kLseRowAlign and owns its length rounded up to one).
-  static_assert(kBulkBytesRows % 16 == 0 && kLseRowAlign % kBlockM == 0, "bulk copies of whole aligned runs");
+  static_assert(kBulkBytesSlot % 16 == 0 && kLseRowAlign % kVoteRows == 0, "bulk copies of whole aligned runs");
+  // Q, dO, LSE and D of one step: the transaction bytes of a stage.
+  static constexpr uint32_t kStageBytes = kGroupsPerStep * (2 * kTmaBytesSlot + 2 * kBulkBytesSlot);
+
+  // The producer publishes each step's groups (BackwardStep) in a shared ring, written before
+  // the stage's producer_acquire and read by the consumers after their consumer_wait (the
+  // stage's full barrier orders the two). kStepRing = 2 kStages entries: when the producer
+  // writes step k's entry it has acquired step k - 1's stage, so the consumers have released
+  // step k - 1 - kStages and moved past entry k - kStepRing. Entry: hh[G], g[G], live, last.
+  static constexpr int kStepRing = 2 * kStages;
+  static constexpr int kStepHh = 0, kStepG = kGroupsPerStep, kStepLive = 2 * kGroupsPerStep,
+                       kStepLast = 2 * kGroupsPerStep + 1, kStepInts = 2 * kGroupsPerStep + 2;
 
   using Pipeline = cutlass::PipelineTmaAsync<kStages>;
   using PipelineState = cutlass::PipelineState<kStages>;
@@ -167,8 +187,9 @@ struct BackwardWgmmaTraits {
     // LSE (log2) and D of each stage's kBlockM query rows: one bulk copy each, on the stage's barrier.
     cute::array_aligned<float, kStages * kBlockM, 128> lse;
     cute::array_aligned<float, kStages * kBlockM, 128> dsum;
-    // The CTA's kept steps (BackwardScheduler::load_kept_words), when the skip set's fit.
+    // The CTA's kept vote groups (BackwardScheduler::load_kept_words), when the skip set's fit.
     cute::array_aligned<std::uint32_t, kKeptWords, 16> kept;
+    cute::array_aligned<int, kStepRing * kStepInts, 16> steps;  // the step ring (above)
     typename Pipeline::SharedStorage pipe_qdo;
     cutlass::arch::ClusterTransactionBarrier::ValueType barrier_kv;
   };
