@@ -7,7 +7,8 @@
 #    (issue 14's ratios with the d = 64 dQ sum and the dQ store order);
 # 4. with the time left, WHAT=bwdfull scripts/device_call_ncu.sh on the same build (ours and cuDNN's
 #    backward kernels, d128 full 8k and d64 causal 16k).
-# Short tables on stdout; logs and tables under $OUT. Carry .deps/cutlass, .deps/include, .deps/googletest.
+# DECODE=0 skips 2, NCU=0 skips 4; PYTEST_BWD=1 runs the backward's Python tests (BLASST_REQUIRE_GPU=1)
+# after the build. Short tables on stdout; logs and tables under $OUT. Carry .deps/cutlass, .deps/include, .deps/googletest.
 cd "$(dirname "$0")/.."
 S=$(date +%s); OUT=${OUT:-/tmp/peers}; mkdir -p "$OUT"; B=${BUILD_DIR:-build-peers}
 LIMIT=${LIMIT_S:-585}
@@ -20,15 +21,22 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noh
 rc=$?; echo "build rc=$rc t=$(($(date +%s) - S))"
 [ $rc -ne 0 ] && { grep -E "error|FAILED" "$OUT/build.log" | head -20; exit 1; }
 COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
-BLASST_COMMIT=$COMMIT timeout 150 python3 bench/decode/bench_decode.py "$B/bench/decode/libblasst_decode_bench.so" "$OUT" --quick \
-  > "$OUT/decode.log" 2>&1
-echo "bench_decode --quick rc=$? t=$(($(date +%s) - S))"; cat "$OUT/decode_bench.md" 2>/dev/null | grep -E "^\|" | head -30
+if [ "${DECODE:-1}" = 1 ]; then
+  BLASST_COMMIT=$COMMIT timeout 150 python3 bench/decode/bench_decode.py "$B/bench/decode/libblasst_decode_bench.so" "$OUT" --quick \
+    > "$OUT/decode.log" 2>&1
+  echo "bench_decode --quick rc=$? t=$(($(date +%s) - S))"; cat "$OUT/decode_bench.md" 2>/dev/null | grep -E "^\|" | head -30
+fi
+if [ "${PYTEST_BWD:-0}" = 1 ]; then  # the backward's Python tests on the GPU (autograd, torch.compile)
+  PYTHONPATH="$PWD/$B/python" BLASST_REQUIRE_GPU=1 timeout 200 python3 -m pytest -q tests/python/test_backward_cpu.py \
+    tests/python/test_torch.py tests/python/test_torch_eager_cpu.py > "$OUT/pytest_bwd.log" 2>&1
+  echo "pytest backward rc=$? t=$(($(date +%s) - S)): $(tail -1 "$OUT/pytest_bwd.log")"
+fi
 r=$(left); [ $r -gt 200 ] && r=200
 PYTHONPATH="$PWD/$B/python" timeout $r python3 bench/backward/bench_backward_peers.py --quick --d64 --out "$OUT" > "$OUT/peers.log" 2>&1
 echo "bench_backward_peers --quick --d64 rc=$? t=$(($(date +%s) - S))"; grep -E "^\|" "$OUT/bench_backward_peers.md" 2>/dev/null | head -30
 grep -v "^|" "$OUT/peers.log" | tail -3  # (the table is above)
 r=$(left)
-if [ $r -gt 60 ]; then
+if [ "${NCU:-1}" = 1 ] && [ $r -gt 60 ]; then
   WHAT=bwdfull NO_BUILD=1 BUILD_DIR=$B LIMIT_S=$r bash scripts/device_call_ncu.sh 2>&1 | tail -8
 fi
 echo "t=$(($(date +%s) - S))"

@@ -88,10 +88,10 @@ __device__ void wg_producer(WgmmaParams<Traits> const& kp, BackwardWork const& w
   constexpr int G = Traits::kGroupsPerStep;
   auto st = cutlass::make_producer_start_state<typename Traits::Pipeline>();
   int x = 0;
-  BackwardStep<G> step;
+  BackwardStep<G> step{};
   bool have = BackwardScheduler::next_step<G>(p, w, kept_words, x, step);
   for (int k = 0; have; ++k) {
-    BackwardStep<G> next;
+    BackwardStep<G> next{};
     const bool more = BackwardScheduler::next_step<G>(p, w, kept_words, x, next);
     int* e = ss.steps.data() + (k % Traits::kStepRing) * Traits::kStepInts;
     CUTLASS_PRAGMA_UNROLL
