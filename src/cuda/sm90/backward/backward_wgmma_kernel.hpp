@@ -264,7 +264,8 @@ __device__ void wg_consumer(WgmmaParams<Traits> const& kp, BackwardWork const& w
     CUTLASS_PRAGMA_UNROLL
     for (int r = 0; r < G; ++r) {  // (kept rolled below: only ragged sequences' last groups zero rows)
       const int r0 = e[Traits::kStepG + r] * kVoteRows;
-      masked |= r0 + kVoteRows > w.len_q || (p.causal && n0 + kBlockN - 1 > r0 + kVoteRows - 1 + diag);
+      // Causal: the slot's first row (the one that sees the fewest keys) must see the block's last key.
+      masked |= r0 + kVoteRows > w.len_q || (p.causal && n0 + kBlockN - 1 > r0 + diag);
       if (ragged && r0 + kVoteRows > w.len_q) {
         zero_rows_from<Element>(make_tensor(make_smem_ptr(ss.q.data() + Traits::slot_offset(st.index(), r)),
                                             typename Traits::SmemLayoutSlot{}),
