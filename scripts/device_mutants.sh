@@ -57,6 +57,7 @@ TABLE=(
   "backward-removed-block-by-first-head|test_gpu_backward|tests/gpu_backward/test_gpu_backward|GpuBackward.SkipSetMatchesReference"
   "backward-kept-walk-off-by-one|test_gpu_backward|tests/gpu_backward/test_gpu_backward|GpuBackward.SkipSetMatchesReference"
   "backward-step-half-not-masked|test_gpu_backward|tests/gpu_backward/test_gpu_backward|GpuBackward.SkipSetMatchesReference"
+  "backward-causal-mask-last-row|test_gpu_backward|tests/gpu_backward/test_gpu_backward|GpuBackward.GroupedQueryHeads"
   "backward-lse-rows-unpadded|test_gpu_backward|tests/gpu_backward/test_gpu_backward|GpuBackward.RaggedBatch:GpuBackward.BatchHeadDimsAndDtypes"
 )
 
