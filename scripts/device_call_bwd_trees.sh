@@ -8,8 +8,9 @@
 #   (then keep only the BLASST_BACKWARD_KERNEL lines of .ab/*/src/cuda/sm90/kernel_table.inc: the
 #   backward tests run the forward on the reference engine)
 # Carry .deps/cutlass .deps/include .deps/googletest .ab. TREES (default "b0 h"); TEST_TREES (trees
-# whose tests run; default none); MUT_TREES (trees with a mutant applied: only their
-# GpuBackward.SkipSetMatchesReference runs, which must fail); ROWS (default: d 64 full 8k and causal 16k at 0 / 50 / 70 / 90 %);
+# whose tests run; default none); MUT_TREES (trees with a mutant applied, as name or
+# name:gtest-filter: only that filter runs, GpuBackward.SkipSetMatchesReference by default, and it
+# must fail); ROWS (default: d 64 full 8k and causal 16k at 0 / 50 / 70 / 90 %);
 # ROUNDS (2). Prints round, tree, d, mask, L, target, achieved, ms, TFLOP/s, speedup over the same
 # tree's dense.
 cd "$(dirname "$0")/.."
@@ -17,7 +18,7 @@ S=$(date +%s); TREES=${TREES:-"b0 h"}; TEST_TREES=${TEST_TREES:-}; MUT_TREES=${M
 ROWS=${ROWS:-"64:0:8192:0 64:0:8192:0.5 64:0:8192:0.7 64:0:8192:0.9 64:1:16384:0 64:1:16384:0.5 64:1:16384:0.7 64:1:16384:0.9"}
 OUT=${OUT:-/tmp/bwd_trees}; mkdir -p "$OUT"
 for n in $(echo $TREES $TEST_TREES $MUT_TREES | tr ' ' '\n' | sed 's/:.*//' | sort -u); do
-  case " $TEST_TREES $MUT_TREES " in *" $n "*) tests=ON; targets="bench_backward test_gpu_backward" ;; *) tests=OFF; targets=bench_backward ;; esac
+  case " $TEST_TREES $(echo $MUT_TREES | sed 's/:[^ ]*//g') " in *" $n "*) tests=ON; targets="bench_backward test_gpu_backward" ;; *) tests=OFF; targets=bench_backward ;; esac
   ( cmake -S .ab/$n -B build-ab-$n -G Ninja -DCMAKE_BUILD_TYPE=Release -DBLASST_BUILD_CLI=OFF -DBLASST_BUILD_PYTHON=OFF \
       -DBLASST_BUILD_TESTS=$tests -DBLASST_DEPS_DIR="$PWD/.deps" -DBLASST_CUTLASS_INCLUDE="$PWD/.deps/cutlass/include" &&
     cmake --build build-ab-$n -j 8 --target $targets ) > "$OUT/build_$n.log" 2>&1 &
