@@ -1,8 +1,11 @@
 #!/usr/bin/env python3
 """How much more work 128-row backward steps do than 64-row ones under a skip set (CPU, numpy).
 
-The d = 64 wgmma backward walks 128 query rows a step (two forward vote groups of 64): a step runs
-for a key tile when either group keeps it. With 64-row steps only kept groups ran. This estimates
+The d = 64 wgmma backward of ab66790 .. b736425 walked 128 query rows a step (two neighbouring
+forward vote groups of 64): a step ran for a key tile when either group kept it (since 2026-12-07 a
+step takes the next two kept groups wherever they lie, so this ratio is 1 by construction; kept as
+the record of the estimate, bench/results/backward_step_pairs_2026-12-06_cpu.md). With 64-row steps
+only kept groups ran. This estimates
 the ratio (rows of kept 128-row steps) / (rows of kept 64-row groups) over the visited pairs for
 the llm (causal) and dit (full) workloads of bench/prefill/bench_prefill.py (the same generators,
 numpy's RNG instead of torch's: the same distributions, not the same draws), and for an i.i.d.

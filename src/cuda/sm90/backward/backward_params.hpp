@@ -24,9 +24,9 @@ inline constexpr int kVoteRows = 64;
 // The vote groups of a sequence of len_q rows.
 BLASST_HOST_DEVICE int vote_groups(int len_q) { return (len_q + kVoteRows - 1) / kVoteRows; }
 
-// Rows of the LSE / D workspace per alignment unit: the longest query block of a backward step
-// (128 rows at d = 64, BackwardWgmmaTraits::kBlockM; 512 bytes of f32), so that every step's rows
-// are one aligned run inside its sequence's own rows.
+// Rows of the LSE / D workspace per alignment unit (512 bytes of f32), a multiple of the vote
+// group, so that every group's rows (one slot of a backward step: its LSE / D bulk copies and its
+// 64-row dQ tile) are one aligned run inside its sequence's own rows.
 inline constexpr int kLseRowAlign = 128;
 
 struct BackwardParams {
