@@ -20,7 +20,8 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noh
   cmake --build $B -j "$(nproc)"; } > "$OUT/build.log" 2>&1
 rc=$?; echo "build rc=$rc t=$(($(date +%s) - S))"
 [ $rc -ne 0 ] && { grep -E "error|FAILED" "$OUT/build.log" | head -20; exit 1; }
-COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+# The device's copy has no git: pass BLASST_COMMIT=<hash> in the run's command line (else "unknown").
+COMMIT=${BLASST_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 if [ "${DECODE:-1}" = 1 ]; then
   BLASST_COMMIT=$COMMIT timeout 150 python3 bench/decode/bench_decode.py "$B/bench/decode/libblasst_decode_bench.so" "$OUT" --quick \
     > "$OUT/decode.log" 2>&1
@@ -32,7 +33,7 @@ if [ "${PYTEST_BWD:-0}" = 1 ]; then  # the backward's Python tests on the GPU (a
   echo "pytest backward rc=$? t=$(($(date +%s) - S)): $(tail -1 "$OUT/pytest_bwd.log")"
 fi
 r=$(left); [ $r -gt 200 ] && r=200
-PYTHONPATH="$PWD/$B/python" timeout $r python3 bench/backward/bench_backward_peers.py --quick --d64 --out "$OUT" > "$OUT/peers.log" 2>&1
+BLASST_COMMIT=$COMMIT PYTHONPATH="$PWD/$B/python" timeout $r python3 bench/backward/bench_backward_peers.py --quick --d64 --out "$OUT" > "$OUT/peers.log" 2>&1
 echo "bench_backward_peers --quick --d64 rc=$? t=$(($(date +%s) - S))"; grep -E "^\|" "$OUT/bench_backward_peers.md" 2>/dev/null | head -30
 grep -v "^|" "$OUT/peers.log" | tail -3  # (the table is above)
 r=$(left)
