@@ -262,7 +262,7 @@ __device__ void wg_consumer(WgmmaParams<Traits> const& kp, BackwardWork const& w
     bool masked = n0 + kBlockN > w.len_k || live != (1u << G) - 1;
     bool zeroed = false;
     CUTLASS_PRAGMA_UNROLL
-    for (int r = 0; r < G; ++r) {  // (kept rolled below: only ragged sequences' last groups zero rows)
+    for (int r = 0; r < G; ++r) {
       const int r0 = e[Traits::kStepG + r] * kVoteRows;
       // Causal: the slot's first row (the one that sees the fewest keys) must see the block's last key.
       masked |= r0 + kVoteRows > w.len_q || (p.causal && n0 + kBlockN - 1 > r0 + diag);
