@@ -805,8 +805,8 @@ TEST(GpuBackward, MisalignedOutputsTakeTheElementStores) {
 }
 #endif
 
-// attention_backward_workspace_bytes: D and LSE [Hq, B x Lq rounded up to 128 rows per sequence:
-// the 128-row query blocks of the d = 64 kernel], the f32 dQ accumulator over the same rows
+// attention_backward_workspace_bytes: D and LSE [Hq, B x Lq rounded up to 128 rows per sequence
+// (kLseRowAlign: every vote group's rows one aligned run)], the f32 dQ accumulator over the same rows
 // [Hq, rows, d] (in 64 x 64 tiles), the converted dO (f32 dout only) and the skip bits, each
 // 256-byte aligned; 0 for the reference. Sizing runs no CUDA work (a CUDA build without a GPU
 // answers too).

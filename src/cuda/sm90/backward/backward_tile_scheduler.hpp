@@ -94,13 +94,18 @@ struct BackwardScheduler {
     return p.group * (w.m_end - w.m_begin);
   }
 
+  // Whether the skip set keeps the pair at flat index x (< flat_groups) for this key block.
+  BLASST_HOST_DEVICE static bool kept_at(const BackwardParams& p, const BackwardWork& w, int x) {
+    const int nm = w.m_end - w.m_begin;
+    return !skipped(p, w, w.kh * p.group + x / nm, w.m_begin + x % nm);
+  }
+
   // 1 when some vote group of the CTA (any query head of its KV group) is kept, as seen by this
   // thread's share of them (x = tid, tid + nthreads, ...); the caller ORs it over the CTA
   // (__syncthreads_or). SPEC §9: a key block with none kept costs no work.
   __device__ static int kept_share(const BackwardParams& p, const BackwardWork& w, int tid, int nthreads) {
-    const int nm = w.m_end - w.m_begin;
     for (int x = tid; x < flat_groups(p, w); x += nthreads)
-      if (!skipped(p, w, w.kh * p.group + x / nm, w.m_begin + x % nm)) return 1;
+      if (kept_at(p, w, x)) return 1;
     return 0;
   }
 
@@ -115,12 +120,12 @@ struct BackwardScheduler {
   }
   __device__ static int load_kept_words(const BackwardParams& p, const BackwardWork& w, std::uint32_t* words,
                                         int tid, int nthreads) {
-    const int nm = w.m_end - w.m_begin, n = flat_groups(p, w), nwords = (n + 31) / 32;
+    const int n = flat_groups(p, w), nwords = (n + 31) / 32;
     const int lane = tid % 32;
     int any = 0;
     for (int wd = tid / 32; wd < nwords; wd += nthreads / 32) {  // the same trip count in a warp
       const int x = wd * 32 + lane;
-      const bool kept = x < n && !skipped(p, w, w.kh * p.group + x / nm, w.m_begin + x % nm);
+      const bool kept = x < n && kept_at(p, w, x);
       const std::uint32_t bits = __ballot_sync(0xffffffffu, kept);
       if (lane == 0) words[wd] = bits;
       any |= int(kept);
@@ -145,9 +150,8 @@ struct BackwardScheduler {
       }
       return false;
     }
-    const int nm = w.m_end - w.m_begin;
     for (; x < n; ++x)
-      if (!skipped(p, w, w.kh * p.group + x / nm, w.m_begin + x % nm)) return true;
+      if (kept_at(p, w, x)) return true;
     return false;
   }
 
