@@ -10,7 +10,7 @@
 #   3. ncu full set with source-level sampling (build with -lineinfo: SASS unchanged) of the main
 #      kernel at NCU_ROWS (default: d128 full 8k dense, d64 full 8k at 0.7); reports in
 #      $OUT/floor.tgz, read locally with scripts/ncurep_dump.py --sass.
-# Uses BUILD_DIR (default build-device, e.g. left by `LINEINFO=1 scripts/device_all.sh` on the same
+# ROWS=none: no bench rows (e.g. after device_call_bwd_trees.sh). Uses BUILD_DIR (default build-device, e.g. left by `LINEINFO=1 scripts/device_all.sh` on the same
 # warm machine); builds bench_backward there (with -lineinfo) when it is missing.
 # Carry .deps/cutlass .deps/include .deps/googletest.
 set -uo pipefail
@@ -29,6 +29,7 @@ fi
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee $L/gpu.txt
 ROWS=${ROWS:-"64:0 64:0.5 64:0.7 64:0.9 64:0.99 64:1 128:0 128:0.7 128:0.9 128:0.99 128:1"}
 echo "== bench_backward full 8k (round d target achieved ms TFLOP/s x)"
+[ "$ROWS" = none ] && ROWS=  # the ncu parts only
 for r in 1 2; do
   for row in $ROWS; do
     IFS=: read -r d sp <<< "$row"

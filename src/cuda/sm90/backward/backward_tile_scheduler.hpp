@@ -11,7 +11,8 @@
 // longest first: key block outer, KV head inner, over sections of causal_launch_section_heads
 // KV heads (backward_params.hpp: the largest divisor of hk within about 32k tiles of work, a
 // measured compromise between the L2 reuse of few heads side by side and the even last wave of
-// many; the next section starts as this one's short blocks end).
+// many; the next section starts as this one's short blocks end). With a skip set, key block 0 of
+// every KV head launches first (launch_block_and_head's sink_first: block 0 keeps all its work).
 #pragma once
 
 #include <cstdint>
@@ -56,7 +57,8 @@ struct BackwardScheduler {
   // False when the CTA's key block lies past its sequence's end (nothing to write).
   template <int kBlockM, int kBlockN>
   __device__ static bool get(const BackwardParams& p, BackwardWork& w) {
-    launch_block_and_head(int(blockIdx.x), p.num_n_blocks, p.hk, p.causal, p.causal_section_heads, w.n_block, w.kh);
+    launch_block_and_head(int(blockIdx.x), p.num_n_blocks, p.hk, p.causal, p.causal_section_heads, p.skip_bits != nullptr,
+                          w.n_block, w.kh);
     w.b = int(blockIdx.z);
     if (p.cu_q != nullptr) {
       w.q_start = p.cu_q[w.b];
