@@ -129,7 +129,9 @@ if [ "${EAGER:-0}" = 1 ]; then
 fi
 
 # The device tool returns a handful of files: the sanitizer and wheel logs travel packed.
-(cd "$OUT" && ls sanitizer_*.log wheels.log 2> /dev/null | tar czf logs.tgz -T - && rm -f sanitizer_*.log wheels.log)
+# (ls fails when a name is missing, e.g. no wheels.log: under pipefail that used to skip the rm and
+# leave too many files to come back.)
+(cd "$OUT" && { ls sanitizer_*.log wheels.log 2> /dev/null || true; } | tar czf logs.tgz -T - && rm -f sanitizer_*.log wheels.log)
 
 echo "==== failures (if any)"
 grep -E "FAILED|Failure|Error" "$OUT/ctest.log" "$OUT/pytest.log" | head -30

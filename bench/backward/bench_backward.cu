@@ -99,7 +99,9 @@ double make_set(const Config& c, blasst::SkipSet& set) {
   const i64 groups = (c.L + 63) / 64, tiles = (c.L + 127) / 128;
   set.resize(vote, c.B, c.H, groups, tiles);
   i64 visited = 0, skipped = 0;
-  const std::uint64_t thresh = std::uint64_t(c.sparsity * 18446744073709551615.0);
+  // s = 1 as the largest value (2^64 itself does not convert: it skipped nothing, silently).
+  const std::uint64_t thresh =
+      c.sparsity >= 1.0 ? ~std::uint64_t(0) : std::uint64_t(c.sparsity * 18446744073709551616.0);
   for (i64 b = 0; b < c.B; ++b)
     for (i64 h = 0; h < c.H; ++h)
       for (i64 g = 0; g < groups; ++g) {
@@ -222,7 +224,10 @@ int main(int argc, char** argv) {
     else if (a == "--l") Ls = {std::atoll(next())};
     else if (a == "--d") ds = {std::atoll(next())};
     else if (a == "--causal") causals = {std::atoi(next())};
-    else if (a == "--sparsity") sps = {std::atof(next())};
+    else if (a == "--sparsity") {
+      sps = {std::atof(next())};
+      if (!(sps[0] >= 0.0 && sps[0] <= 1.0)) { std::fprintf(stderr, "--sparsity: in [0, 1], got %s\n", argv[i]); return 2; }
+    }
     else if (a == "--iters") iters = std::max(1, std::atoi(next()));
     else if (a == "--dtype") dtype = blasst::parse_dtype(next());
     else if (a == "--kernel") {

@@ -762,7 +762,7 @@ TEST(GpuBackward, DeviceTensorsStreamAndCallerWorkspace) {
 // boundary and a dk / dv one element past a 4-byte one take the element paths (both kernels). The
 // gradients must still equal the reference, and the elements in front of each tensor keep their
 // guard bytes.
-TEST(GpuBackward, MisalignedOutputsTakeTheElementStores) {
+TEST(GpuBackward, MisalignedOutputsTakeTheElementStores) {  // (a misaligned O: the element loads)
   REQUIRE_GPU();
   Case c;
   c.Lq = c.Lk = 200;
@@ -780,9 +780,13 @@ TEST(GpuBackward, MisalignedOutputsTakeTheElementStores) {
     Call host(c, in, c.dtype, c.io_dtype, c.grad_dtype, DType::f32);
     DeviceBuffers dev;
     AttentionBackwardProblem p = host.p;
-    for (auto [h, d] : {std::pair{&host.p.q, &p.q}, {&host.p.k, &p.k}, {&host.p.v, &p.v}, {&host.p.out, &p.out},
-                        {&host.p.dout, &p.dout}, {&host.p.lse, &p.lse}})
+    for (auto [h, d] : {std::pair{&host.p.q, &p.q}, {&host.p.k, &p.k}, {&host.p.v, &p.v}, {&host.p.dout, &p.dout},
+                        {&host.p.lse, &p.lse}})
       *d = dev.copy(*h);
+    // O shifted by one element: the preprocess reads it (and dO) element by element, not 16 bytes
+    // at a time (O is read by nothing else, so no alignment is asked of it).
+    p.out = dev.copy(host.p.out, 1);
+    ASSERT_NE(reinterpret_cast<std::uintptr_t>(p.out.data) % 16, 0u) << "out is 16-byte aligned: the case did not happen";
     const std::size_t lead_dq = 2, lead_kv = 1;  // the NaN-poisoned host buffers, shifted
     p.dq = dev.copy(host.p.dq, lead_dq);
     p.dk = dev.copy(host.p.dk, lead_kv);

@@ -1,6 +1,6 @@
-// The backward's preprocess and postprocess kernels (backward_prepost.hpp). Plain CUDA: one warp
-// per row reduces dO . O (and zeroes the row's dQ accumulator); the postprocess is elementwise,
-// 8 elements per thread. Both are instantiated per (dtype, head dim).
+// The backward's preprocess and postprocess kernels (backward_prepost.hpp). Plain CUDA: kD / 8
+// threads per row reduce dO . O (and the grid zeroes the dQ accumulator); the postprocess is
+// elementwise, 8 elements per thread. Both are instantiated per (dtype, head dim).
 #include "cuda/sm90/backward/backward_prepost.hpp"
 
 #include <cmath>
@@ -56,43 +56,65 @@ __device__ __forceinline__ bool token_position(const BackwardParams& p, int tok,
   return true;
 }
 
-// One warp per (query token, query head) row; kD (the head dim) a constant so the row's loads
-// unroll and are all in flight at once. The row's dQ accumulator elements are zeroed here too
-// (dq_accum_index: column pairs are adjacent, one 8-byte store each), in place of a separate
-// memset pass.
+// kPreVec consecutive elements of a row of O or dO as floats: one 16-byte load where `vec` (a
+// 16-bit tensor whose pointer and strides allow it: decided on the host), else element by element.
+constexpr int kPreVec = 8;
+template <class E>
+__device__ __forceinline__ void load_row_chunk(const void* base, std::int64_t off, bool f32, bool vec,
+                                               float (&x)[kPreVec]) {
+  if (vec) {
+    const uint4 u = *reinterpret_cast<const uint4*>(static_cast<const E*>(base) + off);
+    const std::uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float2 f = unpack2<E>(w[j]);
+      x[2 * j] = f.x;
+      x[2 * j + 1] = f.y;
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < kPreVec; ++j) x[j] = load_f<E>(base, off + j, f32);
+  }
+}
+
+// D = rowsum(dO * O) per (query token, query head) row: kD / 8 threads a row, 8 elements each
+// (16-byte loads where `vec`), a shuffle reduction inside the row's lanes; rows in the order
+// tok * hq + h, so a warp reads consecutive heads of a token (contiguous in [B, L, H, d]). The f32
+// dQ accumulator is zeroed here as well, in place of a separate memset pass: the whole buffer
+// (padding rows included) as one contiguous range, 16-byte stores, each CTA its grid-stride share
+// (zeroing it row by row in its tile order scattered 8-byte stores: the kernel ran at ~1 TB/s).
 template <class E, int kD>
-__global__ void __launch_bounds__(kThreads) preprocess_kernel(const BackwardParams p) {
-  static_assert(kD % 64 == 0, "whole column pairs per lane");
-  const int lane = int(threadIdx.x) % 32;
-  const std::int64_t row = std::int64_t(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32;
-  if (row >= std::int64_t(p.tokens_q) * p.hq) return;
-  const int tok = int(row / p.hq), h = int(row % p.hq);
-  int b, i;
-  const bool in_sequence = token_position(p, tok, b, i);
-  if (in_sequence) {
-    const std::int64_t padded = lse_row_start(b, p.len_q, p.cu_q) + i;
-#pragma unroll
-    for (int c = 2 * lane; c < kD; c += 64)
-      *reinterpret_cast<float2*>(p.dq_accum + dq_accum_index(h, padded, c, p.rows_ld, kD)) = make_float2(0.f, 0.f);
+__global__ void __launch_bounds__(kThreads) preprocess_kernel(const BackwardParams p, bool vec) {
+  constexpr int kLanes = kD / kPreVec;  // threads per row: 8 (d 64) or 16 (d 128)
+  static_assert(32 % kLanes == 0, "a row's lanes inside one warp");
+  {
+    const std::int64_t n4 = std::int64_t(p.hq) * p.rows_ld * kD / 4;
+    float4* acc4 = reinterpret_cast<float4*>(p.dq_accum);
+    for (std::int64_t k = std::int64_t(blockIdx.x) * kThreads + threadIdx.x; k < n4;
+         k += std::int64_t(gridDim.x) * kThreads)
+      acc4[k] = make_float4(0.f, 0.f, 0.f, 0.f);
   }
-  const std::int64_t o_off = row_offset(p.out_s, p, tok, h), do_off = row_offset(p.dout_s, p, tok, h);
-  float g[kD / 32], o[kD / 32];
-#pragma unroll
-  for (int j = 0; j < kD / 32; ++j) {
-    g[j] = load_f<E>(p.dout, do_off + lane + 32 * j, p.dout_f32);
-    o[j] = load_f<E>(p.out, o_off + lane + 32 * j, p.out_f32);
-  }
+  const int sub = int(threadIdx.x) % kLanes, c0 = sub * kPreVec;
+  const std::int64_t row = std::int64_t(blockIdx.x) * (kThreads / kLanes) + threadIdx.x / kLanes;
+  // No early return: the reduction's shuffles take the whole warp (a row's lanes share `live`).
+  const bool live = row < std::int64_t(p.tokens_q) * p.hq;
+  const int tok = live ? int(row / p.hq) : 0, h = live ? int(row % p.hq) : 0;
+  int b = 0, i = 0;
+  const bool in_sequence = live && token_position(p, tok, b, i);
+  float g[kPreVec], o[kPreVec];
   float acc = 0.f;
+  if (live) {
+    load_row_chunk<E>(p.dout, row_offset(p.dout_s, p, tok, h) + c0, p.dout_f32, vec, g);
+    load_row_chunk<E>(p.out, row_offset(p.out_s, p, tok, h) + c0, p.out_f32, vec, o);
 #pragma unroll
-  for (int j = 0; j < kD / 32; ++j) acc += o[j] * g[j];
-  if (p.dout_conv != nullptr) {  // row = tok * hq + h: [tokens_q, hq, d]
-    E* conv = static_cast<E*>(p.dout_conv) + row * kD;
-#pragma unroll
-    for (int j = 0; j < kD / 32; ++j) conv[lane + 32 * j] = static_cast<E>(g[j]);
+    for (int j = 0; j < kPreVec; ++j) acc += o[j] * g[j];
+    if (p.dout_conv != nullptr)  // row = tok * hq + h: [tokens_q, hq, d], 16-byte aligned chunks
+      *reinterpret_cast<uint4*>(static_cast<E*>(p.dout_conv) + row * kD + c0) =
+          make_uint4(pack2<E>(g[0], g[1]), pack2<E>(g[2], g[3]), pack2<E>(g[4], g[5]), pack2<E>(g[6], g[7]));
   }
 #pragma unroll
-  for (int s = 16; s > 0; s >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, s);
-  if (lane == 0 && in_sequence) {
+  for (int s = kLanes / 2; s > 0; s >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, s);
+  if (sub == 0 && in_sequence) {
     const int len = p.cu_q != nullptr ? p.cu_q[b + 1] - p.cu_q[b] : p.len_q;
     const float lse = p.lse[lse_offset(p.lse_s, p, tok, h)];
     const float dlse = p.dlse != nullptr ? p.dlse[lse_offset(p.dlse_s, p, tok, h)] : 0.f;
@@ -162,8 +184,12 @@ template <class E, int kD>
 void launch_pre(const BackwardParams& p, cudaStream_t stream) {
   const std::int64_t rows = std::int64_t(p.tokens_q) * p.hq;
   if (rows == 0) return;
-  const std::int64_t blocks = (rows + kThreads / 32 - 1) / (kThreads / 32);
-  preprocess_kernel<E, kD><<<dim3(unsigned(blocks)), kThreads, 0, stream>>>(p);
+  constexpr int kRowsPerCta = kThreads / (kD / kPreVec);
+  const std::int64_t blocks = (rows + kRowsPerCta - 1) / kRowsPerCta;
+  // 16-byte loads of 8 16-bit elements where O's and dO's pointers and strides allow them.
+  const bool vec = !p.out_f32 && !p.dout_f32 && rows_vectorizable(p.out, p.out_s, 2, kPreVec) &&
+                   rows_vectorizable(p.dout, p.dout_s, 2, kPreVec);
+  preprocess_kernel<E, kD><<<dim3(unsigned(blocks)), kThreads, 0, stream>>>(p, vec);
   BLASST_CUDA_CHECK(cudaGetLastError());
 }
 

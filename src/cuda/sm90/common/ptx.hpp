@@ -148,6 +148,14 @@ __device__ __forceinline__ std::uint32_t pack2(float lo, float hi) {
   }
 }
 
+// The inverse of pack2: one register of two T values (lo in the low half) as floats.
+template <class T>
+__device__ __forceinline__ float2 unpack2(std::uint32_t v) {
+  static_assert(std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>, "unpack2: bf16 or f16");
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) return __bfloat1622float2(*reinterpret_cast<__nv_bfloat162*>(&v));
+  else return __half22float2(*reinterpret_cast<__half2*>(&v));
+}
+
 // ---- named barriers (0 is __syncthreads) -----------------------------------------------------
 
 __device__ __forceinline__ void named_sync(int id, int nthreads) {
