@@ -280,6 +280,15 @@ __device__ void wg_consumer(WgmmaParams<Traits> const& kp, BackwardWork const& w
       cutlass::arch::fence_view_async_shared();
       named_sync(kBarTileZeroed, Traits::kNumMmaThreads);
     }
+    // The LSE of this thread's rows into registers before S^T and dP^T are issued. Loaded after
+    // the issue, the loads queued behind the sixteen wgmma instructions and their latency stood
+    // before the first exponential (ncu, 92ff929, d128 full 8k: 10 % of the stall samples on its
+    // first FFMA, short scoreboard; 2026-12-06, loaded after the wait: ~9 %). At most 16 (d = 64's
+    // 32 rows a thread: 16 early ones and the rest loaded in the loop keep ptxas' spills where
+    // they were; all 32 spilled 116 B).
+    constexpr int kLseEarly = kCols < 16 ? kCols : 16;
+    float lse_r[kLseEarly];
+    load_row_pairs<kLseEarly>(s_lse, tScS_rc, lse_r);
     Tensor tSrS = partition_fragment_C(mma_sdp, select<0, 1>(typename Traits::TileShapeSdP{}));
     Tensor tSrdP = partition_fragment_C(mma_sdp, select<0, 1>(typename Traits::TileShapeSdP{}));
     wg_gemm<true, -1, false>(mma_sdp, tSrK, tSrQ(_, _, _, st.index()), tSrS);
@@ -318,13 +327,6 @@ __device__ void wg_consumer(WgmmaParams<Traits> const& kp, BackwardWork const& w
         }
       }
     };
-    // The LSE of this thread's rows into registers while S^T runs (loaded where used, after the
-    // wait, their shared-memory latency stood before the first exponential: ncu, 2026-12-06, d128
-    // full 8k, ~9 % of the stall samples). At most 16 (d = 64's 32 rows a thread: 16 early ones
-    // and the rest loaded in the loop keep ptxas' spills where they were; all 32 spilled 116 B).
-    constexpr int kLseEarly = kCols < 16 ? kCols : 16;
-    float lse_r[kLseEarly];
-    load_row_pairs<kLseEarly>(s_lse, tScS_rc, lse_r);
     // P^T = exp2(S^T scale_log2 - LSE_log2) on visible pairs, 0 elsewhere; computed while dP^T runs.
     warpgroup_wait<1>();
     warpgroup_fence_operand(tSrS);
@@ -333,6 +335,12 @@ __device__ void wg_consumer(WgmmaParams<Traits> const& kp, BackwardWork const& w
       const float v = exp2_ftz(fmaf(S(mi, ni), p.scale_log2, -lse));
       S(mi, ni) = vis ? v : 0.f;
     });
+    // D of the thread's rows into registers before dV is issued (loaded after the dP^T wait, the
+    // loads stood before the subtractions: ~3.5 % of the stall samples, ncu of 92ff929, d128).
+    // Only where all of a thread's rows fit in 16 (d = 128): d = 64's spills grew 88 -> 272 B.
+    constexpr int kDsumEarly = kCols <= 16 ? kCols : 0;
+    float dsum_r[kDsumEarly > 0 ? kDsumEarly : 1];
+    if constexpr (kDsumEarly > 0) load_row_pairs<kDsumEarly>(s_dsum, tScS_rc, dsum_r);
     Tensor p_lp = convert_frag<Element>(tSrS);
     Tensor tPrP = make_tensor(p_lp.data(), acc_to_a(p_lp.layout()));  // the dV product's A operand
     // dV += P^T dO, under the dS arithmetic below.
@@ -342,7 +350,9 @@ __device__ void wg_consumer(WgmmaParams<Traits> const& kp, BackwardWork const& w
     warpgroup_wait<1>();  // dP^T landed (dV may still run)
     warpgroup_fence_operand(tSrdP);
     each_pair([&](int mi, int ni, bool vis) {
-      const float v = S(mi, ni) * (dP(mi, ni) - s_dsum[get<1>(tScS_rc(mi, ni))]);
+      const float dsum =
+          ni < kDsumEarly ? dsum_r[ni % (kDsumEarly > 0 ? kDsumEarly : 1)] : s_dsum[get<1>(tScS_rc(mi, ni))];
+      const float v = S(mi, ni) * (dP(mi, ni) - dsum);
       dP(mi, ni) = vis ? v : 0.f;
     });
     Tensor ds_lp = convert_frag<Element>(tSrdP);
