@@ -889,44 +889,7 @@ TEST(GpuBackward, LseRowLayoutDoesNotOverlap) {
     const int lq = int(rng() % 300);
     for (int b = 0; b < batch; ++b)
       ASSERT_EQ(sm90::backward::lse_row_start(b, lq, nullptr), std::int64_t(b) * ((lq + A - 1) / A * A));
-    // padded_position (the postprocess's row -> token map) inverts the layout: every padded row
-    // of the workspace is the row of exactly the (b, i) that lse_row_start puts there, or padding.
-    for (const bool ragged : {true, false}) {
-      const std::int64_t rows = ragged ? rows_ld : std::int64_t(batch) * ((lq + A - 1) / A * A);
-      std::vector<int> owner(std::size_t(rows), -1);
-      for (int b = 0; b < batch; ++b) {
-        const std::int64_t start = sm90::backward::lse_row_start(b, lq, ragged ? cu.data() : nullptr);
-        const int len = ragged ? cu[std::size_t(b) + 1] - cu[std::size_t(b)] : lq;
-        for (int i = 0; i < len; ++i) owner[std::size_t(start + i)] = b * 1000 + i;
-      }
-      for (std::int64_t row = 0; row < rows; ++row) {
-        int b = -1, i = -1, len = -1;
-        const bool in = sm90::backward::padded_position(row, batch, lq, ragged ? cu.data() : nullptr, b, i, len);
-        ASSERT_EQ(in, owner[std::size_t(row)] >= 0) << "trial " << trial << " ragged " << ragged << " row " << row;
-        if (in) ASSERT_EQ(b * 1000 + i, owner[std::size_t(row)]) << "trial " << trial << " ragged " << ragged << " row " << row;
-      }
-    }
   }
-}
-
-// The postprocess's reading of a dQ accumulator tile (dq_tile_share) against the layout the wgmma
-// kernel writes (dq_in_tile): thread j's floats 16 j + 4 q + {0, 1} are columns c + 2q + {0, 1}
-// of row r, + {2, 3} those of row r + 8; every element of the tile is read exactly once.
-TEST(GpuBackward, PostprocessTileShare) {
-  std::vector<int> seen(64 * 64, 0);
-  for (int j = 0; j < 256; ++j) {
-    int r = -1, c = -1;
-    sm90::backward::dq_tile_share(j, r, c);
-    ASSERT_TRUE(r >= 0 && r % 16 < 8 && r + 8 < 64 && c >= 0 && c % 8 == 0 && c + 8 <= 64) << "j " << j;
-    for (int q = 0; q < 4; ++q)
-      for (int e = 0; e < 2; ++e) {
-        ASSERT_EQ(sm90::backward::dq_in_tile(r, c + 2 * q + e), 16 * j + 4 * q + e) << "j " << j << " q " << q;
-        ASSERT_EQ(sm90::backward::dq_in_tile(r + 8, c + 2 * q + e), 16 * j + 4 * q + 2 + e) << "j " << j << " q " << q;
-        ++seen[std::size_t(r * 64 + c + 2 * q + e)];
-        ++seen[std::size_t((r + 8) * 64 + c + 2 * q + e)];
-      }
-  }
-  for (int x = 0; x < 64 * 64; ++x) ASSERT_EQ(seen[std::size_t(x)], 1) << "element " << x;
 }
 
 // The launch order (host-checked, no GPU): every (key block, KV head) of a grid exactly once, for

@@ -136,42 +136,6 @@ inline std::int64_t lse_row_start(int b, int len_q, const int* cu_q) {
   return (std::int64_t(cu_q[b]) + std::int64_t(b) * kLseRowAlign) / kLseRowAlign * kLseRowAlign;
 }
 
-// The inverse of lse_row_start: sequence b, position i and length len of padded row `padded`;
-// false for a padding row (batched: len_q rows in round_up(len_q, A) per sequence, B of them).
-#if defined(__CUDACC__)
-__host__ __device__
-#endif
-inline bool padded_position(std::int64_t padded, int batch, int len_q, const int* cu_q, int& b, int& i, int& len) {
-  if (cu_q == nullptr) {
-    const std::int64_t per = (std::int64_t(len_q) + kLseRowAlign - 1) / kLseRowAlign * kLseRowAlign;
-    if (per == 0) return false;
-    b = int(padded / per);
-    i = int(padded - std::int64_t(b) * per);
-    len = len_q;
-    return b < batch && i < len;
-  }
-  int lo = 0, hi = batch - 1;  // the last b whose rows start at or before `padded` (starts increase)
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (lse_row_start(mid, len_q, cu_q) <= padded) lo = mid;
-    else hi = mid - 1;
-  }
-  b = lo;
-  const std::int64_t at = padded - lse_row_start(b, len_q, cu_q);
-  len = cu_q[b + 1] - cu_q[b];
-  i = int(at);
-  return at >= 0 && at < len;
-}
-
-// The postprocess's share of a 64 x 64 dQ accumulator tile: thread j (of 256) reads the tile's
-// floats [16 j, 16 j + 16), which dq_in_tile gives as columns c .. c + 7 of rows r and r + 8: float
-// q of the thread's four float4 holds columns c + 2q, c + 2q + 1 of row r in x, y and of row r + 8
-// in z, w (tests/gpu_backward: PostprocessTileShare).
-BLASST_HOST_DEVICE void dq_tile_share(int j, int& r, int& c) {
-  r = 16 * ((j % 32) / 8) + j % 8;
-  c = 8 * (j / 32);
-}
-
 // KV heads per section of the causal launch order (BackwardScheduler): the largest divisor of hk
 // that makes at most about kCausalSectionTiles (128 x 128) tiles of work, at least 1. A section
 // is launched longest key block first across its heads. Few heads per section keep the CTAs that

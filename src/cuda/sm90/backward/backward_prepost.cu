@@ -112,14 +112,6 @@ __global__ void __launch_bounds__(kThreads) preprocess_kernel(const BackwardPara
       *reinterpret_cast<uint4*>(static_cast<E*>(p.dout_conv) + row * kD + c0) =
           make_uint4(pack2<E>(g[0], g[1]), pack2<E>(g[2], g[3]), pack2<E>(g[4], g[5]), pack2<E>(g[6], g[7]));
   }
-  if (live && !in_sequence) {  // a ragged token past cu_q[B]: dq 0 (the postprocess writes sequence rows only)
-    const std::int64_t off = row_offset(p.dq_s, p, tok, h) + c0;
-#pragma unroll
-    for (int j = 0; j < kPreVec; ++j) {
-      if (p.dq_f32) static_cast<float*>(p.dq)[off + j] = 0.f;
-      else static_cast<E*>(p.dq)[off + j] = static_cast<E>(0.f);
-    }
-  }
 #pragma unroll
   for (int s = kLanes / 2; s > 0; s >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, s);
   if (sub == 0 && in_sequence) {
@@ -140,66 +132,50 @@ __global__ void __launch_bounds__(kThreads) preprocess_kernel(const BackwardPara
   }
 }
 
-// dq = scale * dq_accum, one CTA per 64 x 64 accumulator tile (dq_tile_offset's order) and 64
-// contiguous bytes a thread: thread j reads the tile's floats [16 j, 16 j + 16), 8 columns of two
-// rows (dq_tile_share: x, y of each float4 are row r's column pair, z, w row r + 8's).
-// So a warp reads 2 KB in one piece (the former mapping, a thread per row chunk, read 8-byte
-// halves of 16-byte groups: ~1.8 TB/s, ncu at 92ff929). Each row's 8 values go out as one 16-byte
-// store of 8 16-bit values, or two of f32, where dq's pointer and strides allow it (`vec_store`,
-// decided on the host); else 8 scalar stores. Padding rows are not written.
+// dq = scale * dq_accum: one thread per 8 consecutive elements of a row (four 8-byte loads of the
+// f32 accumulator: dq_accum_index puts a row's 8-column group as 4 adjacent pairs 16 bytes apart;
+// one 16-byte store of 8 16-bit values, or two of f32, where dq's pointer and strides allow it:
+// `vec_store`, decided on the host; else 8 scalar stores).
 constexpr int kPostVec = 8;
-static_assert(kThreads * 16 == kDqTile * kDqTile, "one accumulator tile a CTA, 16 floats a thread");
-static_assert(kLseRowAlign % 16 == 0, "rows r and r + 8 of a tile share a sequence");
 
 template <class E, int kD>
 __global__ void __launch_bounds__(kThreads) postprocess_kernel(const BackwardParams p, bool vec_store) {
-  constexpr int kColTiles = kD / kDqTile;
-  const std::int64_t tile = blockIdx.x;
-  const int j = int(threadIdx.x);
-  const int ct = int(tile % kColTiles);
-  const std::int64_t head_block = tile / kColTiles;  // h * (rows_ld / 64) + row block
-  const int row_blocks = p.rows_ld / kDqTile;
-  const int h = int(head_block / row_blocks);
-  int r, c;
-  dq_tile_share(j, r, c);
-  const std::int64_t padded = (head_block % row_blocks) * kDqTile + r;
-  int b, i, len;  // rows r and r + 8 lie in one sequence's rows or both in padding (A % 16 == 0)
-  if (!padded_position(padded, p.batch, p.len_q, p.cu_q, b, i, len)) return;
-  const float4* src = reinterpret_cast<const float4*>(p.dq_accum + tile * (kDqTile * kDqTile) + 16 * j);
-  float4 v[4];
+  constexpr int kChunks = kD / kPostVec;
+  const std::int64_t ci = std::int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  const std::int64_t th = ci / kChunks;  // the row: tok * hq + h
+  if (th >= std::int64_t(p.tokens_q) * p.hq) return;
+  const int c0 = int(ci % kChunks) * kPostVec;
+  const int h = int(th % p.hq), tok = int(th / p.hq);
+  int b, i;
+  const bool in_sequence = token_position(p, tok, b, i);  // else a ragged token past cu_q[B]: dq 0
+  const std::int64_t padded = in_sequence ? lse_row_start(b, p.len_q, p.cu_q) + i : 0;
+  // the group's first pair; the others 4 floats apart each (dq_accum_index)
+  const float* src = in_sequence ? p.dq_accum + dq_accum_index(h, padded, c0, p.rows_ld, kD) : nullptr;
+  float x[kPostVec];
 #pragma unroll
-  for (int q = 0; q < 4; ++q) v[q] = src[q];
-  const int c0 = ct * kDqTile + c;
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int row = i + 8 * half;
-    if (row >= len) continue;
-    float x[kPostVec];
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      x[2 * q] = (half ? v[q].z : v[q].x) * p.scale;
-      x[2 * q + 1] = (half ? v[q].w : v[q].y) * p.scale;
-    }
-    const int tok = p.cu_q != nullptr ? p.cu_q[b] + row : b * p.len_q + row;
-    const std::int64_t off = row_offset(p.dq_s, p, tok, h) + c0;
-    if (p.dq_f32) {
-      float* dst = static_cast<float*>(p.dq) + off;
-      if (vec_store) {
-        reinterpret_cast<float4*>(dst)[0] = make_float4(x[0], x[1], x[2], x[3]);
-        reinterpret_cast<float4*>(dst)[1] = make_float4(x[4], x[5], x[6], x[7]);
-      } else {
-#pragma unroll
-        for (int e = 0; e < kPostVec; ++e) dst[e] = x[e];
-      }
+  for (int j = 0; j < kPostVec; j += 2) {
+    const float2 v = in_sequence ? *reinterpret_cast<const float2*>(src + 2 * j) : make_float2(0.f, 0.f);
+    x[j] = v.x * p.scale;
+    x[j + 1] = v.y * p.scale;
+  }
+  const std::int64_t off = row_offset(p.dq_s, p, tok, h) + c0;
+  if (p.dq_f32) {
+    float* dst = static_cast<float*>(p.dq) + off;
+    if (vec_store) {
+      reinterpret_cast<float4*>(dst)[0] = make_float4(x[0], x[1], x[2], x[3]);
+      reinterpret_cast<float4*>(dst)[1] = make_float4(x[4], x[5], x[6], x[7]);
     } else {
-      E* dst = static_cast<E*>(p.dq) + off;
-      if (vec_store) {
-        *reinterpret_cast<uint4*>(dst) = make_uint4(pack2<E>(x[0], x[1]), pack2<E>(x[2], x[3]),
-                                                    pack2<E>(x[4], x[5]), pack2<E>(x[6], x[7]));
-      } else {
 #pragma unroll
-        for (int e = 0; e < kPostVec; ++e) dst[e] = static_cast<E>(x[e]);
-      }
+      for (int j = 0; j < kPostVec; ++j) dst[j] = x[j];
+    }
+  } else {
+    E* dst = static_cast<E*>(p.dq) + off;
+    if (vec_store) {
+      *reinterpret_cast<uint4*>(dst) = make_uint4(pack2<E>(x[0], x[1]), pack2<E>(x[2], x[3]),
+                                                  pack2<E>(x[4], x[5]), pack2<E>(x[6], x[7]));
+    } else {
+#pragma unroll
+      for (int j = 0; j < kPostVec; ++j) dst[j] = static_cast<E>(x[j]);
     }
   }
 }
@@ -219,12 +195,13 @@ void launch_pre(const BackwardParams& p, cudaStream_t stream) {
 
 template <class E, int kD>
 void launch_post(const BackwardParams& p, cudaStream_t stream) {
-  if (std::int64_t(p.tokens_q) * p.hq == 0) return;
-  const std::int64_t tiles = std::int64_t(p.hq) * (p.rows_ld / kDqTile) * (kD / kDqTile);
+  const std::int64_t chunks = std::int64_t(p.tokens_q) * p.hq * (kD / kPostVec);
+  if (chunks == 0) return;
+  const std::int64_t blocks = (chunks + kThreads - 1) / kThreads;
   // 16-byte stores: 4 f32 or 8 16-bit elements at a time.
   const int elem_bytes = p.dq_f32 ? 4 : 2;
   const bool vec_store = rows_vectorizable(p.dq, p.dq_s, elem_bytes, 16 / elem_bytes);
-  postprocess_kernel<E, kD><<<dim3(unsigned(tiles)), kThreads, 0, stream>>>(p, vec_store);
+  postprocess_kernel<E, kD><<<dim3(unsigned(blocks)), kThreads, 0, stream>>>(p, vec_store);
   BLASST_CUDA_CHECK(cudaGetLastError());
 }
 
