@@ -10,8 +10,9 @@
 #   3. ncu full set with source-level sampling (build with -lineinfo: SASS unchanged) of the main
 #      kernel at NCU_ROWS (default: d128 full 8k dense, d64 full 8k at 0.7); reports in
 #      $OUT/floor.tgz, read locally with scripts/ncurep_dump.py --sass.
-# ROWS=none: no bench rows (e.g. after device_call_bwd_trees.sh). Uses BUILD_DIR (default build-device, e.g. left by `LINEINFO=1 scripts/device_all.sh` on the same
-# warm machine); builds bench_backward there (with -lineinfo) when it is missing.
+# ROWS=none: no bench rows (e.g. after device_call_bwd_trees.sh). Uses BUILD_DIR (default
+# build-device, e.g. left by `LINEINFO=1 scripts/device_all.sh` on the same warm machine); builds
+# bench_backward there (with -lineinfo) when it is missing.
 # Carry .deps/cutlass .deps/include .deps/googletest.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -20,6 +21,7 @@ B=${BUILD_DIR:-build-device}; X=$B/bench/backward/bench_backward
 t() { echo "t=$(($(date +%s) - S))"; }
 left() { echo $((${LIMIT_S:-560} - ($(date +%s) - S))); }
 pack() { tar czf "$OUT/floor.tgz" -C /tmp fl; }
+bench_args() { echo "--b 1 --h 32 --d $1 --causal 0 --l 8192 --sparsity $2 --kernel wgmma"; }  # d, sparsity
 if [ ! -x "$X" ]; then
   ( cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DBLASST_BUILD_PYTHON=OFF -DBLASST_BUILD_CLI=OFF \
       -DCMAKE_CUDA_FLAGS=-lineinfo -DBLASST_DEPS_DIR="$PWD/.deps" -DBLASST_CUTLASS_INCLUDE="$PWD/.deps/cutlass/include" &&
@@ -33,7 +35,7 @@ echo "== bench_backward full 8k (round d target achieved ms TFLOP/s x)"
 for r in 1 2; do
   for row in $ROWS; do
     IFS=: read -r d sp <<< "$row"
-    timeout 30 $X --b 1 --h 32 --d $d --causal 0 --l 8192 --sparsity $sp --iters 10 --kernel wgmma 2>&1 |
+    timeout 30 $X $(bench_args $d $sp) --iters 10 2>&1 |
       grep -E '^wgmma' | sed "s/^/r$r d$d /"
   done
 done | tee $L/bench.txt
@@ -45,7 +47,7 @@ for row in $DUR_ROWS; do
   [ $(left) -lt 60 ] && { echo "no time left"; break; }
   timeout 60 ncu --clock-control none --kernel-name regex:'preprocess|postprocess|backward_wgmma' --launch-skip 9 --launch-count 3 \
     --metrics gpu__time_duration.sum,sm__cycles_active.min,sm__cycles_active.avg,sm__cycles_active.max --csv --page raw \
-    $X --b 1 --h 32 --d $d --causal 0 --l 8192 --sparsity $sp --iters 1 --kernel wgmma > $L/dur_d${d}_s$sp.csv 2>&1
+    $X $(bench_args $d $sp) --iters 1 > $L/dur_d${d}_s$sp.csv 2>&1
   echo "d$d s$sp rc=$?"
   python3 - $L/dur_d${d}_s$sp.csv <<'EOF'
 import csv, sys
@@ -68,7 +70,7 @@ for row in $NCU_ROWS; do
   timeout $lim ncu --clock-control none --set full --import-source yes --export $L/ncu_d${d}_s$sp --force-overwrite \
     --kernel-name regex:'backward_wgmma_kernel' --launch-skip 1 --launch-count 1 \
     --metrics sm__cycles_active.min,sm__cycles_active.max \
-    $X --b 1 --h 32 --d $d --causal 0 --l 8192 --sparsity $sp --iters 1 --kernel wgmma > $L/ncu_d${d}_s$sp.txt 2>&1
+    $X $(bench_args $d $sp) --iters 1 > $L/ncu_d${d}_s$sp.txt 2>&1
   echo "ncu d$d s$sp rc=$? $(grep -E 'Duration|Compute \(SM\) Throughput|Issue Slots Busy' $L/ncu_d${d}_s$sp.txt | tr -s ' ' | tr '\n' ';' | cut -c1-300) $(t)"
   pack
 done

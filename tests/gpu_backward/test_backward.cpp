@@ -759,10 +759,10 @@ TEST(GpuBackward, DeviceTensorsStreamAndCallerWorkspace) {
 // dQ leaves the postprocess with 16-byte stores, dK / dV the wgmma kernel's epilogue with 4-byte
 // pair stores, where each tensor's pointer and strides allow it, and element by element otherwise
 // (backward_prepost.cu, backward_epilogue.hpp): a dq that starts two elements past a 16-byte
-// boundary and a dk / dv one element past a 4-byte one take the element paths (both kernels). The
-// gradients must still equal the reference, and the elements in front of each tensor keep their
-// guard bytes.
-TEST(GpuBackward, MisalignedOutputsTakeTheElementStores) {  // (a misaligned O: the element loads)
+// boundary and a dk / dv one element past a 4-byte one take the element paths (both kernels); an O
+// one element past a 16-byte boundary takes the preprocess's element loads. The gradients must
+// still equal the reference, and the elements in front of each tensor keep their guard bytes.
+TEST(GpuBackward, MisalignedOutputsTakeTheElementStores) {
   REQUIRE_GPU();
   Case c;
   c.Lq = c.Lk = 200;

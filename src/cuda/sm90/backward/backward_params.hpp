@@ -190,8 +190,9 @@ BLASST_HOST_DEVICE void launch_block_and_head(int x, int num_n_blocks, int hk, b
   const int section = x / per_section, r = x - section * per_section;
   const int first = section * section_heads;
   const int heads = hk - first < section_heads ? hk - first : section_heads;
-  n_block = first_block + r / heads;
-  kh = first + (r - (r / heads) * heads);
+  const int block = r / heads;
+  n_block = first_block + block;
+  kh = first + (r - block * heads);
 }
 
 }  // namespace blasst::sm90::backward

@@ -339,7 +339,8 @@ __device__ void wg_consumer(WgmmaParams<Traits> const& kp, BackwardWork const& w
     // loads stood before the subtractions: ~3.5 % of the stall samples, ncu of 92ff929, d128).
     // Only where all of a thread's rows fit in 16 (d = 128): d = 64's spills grew 88 -> 272 B.
     constexpr int kDsumEarly = kCols <= 16 ? kCols : 0;
-    float dsum_r[kDsumEarly > 0 ? kDsumEarly : 1];
+    constexpr int kDsumSlots = kDsumEarly > 0 ? kDsumEarly : 1;  // (no zero-length array)
+    float dsum_r[kDsumSlots];
     if constexpr (kDsumEarly > 0) load_row_pairs<kDsumEarly>(s_dsum, tScS_rc, dsum_r);
     Tensor p_lp = convert_frag<Element>(tSrS);
     Tensor tPrP = make_tensor(p_lp.data(), acc_to_a(p_lp.layout()));  // the dV product's A operand
@@ -350,8 +351,7 @@ __device__ void wg_consumer(WgmmaParams<Traits> const& kp, BackwardWork const& w
     warpgroup_wait<1>();  // dP^T landed (dV may still run)
     warpgroup_fence_operand(tSrdP);
     each_pair([&](int mi, int ni, bool vis) {
-      const float dsum =
-          ni < kDsumEarly ? dsum_r[ni % (kDsumEarly > 0 ? kDsumEarly : 1)] : s_dsum[get<1>(tScS_rc(mi, ni))];
+      const float dsum = ni < kDsumEarly ? dsum_r[ni % kDsumSlots] : s_dsum[get<1>(tScS_rc(mi, ni))];
       const float v = S(mi, ni) * (dP(mi, ni) - dsum);
       dP(mi, ni) = vis ? v : 0.f;
     });
