@@ -10,7 +10,8 @@
 # Carry .deps/cutlass .deps/include .deps/googletest .ab. TREES (default "b0 h"); TEST_TREES (trees
 # whose tests run; default none); MUT_TREES (trees with a mutant applied, as name or
 # name:gtest-filter: only that filter runs, GpuBackward.SkipSetMatchesReference by default, and it
-# must fail); ROWS (d:causal:L:sparsity[:hk], hk = KV heads for GQA rows; default: d 64 full 8k
+# must fail); ROWS (d:causal:L:sparsity[:hk[:set]], hk = KV heads for GQA rows (empty: MHA), set =
+# bench_backward's --set (iid or window: sink + locality, the llm shape); default: d 64 full 8k
 # and causal 16k at 0 / 50 / 70 / 90 %);
 # ROUNDS (2). Prints round, tree, d, mask, L, target, achieved, ms, TFLOP/s, speedup over the same
 # tree's dense.
@@ -45,10 +46,10 @@ done
 echo "tested t=$(($(date +%s) - S))"
 for r in $(seq 1 ${ROUNDS:-2}); do
   for row in $ROWS; do
-    IFS=: read -r d causal l sp hk <<< "$row"
+    IFS=: read -r d causal l sp hk set <<< "$row"
     for n in $TREES; do
-      timeout 30 build-ab-$n/bench/backward/bench_backward --b 1 --h 32 ${hk:+--hk $hk} --d $d --causal $causal --l $l \
-        --sparsity $sp --iters 10 --kernel wgmma 2>&1 | grep -E '^wgmma' | sed "s/^/r$r $n d$d /"
+      timeout 30 build-ab-$n/bench/backward/bench_backward --b 1 --h 32 ${hk:+--hk $hk} ${set:+--set $set} --d $d --causal $causal --l $l \
+        --sparsity $sp --iters 10 --kernel wgmma 2>&1 | grep -E '^wgmma' | sed "s/^/r$r $n${set:+-$set} d$d /"
     done
   done
 done | awk '{print $1, $2, $3, $9, $7, $10, $11, $12, $13, $14}' | tee "$OUT/bench.txt"

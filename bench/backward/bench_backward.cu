@@ -6,7 +6,11 @@
 // Inputs: i.i.d. normal q, k, v, O, dO in the 16-bit dtype (never zeros), LSE = ln(Lk) + 1 per row
 // (a plausible magnitude: P stays below 1). Skip sets: synthetic, each visited (vote group, key
 // tile) pair skipped with probability s by a fixed hash, the group's first tile (tile 0) always
-// kept as the forward's vote does; the achieved fraction is printed. The host set is uploaded by
+// kept as the forward's vote does (--set iid, the default); or, --set window, the shape of an llm
+// causal set under max-first (sink and locality): a group keeps tile 0 and the W tiles before its
+// own (last visible, causal; full mask: the W tiles on each side of the tile holding its rows), W
+// the smallest window whose skipped fraction is at most s; the same set for every head. The
+// achieved fraction is printed. The host set is uploaded by
 // every call (its bits / 8 bytes: 0.5 MB at B = 4, H = 32, L = 16k), which the time includes.
 // Timing: CUDA events around each call on one stream, 3 warm-up calls, median of --iters (20).
 // Scratch from RunOptions::workspace allocated once (attention_backward_workspace_bytes).
@@ -16,6 +20,7 @@
 //   bench_backward --quick          B 1, H 32, L 8k only
 //   bench_backward --b 2 --h 32 --l 16384 --d 128 --causal 1 --sparsity 0.7 --iters 20
 //   --hk 8                          GQA: 8 KV heads (the H column then reads 32/8)
+//   --set iid|window                the synthetic skip set (above; default iid)
 //   --kernel mma_sync|wgmma|both    the main kernel (kernel_table.inc's backward kernels; default
 //                                   both, each row naming it; the library runs mma_sync today)
 #include <cuda_bf16.h>
@@ -85,11 +90,19 @@ struct Config {
   i64 Hk = 0;  // KV heads (GQA / MQA); 0: H
   bool causal = false;
   double sparsity = 0;  // 0: dense (no skip set)
+  bool window = false;  // --set window (else iid)
 };
 
 struct Result {
   double ms = 0, tflops = 0, achieved = 0;
 };
+
+// Whether the window set of half-width w keeps tile t of group g (n_vis visible tiles).
+bool window_keeps(const Config& c, i64 g, i64 t, i64 n_vis, i64 w) {
+  if (t == 0) return true;
+  const i64 own = c.causal ? n_vis - 1 : (g * 64) / 128;
+  return c.causal ? own - t <= w : std::llabs(own - t) <= w;
+}
 
 // Synthetic skip set over the visited pairs (see the file comment); returns the achieved fraction.
 double make_set(const Config& c, blasst::SkipSet& set) {
@@ -98,6 +111,26 @@ double make_set(const Config& c, blasst::SkipSet& set) {
   vote.tile_keys = 128;
   const i64 groups = (c.L + 63) / 64, tiles = (c.L + 127) / 128;
   set.resize(vote, c.B, c.H, groups, tiles);
+  auto visible = [&](i64 g) { return c.causal ? std::min(c.L - 1, (g + 1) * 64 - 1) / 128 + 1 : tiles; };
+  // Window: the smallest w whose skipped share (one head: every head has the same set) is <= s.
+  i64 w = 0;
+  if (c.window) {
+    auto skipped_share = [&](i64 width) {
+      i64 vis = 0, skip = 0;
+      for (i64 g = 0; g < groups; ++g) {
+        const i64 n_vis = visible(g);
+        for (i64 t = 0; t < n_vis; ++t) vis += 1, skip += window_keeps(c, g, t, n_vis, width) ? 0 : 1;
+      }
+      return vis ? double(skip) / double(vis) : 0.0;
+    };
+    i64 lo = 0, hi = tiles;  // skipped_share(tiles) == 0 <= s
+    while (lo < hi) {
+      const i64 mid = (lo + hi) / 2;
+      if (skipped_share(mid) <= c.sparsity) hi = mid;
+      else lo = mid + 1;
+    }
+    w = lo;
+  }
   i64 visited = 0, skipped = 0;
   // s = 1 as the largest value (2^64 itself does not convert: it skipped nothing, silently).
   const std::uint64_t thresh =
@@ -105,12 +138,13 @@ double make_set(const Config& c, blasst::SkipSet& set) {
   for (i64 b = 0; b < c.B; ++b)
     for (i64 h = 0; h < c.H; ++h)
       for (i64 g = 0; g < groups; ++g) {
-        const i64 last = std::min(c.L - 1, (g + 1) * 64 - 1);
-        const i64 n_vis = c.causal ? last / 128 + 1 : tiles;
+        const i64 n_vis = visible(g);
         for (i64 t = 0; t < n_vis; ++t) {
           ++visited;
           if (t == 0) continue;
-          if (host_hash(std::uint64_t(((b * c.H + h) * groups + g) * tiles + t) + 12345) < thresh) {
+          const bool skip = c.window ? !window_keeps(c, g, t, n_vis, w)
+                                     : host_hash(std::uint64_t(((b * c.H + h) * groups + g) * tiles + t) + 12345) < thresh;
+          if (skip) {
             set.set(b, h, g, t);
             ++skipped;
           }
@@ -205,6 +239,7 @@ Result run(const Config& c, blasst::DType dtype, int iters, blasst::sm90::Backwa
 int main(int argc, char** argv) {
   std::vector<i64> Bs = {1, 2, 4}, Hs = {32, 40}, Ls = {8192, 16384}, ds = {64, 128};
   i64 hk_arg = 0;  // --hk: KV heads (0: as many as query heads)
+  bool window_set = false;  // --set window
   std::vector<int> causals = {0, 1};
   std::vector<double> sps = {0, 0.5, 0.7, 0.9};
   blasst::DType dtype = blasst::DType::bf16;
@@ -228,6 +263,11 @@ int main(int argc, char** argv) {
       sps = {std::atof(next())};
       if (!(sps[0] >= 0.0 && sps[0] <= 1.0)) { std::fprintf(stderr, "--sparsity: in [0, 1], got %s\n", argv[i]); return 2; }
     }
+    else if (a == "--set") {
+      const std::string k = next();
+      if (k == "window") window_set = true;
+      else if (k != "iid") { std::fprintf(stderr, "--set: iid or window, got %s\n", k.c_str()); return 2; }
+    }
     else if (a == "--iters") iters = std::max(1, std::atoi(next()));
     else if (a == "--dtype") dtype = blasst::parse_dtype(next());
     else if (a == "--kernel") {
@@ -238,7 +278,7 @@ int main(int argc, char** argv) {
     }
     else {
       std::printf("usage: bench_backward [--quick] [--b B] [--h H] [--hk Hk] [--l L] [--d 64|128] [--causal 0|1] "
-                  "[--sparsity s] [--iters n] [--dtype bf16|f16] [--kernel mma_sync|wgmma|both]\n");
+                  "[--sparsity s] [--set iid|window] [--iters n] [--dtype bf16|f16] [--kernel mma_sync|wgmma|both]\n");
       return a == "--help" ? 0 : 2;
     }
   }
@@ -268,6 +308,7 @@ int main(int argc, char** argv) {
                 c.d = d;
                 c.causal = causal != 0;
                 c.sparsity = s;
+                c.window = window_set;
                 try {
                   const Result r = run(c, dtype, iters, kernel);
                   if (s == 0) dense_ms = r.ms;
