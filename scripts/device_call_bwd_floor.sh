@@ -21,7 +21,9 @@ B=${BUILD_DIR:-build-device}; X=$B/bench/backward/bench_backward
 t() { echo "t=$(($(date +%s) - S))"; }
 left() { echo $((${LIMIT_S:-560} - ($(date +%s) - S))); }
 pack() { tar czf "$OUT/floor.tgz" -C /tmp fl; }
-bench_args() { echo "--b 1 --h 32 --d $1 --causal 0 --l 8192 --sparsity $2 --kernel wgmma"; }  # d, sparsity
+# d, sparsity; FLOOR_L (8192), FLOOR_CAUSAL (0) and FLOOR_EXTRA (e.g. "--hk 8 --set window": the
+# llm shape) change the rows of every part
+bench_args() { echo "--b 1 --h 32 --d $1 --causal ${FLOOR_CAUSAL:-0} --l ${FLOOR_L:-8192} --sparsity $2 --kernel wgmma ${FLOOR_EXTRA:-}"; }
 if [ ! -x "$X" ]; then
   ( cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DBLASST_BUILD_PYTHON=OFF -DBLASST_BUILD_CLI=OFF \
       -DCMAKE_CUDA_FLAGS=-lineinfo -DBLASST_DEPS_DIR="$PWD/.deps" -DBLASST_CUTLASS_INCLUDE="$PWD/.deps/cutlass/include" &&
