@@ -889,7 +889,45 @@ TEST(GpuBackward, LseRowLayoutDoesNotOverlap) {
     const int lq = int(rng() % 300);
     for (int b = 0; b < batch; ++b)
       ASSERT_EQ(sm90::backward::lse_row_start(b, lq, nullptr), std::int64_t(b) * ((lq + A - 1) / A * A));
+    // padded_position (the postprocess's row -> token map) inverts the layout: every padded row
+    // of the workspace is the row of exactly the (b, i) that lse_row_start puts there, or padding.
+    for (const bool ragged : {true, false}) {
+      const std::int64_t rows = ragged ? rows_ld : std::int64_t(batch) * ((lq + A - 1) / A * A);
+      std::vector<int> owner(std::size_t(rows), -1);
+      for (int b = 0; b < batch; ++b) {
+        const std::int64_t start = sm90::backward::lse_row_start(b, lq, ragged ? cu.data() : nullptr);
+        const int len = ragged ? cu[std::size_t(b) + 1] - cu[std::size_t(b)] : lq;
+        for (int i = 0; i < len; ++i) owner[std::size_t(start + i)] = b * 1000 + i;
+      }
+      for (std::int64_t row = 0; row < rows; ++row) {
+        int b = -1, i = -1, len = -1;
+        const bool in = sm90::backward::padded_position(row, batch, lq, ragged ? cu.data() : nullptr, b, i, len);
+        ASSERT_EQ(in, owner[std::size_t(row)] >= 0) << "trial " << trial << " ragged " << ragged << " row " << row;
+        if (in) ASSERT_EQ(b * 1000 + i, owner[std::size_t(row)]) << "trial " << trial << " ragged " << ragged << " row " << row;
+      }
+    }
   }
+}
+
+// The postprocess's read of a dQ accumulator tile (dq_tile_read) against the layout the wgmma
+// kernel writes (dq_in_tile): float4 blk of thread t (floats 4 (128 blk + t) + {0, 1}) is columns
+// c, c + 1 of row r, + {2, 3} those of row r + 8; every element of the tile is read exactly once.
+TEST(GpuBackward, PostprocessTileRead) {
+  std::vector<int> seen(64 * 64, 0);
+  for (int t = 0; t < 128; ++t)
+    for (int blk = 0; blk < 8; ++blk) {
+      int r = -1, c = -1;
+      sm90::backward::dq_tile_read(t, blk, r, c);
+      ASSERT_TRUE(r >= 0 && r % 16 < 8 && r + 8 < 64 && c >= 0 && c % 2 == 0 && c + 2 <= 64) << "t " << t;
+      const int f = 4 * (128 * blk + t);
+      for (int e = 0; e < 2; ++e) {
+        ASSERT_EQ(sm90::backward::dq_in_tile(r, c + e), f + e) << "t " << t << " blk " << blk;
+        ASSERT_EQ(sm90::backward::dq_in_tile(r + 8, c + e), f + 2 + e) << "t " << t << " blk " << blk;
+        ++seen[std::size_t(r * 64 + c + e)];
+        ++seen[std::size_t((r + 8) * 64 + c + e)];
+      }
+    }
+  for (int x = 0; x < 64 * 64; ++x) ASSERT_EQ(seen[std::size_t(x)], 1) << "element " << x;
 }
 
 // The launch order (host-checked, no GPU): every (key block, KV head) of a grid exactly once, for

@@ -136,6 +136,42 @@ inline std::int64_t lse_row_start(int b, int len_q, const int* cu_q) {
   return (std::int64_t(cu_q[b]) + std::int64_t(b) * kLseRowAlign) / kLseRowAlign * kLseRowAlign;
 }
 
+// The inverse of lse_row_start: sequence b, position i and length len of padded row `padded`;
+// false for a padding row (batched: len_q rows in round_up(len_q, A) per sequence, B of them).
+#if defined(__CUDACC__)
+__host__ __device__
+#endif
+inline bool padded_position(std::int64_t padded, int batch, int len_q, const int* cu_q, int& b, int& i, int& len) {
+  if (cu_q == nullptr) {
+    const std::int64_t per = (std::int64_t(len_q) + kLseRowAlign - 1) / kLseRowAlign * kLseRowAlign;
+    if (per == 0) return false;
+    b = int(padded / per);
+    i = int(padded - std::int64_t(b) * per);
+    len = len_q;
+    return b < batch && i < len;
+  }
+  int lo = 0, hi = batch - 1;  // the last b whose rows start at or before `padded` (starts increase)
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (lse_row_start(mid, len_q, cu_q) <= padded) lo = mid;
+    else hi = mid - 1;
+  }
+  b = lo;
+  const std::int64_t at = padded - lse_row_start(b, len_q, cu_q);
+  len = cu_q[b + 1] - cu_q[b];
+  i = int(at);
+  return at >= 0 && at < len;
+}
+
+// The postprocess's read of a 64 x 64 dQ accumulator tile by one warpgroup: thread t's float4
+// number blk (of 8) is the tile's floats [4 (128 blk + t), + 4), which dq_in_tile gives as columns
+// c, c + 1 of row r (x, y) and of row r + 8 (z, w), c = 8 blk + 2 (t % 4) (tests/gpu_backward:
+// PostprocessTileRead). So each load instruction of a warp reads 512 contiguous bytes.
+BLASST_HOST_DEVICE void dq_tile_read(int t, int blk, int& r, int& c) {
+  r = 16 * (t / 32) + (t % 32) / 4;
+  c = 8 * blk + 2 * (t % 4);
+}
+
 // KV heads per section of the causal launch order (BackwardScheduler): the largest divisor of hk
 // that makes at most about kCausalSectionTiles (128 x 128) tiles of work, at least 1. A section
 // is launched longest key block first across its heads. Few heads per section keep the CTAs that

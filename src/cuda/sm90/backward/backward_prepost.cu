@@ -112,6 +112,14 @@ __global__ void __launch_bounds__(kThreads) preprocess_kernel(const BackwardPara
       *reinterpret_cast<uint4*>(static_cast<E*>(p.dout_conv) + row * kD + c0) =
           make_uint4(pack2<E>(g[0], g[1]), pack2<E>(g[2], g[3]), pack2<E>(g[4], g[5]), pack2<E>(g[6], g[7]));
   }
+  if (live && !in_sequence) {  // a ragged token past cu_q[B]: dq 0 (the postprocess writes sequence rows only)
+    const std::int64_t off = row_offset(p.dq_s, p, tok, h) + c0;
+#pragma unroll
+    for (int j = 0; j < kPreVec; ++j) {
+      if (p.dq_f32) static_cast<float*>(p.dq)[off + j] = 0.f;
+      else static_cast<E*>(p.dq)[off + j] = static_cast<E>(0.f);
+    }
+  }
 #pragma unroll
   for (int s = kLanes / 2; s > 0; s >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, s);
   if (sub == 0 && in_sequence) {
@@ -132,52 +140,83 @@ __global__ void __launch_bounds__(kThreads) preprocess_kernel(const BackwardPara
   }
 }
 
-// dq = scale * dq_accum: one thread per 8 consecutive elements of a row (four 8-byte loads of the
-// f32 accumulator: dq_accum_index puts a row's 8-column group as 4 adjacent pairs 16 bytes apart;
-// one 16-byte store of 8 16-bit values, or two of f32, where dq's pointer and strides allow it:
-// `vec_store`, decided on the host; else 8 scalar stores).
-constexpr int kPostVec = 8;
+// dq = scale * dq_accum, one warpgroup per (query head, 64-row block): the block's kD / 64
+// accumulator tiles are one contiguous run of 16 KB each (dq_tile_offset), read a float4 per
+// thread and instruction (dq_tile_read: a warp's load is 512 contiguous bytes), scaled, converted
+// to dq's element and put in shared memory as the block's 64 rows of dq; then read back 16 bytes
+// a thread along the rows, so a warp's stores cover whole rows (kD x 2 or 4 contiguous bytes:
+// 16-byte stores where dq's pointer and strides allow, `vec_store`, decided on the host; else
+// element by element). The former mapping, a thread per 8-element row chunk, read 8-byte halves
+// of 16-byte groups; a tile's share of 64 contiguous bytes a thread with 16-byte stores to 32
+// rows a warp was slower still (00aa903). Padding rows and blocks are not written; dq of ragged
+// tokens past cu_q[B] is zeroed by the preprocess.
+constexpr int kPostThreads = 128;  // dq_in_tile's warpgroup
+static_assert(kLseRowAlign % kDqTile == 0, "a 64-row block lies in one sequence's rows");
+
+// Row pitch of the staging tile in 32-bit words: the row plus 16 bytes (16-bit dq) or 32 bytes
+// (f32), so that the transpose's stores (rows r of 8 lanes, column pairs of 4) and the row reads
+// (8 lanes, 128 contiguous bytes) are free of bank conflicts.
+template <class O, int kD>
+constexpr int post_pitch_words() {
+  return sizeof(O) == 2 ? kD / 2 + 4 : kD + 8;
+}
+
+template <class E, class O, int kD>
+__device__ __forceinline__ void postprocess_block(const BackwardParams& p, bool vec_store, std::uint32_t* stage,
+                                                  int h, std::int64_t padded, int b, int i0, int len) {
+  constexpr int kColTiles = kD / kDqTile, kPitch = post_pitch_words<O, kD>();
+  const int t = int(threadIdx.x);
+  const float4* src = reinterpret_cast<const float4*>(p.dq_accum + dq_tile_offset(h, padded, 0, p.rows_ld, kD));
+  float4 v[kColTiles * 8];
+#pragma unroll
+  for (int k = 0; k < kColTiles * 8; ++k) v[k] = src[k * kPostThreads + t];
+#pragma unroll
+  for (int k = 0; k < kColTiles * 8; ++k) {
+    int r, c;
+    dq_tile_read(t, k % 8, r, c);
+    c += (k / 8) * kDqTile;
+    const float s = p.scale;
+    if constexpr (sizeof(O) == 2) {
+      stage[r * kPitch + c / 2] = pack2<O>(v[k].x * s, v[k].y * s);
+      stage[(r + 8) * kPitch + c / 2] = pack2<O>(v[k].z * s, v[k].w * s);
+    } else {
+      *reinterpret_cast<float2*>(&stage[r * kPitch + c]) = make_float2(v[k].x * s, v[k].y * s);
+      *reinterpret_cast<float2*>(&stage[(r + 8) * kPitch + c]) = make_float2(v[k].z * s, v[k].w * s);
+    }
+  }
+  __syncthreads();
+  constexpr int kElems = 16 / int(sizeof(O));       // elements per 16-byte chunk
+  constexpr int kChunks = kD / kElems;              // chunks per row
+  constexpr int kIters = kDqTile * kChunks / kPostThreads;
+  const int rows = len - i0 < kDqTile ? len - i0 : kDqTile;
+  const int tok0 = (p.cu_q != nullptr ? p.cu_q[b] : b * p.len_q) + i0;
+#pragma unroll
+  for (int it = 0; it < kIters; ++it) {
+    const int x = it * kPostThreads + t, row = x / kChunks, chunk = x % kChunks;
+    if (row >= rows) break;  // rows grow with it
+    const uint4 u = *reinterpret_cast<const uint4*>(&stage[row * kPitch + chunk * 4]);
+    const std::int64_t off = row_offset(p.dq_s, p, tok0 + row, h) + chunk * kElems;
+    O* dst = static_cast<O*>(p.dq) + off;
+    if (vec_store) {
+      *reinterpret_cast<uint4*>(dst) = u;
+    } else {
+      const O* e = reinterpret_cast<const O*>(&u);
+#pragma unroll
+      for (int j = 0; j < kElems; ++j) dst[j] = e[j];
+    }
+  }
+}
 
 template <class E, int kD>
-__global__ void __launch_bounds__(kThreads) postprocess_kernel(const BackwardParams p, bool vec_store) {
-  constexpr int kChunks = kD / kPostVec;
-  const std::int64_t ci = std::int64_t(blockIdx.x) * kThreads + threadIdx.x;
-  const std::int64_t th = ci / kChunks;  // the row: tok * hq + h
-  if (th >= std::int64_t(p.tokens_q) * p.hq) return;
-  const int c0 = int(ci % kChunks) * kPostVec;
-  const int h = int(th % p.hq), tok = int(th / p.hq);
-  int b, i;
-  const bool in_sequence = token_position(p, tok, b, i);  // else a ragged token past cu_q[B]: dq 0
-  const std::int64_t padded = in_sequence ? lse_row_start(b, p.len_q, p.cu_q) + i : 0;
-  // the group's first pair; the others 4 floats apart each (dq_accum_index)
-  const float* src = in_sequence ? p.dq_accum + dq_accum_index(h, padded, c0, p.rows_ld, kD) : nullptr;
-  float x[kPostVec];
-#pragma unroll
-  for (int j = 0; j < kPostVec; j += 2) {
-    const float2 v = in_sequence ? *reinterpret_cast<const float2*>(src + 2 * j) : make_float2(0.f, 0.f);
-    x[j] = v.x * p.scale;
-    x[j + 1] = v.y * p.scale;
-  }
-  const std::int64_t off = row_offset(p.dq_s, p, tok, h) + c0;
-  if (p.dq_f32) {
-    float* dst = static_cast<float*>(p.dq) + off;
-    if (vec_store) {
-      reinterpret_cast<float4*>(dst)[0] = make_float4(x[0], x[1], x[2], x[3]);
-      reinterpret_cast<float4*>(dst)[1] = make_float4(x[4], x[5], x[6], x[7]);
-    } else {
-#pragma unroll
-      for (int j = 0; j < kPostVec; ++j) dst[j] = x[j];
-    }
-  } else {
-    E* dst = static_cast<E*>(p.dq) + off;
-    if (vec_store) {
-      *reinterpret_cast<uint4*>(dst) = make_uint4(pack2<E>(x[0], x[1]), pack2<E>(x[2], x[3]),
-                                                  pack2<E>(x[4], x[5]), pack2<E>(x[6], x[7]));
-    } else {
-#pragma unroll
-      for (int j = 0; j < kPostVec; ++j) dst[j] = static_cast<E>(x[j]);
-    }
-  }
+__global__ void __launch_bounds__(kPostThreads) postprocess_kernel(const BackwardParams p, bool vec_store) {
+  const int row_blocks = p.rows_ld / kDqTile;
+  const int h = int(blockIdx.x / unsigned(row_blocks));
+  const std::int64_t padded = std::int64_t(blockIdx.x - unsigned(h) * unsigned(row_blocks)) * kDqTile;
+  int b, i0, len;
+  if (!padded_position(padded, p.batch, p.len_q, p.cu_q, b, i0, len)) return;  // a padding block
+  extern __shared__ __align__(16) std::uint32_t stage[];  // 64 x post_pitch_words (launch_post)
+  if (p.dq_f32) postprocess_block<E, float, kD>(p, vec_store, stage, h, padded, b, i0, len);
+  else postprocess_block<E, E, kD>(p, vec_store, stage, h, padded, b, i0, len);
 }
 
 template <class E, int kD>
@@ -195,13 +234,14 @@ void launch_pre(const BackwardParams& p, cudaStream_t stream) {
 
 template <class E, int kD>
 void launch_post(const BackwardParams& p, cudaStream_t stream) {
-  const std::int64_t chunks = std::int64_t(p.tokens_q) * p.hq * (kD / kPostVec);
-  if (chunks == 0) return;
-  const std::int64_t blocks = (chunks + kThreads - 1) / kThreads;
+  if (std::int64_t(p.tokens_q) * p.hq == 0) return;
+  const std::int64_t blocks = std::int64_t(p.hq) * (p.rows_ld / kDqTile);
   // 16-byte stores: 4 f32 or 8 16-bit elements at a time.
   const int elem_bytes = p.dq_f32 ? 4 : 2;
   const bool vec_store = rows_vectorizable(p.dq, p.dq_s, elem_bytes, 16 / elem_bytes);
-  postprocess_kernel<E, kD><<<dim3(unsigned(blocks)), kThreads, 0, stream>>>(p, vec_store);
+  const std::size_t stage_bytes =
+      std::size_t(kDqTile) * 4 * (p.dq_f32 ? post_pitch_words<float, kD>() : post_pitch_words<E, kD>());
+  postprocess_kernel<E, kD><<<dim3(unsigned(blocks)), kPostThreads, stage_bytes, stream>>>(p, vec_store);
   BLASST_CUDA_CHECK(cudaGetLastError());
 }
 
