@@ -10,3 +10,7 @@ X=build-ab-wl/bench/backward/bench_backward; for a in "--d 64 --causal 0 --spars
 import sys,csv
 rows=list(csv.reader(sys.stdin)); h=rows[0]; i=h.index('gpu__time_duration.sum')
 for r in rows[2:]: print(r[h.index('Kernel Name')].split('(')[0][-40:], r[i])"; echo "--- $a"; done; echo "t=$(($(date +%s)-S))"
+# Where the llm-shaped skip call's time goes (the work list's measured gain was a third of its model's):
+# per-kernel durations, the main kernel's SM busy spread and its source-level profile, GQA 32/8 causal 8k
+# window set at 70 % (reports in $OUT/floor_wl/floor.tgz; read with scripts/ncurep_dump.py --sass).
+ROWS=none DUR_ROWS="128:0 128:0.7" NCU_ROWS="128:0.7" FLOOR_L=8192 FLOOR_CAUSAL=1 FLOOR_EXTRA="--hk 8 --set window" BUILD_DIR=build-ab-wl LIMIT_S=240 OUT=$OUT/floor_wl scripts/device_call_bwd_floor.sh 2>&1 | tail -12
