@@ -10,3 +10,12 @@ ROUNDS=1 TREES="pt wl" TEST_TREES="wl" MUT_TREES="m1:GpuBackward.WorkListSplitBl
 t=$(find build-ab-wl -name test_gpu_backward -type f|head -1); BLASST_REQUIRE_GPU=1 timeout 60 $t --gtest_filter='GpuBackward.WorkList*' 2>&1 | grep -A5 Failure | head -24
 wait; echo "core built t=$(($(date +%s)-S)) $(tail -1 $OUT/build_py.log | cut -c1-80)"
 BLASST_COMMIT=wl-$(date +%H%M) PYTHONPATH=$PWD/build-py/python timeout 150 python3 bench/backward/bench_backward_peers.py --quick --d64 --out $OUT > $OUT/peers.log 2>&1; echo "peers rc=$? t=$(($(date +%s)-S))"; grep -E "^\|" $OUT/bench_backward_peers.md | cut -c1-220 | head -40
+# The llm 8k 70 % call with its recorded set under ncu: per-kernel durations and the main kernel's SM
+# busy spread (the work list's measured gain was a third of its model's on these sets, ~its model on
+# the window set; bench/RESULTS.md 2026-12-07).
+PYTHONPATH=$PWD/build-py/python timeout 150 ncu --clock-control none --kernel-name regex:'count_kept|build_work|split_sum|backward_wgmma|postprocess|preprocess' --launch-skip 6 --launch-count 6 --metrics gpu__time_duration.sum,sm__cycles_active.min,sm__cycles_active.avg,sm__cycles_active.max --csv --page raw python3 bench/backward/profile_skip_bwd.py llm 8192 128 0.7 2 2>&1 | grep -E '^"|achieved' | python3 -c "
+import sys,csv
+lines=sys.stdin.read().splitlines(); print('\n'.join(l for l in lines if 'achieved' in l))
+rows=list(csv.reader(l for l in lines if l.startswith('\"'))); h=rows[0] if rows else []
+for r in rows[2:]: print(r[h.index('Kernel Name')].split('(')[0][-40:], *(r[h.index(m)] for m in ('gpu__time_duration.sum','sm__cycles_active.min','sm__cycles_active.avg','sm__cycles_active.max')))"
+echo "t=$(($(date +%s)-S))"
