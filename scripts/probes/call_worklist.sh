@@ -11,11 +11,13 @@ t=$(find build-ab-wl -name test_gpu_backward -type f|head -1); BLASST_REQUIRE_GP
 wait; echo "core built t=$(($(date +%s)-S)) $(tail -1 $OUT/build_py.log | cut -c1-80)"
 BLASST_COMMIT=wl-$(date +%H%M) PYTHONPATH=$PWD/build-py/python timeout 150 python3 bench/backward/bench_backward_peers.py --quick --d64 --out $OUT > $OUT/peers.log 2>&1; echo "peers rc=$? t=$(($(date +%s)-S))"; grep -E "^\|" $OUT/bench_backward_peers.md | cut -c1-220 | head -40
 # The llm 8k 70 % call with its recorded set under ncu: per-kernel durations and the main kernel's SM
-# busy spread (the work list's measured gain was a third of its model's on these sets, ~its model on
-# the window set; bench/RESULTS.md 2026-12-07).
-PYTHONPATH=$PWD/build-py/python timeout 150 ncu --clock-control none --kernel-name regex:'count_kept|build_work|split_sum|backward_wgmma|postprocess|preprocess' --launch-skip 6 --launch-count 6 --metrics gpu__time_duration.sum,sm__cycles_active.min,sm__cycles_active.avg,sm__cycles_active.max --csv --page raw python3 bench/backward/profile_skip_bwd.py llm 8192 128 0.7 2 2>&1 | grep -E '^"|achieved' | python3 -c "
+# busy spread, DRAM bytes read and L2 hit rate (the work list's measured gain was a third of its
+# model's on these sets, ~its model on the window set; suspect: the heavy parts run first from every
+# KV head at once, so Q / dO of all 32 query heads (128 MB at 8k d128) compete for the 50 MB L2,
+# where the fixed order's sections hold 2 KV heads (32 MB); bench/RESULTS.md 2026-12-07).
+PYTHONPATH=$PWD/build-py/python timeout 150 ncu --clock-control none --kernel-name regex:'count_kept|build_work|split_sum|backward_wgmma|postprocess|preprocess' --launch-skip 6 --launch-count 6 --metrics gpu__time_duration.sum,sm__cycles_active.min,sm__cycles_active.avg,sm__cycles_active.max,dram__bytes_read.sum,lts__t_sector_hit_rate.pct --csv --page raw python3 bench/backward/profile_skip_bwd.py llm 8192 128 0.7 2 2>&1 | grep -E '^"|achieved' | python3 -c "
 import sys,csv
 lines=sys.stdin.read().splitlines(); print('\n'.join(l for l in lines if 'achieved' in l))
 rows=list(csv.reader(l for l in lines if l.startswith('\"'))); h=rows[0] if rows else []
-for r in rows[2:]: print(r[h.index('Kernel Name')].split('(')[0][-40:], *(r[h.index(m)] for m in ('gpu__time_duration.sum','sm__cycles_active.min','sm__cycles_active.avg','sm__cycles_active.max')))"
+for r in rows[2:]: print(r[h.index('Kernel Name')].split('(')[0][-40:], *(r[h.index(m)] for m in ('gpu__time_duration.sum','sm__cycles_active.min','sm__cycles_active.avg','sm__cycles_active.max','dram__bytes_read.sum','lts__t_sector_hit_rate.pct')))"
 echo "t=$(($(date +%s)-S))"
