@@ -11,7 +11,8 @@
 # whose tests run; default none); MUT_TREES (trees with a mutant applied, as name or
 # name:gtest-filter: only that filter runs, GpuBackward.SkipSetMatchesReference by default, and it
 # must fail); ROWS (d:causal:L:sparsity[:hk[:set]], hk = KV heads for GQA rows (empty: MHA), set =
-# bench_backward's --set (iid or window: sink + locality, the llm shape); default: d 64 full 8k
+# bench_backward's --set (iid, window: sink + locality, or heavy: that and 8 heavy-hitter tiles, the
+# llm shape); default: d 64 full 8k
 # and causal 16k at 0 / 50 / 70 / 90 %);
 # ROUNDS (2). Prints round, tree, d, mask, L, target, achieved, ms, TFLOP/s, speedup over the same
 # tree's dense.

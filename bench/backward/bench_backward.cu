@@ -9,7 +9,8 @@
 // kept as the forward's vote does (--set iid, the default); or, --set window, the shape of an llm
 // causal set under max-first (sink and locality): a group keeps tile 0 and the W tiles before its
 // own (last visible, causal; full mask: the W tiles on each side of the tile holding its rows), W
-// the smallest window whose skipped fraction is at most s; the same set for every head. The
+// the smallest window whose skipped fraction is at most s; the same set for every head; --set
+// heavy: that set with 8 heavy-hitter tiles kept by every group that sees them. The
 // achieved fraction is printed. The host set is uploaded by
 // every call (its bits / 8 bytes: 0.5 MB at B = 4, H = 32, L = 16k), which the time includes.
 // Timing: CUDA events around each call on one stream, 3 warm-up calls, median of --iters (20).
@@ -20,7 +21,7 @@
 //   bench_backward --quick          B 1, H 32, L 8k only
 //   bench_backward --b 2 --h 32 --l 16384 --d 128 --causal 1 --sparsity 0.7 --iters 20
 //   --hk 8                          GQA: 8 KV heads (the H column then reads 32/8)
-//   --set iid|window                the synthetic skip set (above; default iid)
+//   --set iid|window|heavy          the synthetic skip set (above; default iid)
 //   --kernel mma_sync|wgmma|both    the main kernel (kernel_table.inc's backward kernels; default
 //                                   both, each row naming it; the library runs mma_sync today)
 #include <cuda_bf16.h>
@@ -90,16 +91,24 @@ struct Config {
   i64 Hk = 0;  // KV heads (GQA / MQA); 0: H
   bool causal = false;
   double sparsity = 0;  // 0: dense (no skip set)
-  bool window = false;  // --set window (else iid)
+  bool window = false;  // --set window or heavy (else iid)
+  bool heavy = false;   // --set heavy: the window set and 8 heavy-hitter tiles
 };
 
 struct Result {
   double ms = 0, tflops = 0, achieved = 0;
 };
 
-// Whether the window set of half-width w keeps tile t of group g (n_vis visible tiles).
+// Whether the window set of half-width w keeps tile t of group g (n_vis visible tiles); with
+// c.heavy also the 8 heavy-hitter tiles (tiles T (i + 1) / 9, i < 8, of T), which every group
+// that sees them keeps, as the llm workload's heavy-hitter keys are kept.
 bool window_keeps(const Config& c, i64 g, i64 t, i64 n_vis, i64 w) {
   if (t == 0) return true;
+  if (c.heavy) {
+    const i64 tiles = (c.L + 127) / 128;
+    for (i64 i = 0; i < 8; ++i)
+      if (t == tiles * (i + 1) / 9) return true;
+  }
   const i64 own = c.causal ? n_vis - 1 : (g * 64) / 128;
   return c.causal ? own - t <= w : std::llabs(own - t) <= w;
 }
@@ -239,7 +248,7 @@ Result run(const Config& c, blasst::DType dtype, int iters, blasst::sm90::Backwa
 int main(int argc, char** argv) {
   std::vector<i64> Bs = {1, 2, 4}, Hs = {32, 40}, Ls = {8192, 16384}, ds = {64, 128};
   i64 hk_arg = 0;  // --hk: KV heads (0: as many as query heads)
-  bool window_set = false;  // --set window
+  bool window_set = false, heavy_set = false;  // --set window / heavy
   std::vector<int> causals = {0, 1};
   std::vector<double> sps = {0, 0.5, 0.7, 0.9};
   blasst::DType dtype = blasst::DType::bf16;
@@ -265,8 +274,12 @@ int main(int argc, char** argv) {
     }
     else if (a == "--set") {
       const std::string k = next();
-      if (k == "window") window_set = true;
-      else if (k != "iid") { std::fprintf(stderr, "--set: iid or window, got %s\n", k.c_str()); return 2; }
+      if (k == "window" || k == "heavy") window_set = true;
+      if (k == "heavy") heavy_set = true;
+      else if (k != "iid" && k != "window") {
+        std::fprintf(stderr, "--set: iid, window or heavy, got %s\n", k.c_str());
+        return 2;
+      }
     }
     else if (a == "--iters") iters = std::max(1, std::atoi(next()));
     else if (a == "--dtype") dtype = blasst::parse_dtype(next());
@@ -278,7 +291,7 @@ int main(int argc, char** argv) {
     }
     else {
       std::printf("usage: bench_backward [--quick] [--b B] [--h H] [--hk Hk] [--l L] [--d 64|128] [--causal 0|1] "
-                  "[--sparsity s] [--set iid|window] [--iters n] [--dtype bf16|f16] [--kernel mma_sync|wgmma|both]\n");
+                  "[--sparsity s] [--set iid|window|heavy] [--iters n] [--dtype bf16|f16] [--kernel mma_sync|wgmma|both]\n");
       return a == "--help" ? 0 : 2;
     }
   }
@@ -309,6 +322,7 @@ int main(int argc, char** argv) {
                 c.causal = causal != 0;
                 c.sparsity = s;
                 c.window = window_set;
+                c.heavy = heavy_set;
                 try {
                   const Result r = run(c, dtype, iters, kernel);
                   if (s == 0) dense_ms = r.ms;
