@@ -51,17 +51,7 @@ for row in $DUR_ROWS; do
     --metrics gpu__time_duration.sum,sm__cycles_active.min,sm__cycles_active.avg,sm__cycles_active.max --csv --page raw \
     $X $(bench_args $d $sp) --iters 1 > $L/dur_d${d}_s$sp.csv 2>&1
   echo "d$d s$sp rc=$?"
-  python3 - $L/dur_d${d}_s$sp.csv <<'EOF'
-import csv, sys
-rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 5]
-if not rows: print("  (no rows)"); sys.exit()
-h = rows[0]
-for r in rows[2:]:
-    d = dict(zip(h, r)); name = d.get("Kernel Name", "?").split("(")[0][-40:]
-    g = lambda k: float(d[k].replace(",", ""))  # ncu's csv writes 134,752
-    print(f"  {name:40s} dur {g('gpu__time_duration.sum')/1000:9.1f} us  active cycles min/avg/max "
-          f"{g('sm__cycles_active.min'):.0f} / {g('sm__cycles_active.avg'):.0f} / {g('sm__cycles_active.max'):.0f}")
-EOF
+  python3 scripts/ncu_csv.py $L/dur_d${d}_s$sp.csv
 done
 t; pack
 NCU_ROWS=${NCU_ROWS:-"128:0 64:0.7"}

@@ -86,13 +86,15 @@ std::uint64_t host_hash(std::uint64_t x) {
   return x;
 }
 
+// --set: i.i.d. pairs, the llm window shape, or that and 8 heavy-hitter tiles (the file comment).
+enum class SetKind { iid, window, heavy };
+
 struct Config {
   i64 B = 1, H = 32, L = 8192, d = 128;
   i64 Hk = 0;  // KV heads (GQA / MQA); 0: H
   bool causal = false;
   double sparsity = 0;  // 0: dense (no skip set)
-  bool window = false;  // --set window or heavy (else iid)
-  bool heavy = false;   // --set heavy: the window set and 8 heavy-hitter tiles
+  SetKind set = SetKind::iid;  // --set
 };
 
 struct Result {
@@ -100,11 +102,11 @@ struct Result {
 };
 
 // Whether the window set of half-width w keeps tile t of group g (n_vis visible tiles); with
-// c.heavy also the 8 heavy-hitter tiles (tiles T (i + 1) / 9, i < 8, of T), which every group
+// SetKind::heavy also the 8 heavy-hitter tiles (tiles T (i + 1) / 9, i < 8, of T), which every group
 // that sees them keeps, as the llm workload's heavy-hitter keys are kept.
 bool window_keeps(const Config& c, i64 g, i64 t, i64 n_vis, i64 w) {
   if (t == 0) return true;
-  if (c.heavy) {
+  if (c.set == SetKind::heavy) {
     const i64 tiles = (c.L + 127) / 128;
     for (i64 i = 0; i < 8; ++i)
       if (t == tiles * (i + 1) / 9) return true;
@@ -123,7 +125,7 @@ double make_set(const Config& c, blasst::SkipSet& set) {
   auto visible = [&](i64 g) { return c.causal ? std::min(c.L - 1, (g + 1) * 64 - 1) / 128 + 1 : tiles; };
   // Window: the smallest w whose skipped share (one head: every head has the same set) is <= s.
   i64 w = 0;
-  if (c.window) {
+  if (c.set != SetKind::iid) {
     auto skipped_share = [&](i64 width) {
       i64 vis = 0, skip = 0;
       for (i64 g = 0; g < groups; ++g) {
@@ -151,7 +153,7 @@ double make_set(const Config& c, blasst::SkipSet& set) {
         for (i64 t = 0; t < n_vis; ++t) {
           ++visited;
           if (t == 0) continue;
-          const bool skip = c.window ? !window_keeps(c, g, t, n_vis, w)
+          const bool skip = c.set != SetKind::iid ? !window_keeps(c, g, t, n_vis, w)
                                      : host_hash(std::uint64_t(((b * c.H + h) * groups + g) * tiles + t) + 12345) < thresh;
           if (skip) {
             set.set(b, h, g, t);
@@ -248,7 +250,7 @@ Result run(const Config& c, blasst::DType dtype, int iters, blasst::sm90::Backwa
 int main(int argc, char** argv) {
   std::vector<i64> Bs = {1, 2, 4}, Hs = {32, 40}, Ls = {8192, 16384}, ds = {64, 128};
   i64 hk_arg = 0;  // --hk: KV heads (0: as many as query heads)
-  bool window_set = false, heavy_set = false;  // --set window / heavy
+  SetKind set_kind = SetKind::iid;
   std::vector<int> causals = {0, 1};
   std::vector<double> sps = {0, 0.5, 0.7, 0.9};
   blasst::DType dtype = blasst::DType::bf16;
@@ -274,12 +276,10 @@ int main(int argc, char** argv) {
     }
     else if (a == "--set") {
       const std::string k = next();
-      if (k == "window" || k == "heavy") window_set = true;
-      if (k == "heavy") heavy_set = true;
-      else if (k != "iid" && k != "window") {
-        std::fprintf(stderr, "--set: iid, window or heavy, got %s\n", k.c_str());
-        return 2;
-      }
+      if (k == "iid") set_kind = SetKind::iid;
+      else if (k == "window") set_kind = SetKind::window;
+      else if (k == "heavy") set_kind = SetKind::heavy;
+      else { std::fprintf(stderr, "--set: iid, window or heavy, got %s\n", k.c_str()); return 2; }
     }
     else if (a == "--iters") iters = std::max(1, std::atoi(next()));
     else if (a == "--dtype") dtype = blasst::parse_dtype(next());
@@ -321,8 +321,7 @@ int main(int argc, char** argv) {
                 c.d = d;
                 c.causal = causal != 0;
                 c.sparsity = s;
-                c.window = window_set;
-                c.heavy = heavy_set;
+                c.set = set_kind;
                 try {
                   const Result r = run(c, dtype, iters, kernel);
                   if (s == 0) dense_ms = r.ms;

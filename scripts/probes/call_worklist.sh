@@ -15,9 +15,5 @@ BLASST_COMMIT=wl-$(date +%H%M) PYTHONPATH=$PWD/build-py/python timeout 150 pytho
 # model's on these sets, ~its model on the window set; suspect: the heavy parts run first from every
 # KV head at once, so Q / dO of all 32 query heads (128 MB at 8k d128) compete for the 50 MB L2,
 # where the fixed order's sections hold 2 KV heads (32 MB); bench/RESULTS.md 2026-12-07).
-PYTHONPATH=$PWD/build-py/python timeout 150 ncu --clock-control none --kernel-name regex:'count_kept|build_work|split_sum|backward_wgmma|postprocess|preprocess' --launch-skip 6 --launch-count 6 --metrics gpu__time_duration.sum,sm__cycles_active.min,sm__cycles_active.avg,sm__cycles_active.max,dram__bytes_read.sum,lts__t_sector_hit_rate.pct --csv --page raw python3 bench/backward/profile_skip_bwd.py llm 8192 128 0.7 2 2>&1 | grep -E '^"|achieved' | python3 -c "
-import sys,csv
-lines=sys.stdin.read().splitlines(); print('\n'.join(l for l in lines if 'achieved' in l))
-rows=list(csv.reader(l for l in lines if l.startswith('\"'))); h=rows[0] if rows else []
-for r in rows[2:]: print(r[h.index('Kernel Name')].split('(')[0][-40:], *(r[h.index(m)] for m in ('gpu__time_duration.sum','sm__cycles_active.min','sm__cycles_active.avg','sm__cycles_active.max','dram__bytes_read.sum','lts__t_sector_hit_rate.pct')))"
+PYTHONPATH=$PWD/build-py/python timeout 150 ncu --clock-control none --kernel-name regex:'count_kept|build_work|split_sum|backward_wgmma|postprocess|preprocess' --launch-skip 6 --launch-count 6 --metrics gpu__time_duration.sum,sm__cycles_active.min,sm__cycles_active.avg,sm__cycles_active.max,dram__bytes_read.sum,lts__t_sector_hit_rate.pct --csv --page raw python3 bench/backward/profile_skip_bwd.py llm 8192 128 0.7 2 2>&1 | python3 scripts/ncu_csv.py --echo achieved gpu__time_duration.sum sm__cycles_active.min sm__cycles_active.avg sm__cycles_active.max dram__bytes_read.sum lts__t_sector_hit_rate.pct
 echo "t=$(($(date +%s)-S))"

@@ -161,7 +161,7 @@ constexpr int post_pitch_words() {
   return sizeof(O) == 2 ? kD / 2 + 4 : kD + 8;
 }
 
-template <class E, class O, int kD>
+template <class O, int kD>
 __device__ __forceinline__ void postprocess_block(const BackwardParams& p, bool vec_store, std::uint32_t* stage,
                                                   int h, std::int64_t padded, int b, int i0, int len) {
   constexpr int kColTiles = kD / kDqTile, kPitch = post_pitch_words<O, kD>();
@@ -175,13 +175,12 @@ __device__ __forceinline__ void postprocess_block(const BackwardParams& p, bool 
     int r, c;
     dq_tile_read(t, k % 8, r, c);
     c += (k / 8) * kDqTile;
-    const float s = p.scale;
     if constexpr (sizeof(O) == 2) {
-      stage[r * kPitch + c / 2] = pack2<O>(v[k].x * s, v[k].y * s);
-      stage[(r + 8) * kPitch + c / 2] = pack2<O>(v[k].z * s, v[k].w * s);
+      stage[r * kPitch + c / 2] = pack2<O>(v[k].x * p.scale, v[k].y * p.scale);
+      stage[(r + 8) * kPitch + c / 2] = pack2<O>(v[k].z * p.scale, v[k].w * p.scale);
     } else {
-      *reinterpret_cast<float2*>(&stage[r * kPitch + c]) = make_float2(v[k].x * s, v[k].y * s);
-      *reinterpret_cast<float2*>(&stage[(r + 8) * kPitch + c]) = make_float2(v[k].z * s, v[k].w * s);
+      *reinterpret_cast<float2*>(&stage[r * kPitch + c]) = make_float2(v[k].x * p.scale, v[k].y * p.scale);
+      *reinterpret_cast<float2*>(&stage[(r + 8) * kPitch + c]) = make_float2(v[k].z * p.scale, v[k].w * p.scale);
     }
   }
   __syncthreads();
@@ -215,8 +214,8 @@ __global__ void __launch_bounds__(kPostThreads) postprocess_kernel(const Backwar
   int b, i0, len;
   if (!padded_position(padded, p.batch, p.len_q, p.cu_q, b, i0, len)) return;  // a padding block
   extern __shared__ __align__(16) std::uint32_t stage[];  // 64 x post_pitch_words (launch_post)
-  if (p.dq_f32) postprocess_block<E, float, kD>(p, vec_store, stage, h, padded, b, i0, len);
-  else postprocess_block<E, E, kD>(p, vec_store, stage, h, padded, b, i0, len);
+  if (p.dq_f32) postprocess_block<float, kD>(p, vec_store, stage, h, padded, b, i0, len);
+  else postprocess_block<E, kD>(p, vec_store, stage, h, padded, b, i0, len);
 }
 
 template <class E, int kD>
