@@ -395,7 +395,9 @@ void decode(const DecodeProblem& p, const SkipConfig& skip = {}, const RunOption
 void attention_backward(const AttentionBackwardProblem& p, const SkipConfig& skip = {},
                         const RunOptions& opt = {}, const SkipSet* skip_set = nullptr);
 // Scratch bytes of the same backward call on the CUDA path (0 for the reference): f32 dQ
-// accumulator [tokens_q, Hq, d], D and LSE [Hq, tokens_q], the uploaded skip set.
+// accumulator [tokens_q, Hq, d], D and LSE [Hq, tokens_q], the uploaded skip set, and with a skip
+// set the work list (kept counts, items; with Hq > Hk the f32 dK / dV parts of the heavy blocks it
+// splits by query head, at most 64 MiB over the call).
 std::size_t attention_backward_workspace_bytes(const AttentionBackwardProblem& p, const SkipConfig& skip = {},
                                                const RunOptions& opt = {}, const SkipSet* skip_set = nullptr);
 

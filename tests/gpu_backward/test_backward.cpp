@@ -32,6 +32,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "blasst/blasst.hpp"
@@ -42,6 +43,8 @@
 
 #ifdef BLASST_TEST_CUDA_RUNTIME  // CUDA builds: device tensors through the CUDA runtime
 #include <cuda_runtime.h>
+
+#include "cuda/sm90/backward/backward_work_list.hpp"  // the work list, launched by its own test
 #endif
 
 namespace blasst::test {
@@ -615,6 +618,108 @@ TEST(GpuBackward, WrongSkipSetDisagrees) {
   }
 }
 
+// The work list's heavy rule from its text (backward_params.hpp, backward_work_list.hpp), on the
+// host: per sequence, a (KV head, key block) whose kept vote groups over the groups its CTA walks
+// (causal: a group is walked by block n when its last row sees the block's first key, SPEC §1)
+// are >= kHeavyNum / kHeavyDen x the mean over the sequence's blocks, and more than none. Heavy
+// blocks split by query head when the KV group has several. Returns (b, kh, n) of each.
+struct SplitKey {
+  i64 b, kh, n;
+  bool operator<(const SplitKey& o) const { return std::tie(b, kh, n) < std::tie(o.b, o.kh, o.n); }
+  bool operator==(const SplitKey& o) const { return b == o.b && kh == o.kh && n == o.n; }
+};
+std::vector<i64> kept_groups(const Case& c, const SkipSet& set, i64 b, i64 h) {  // per key block
+  const i64 lq = c.len_q(b), lk = c.len_k(b), nb = (lk + 127) / 128, groups = (lq + 63) / 64;
+  std::vector<i64> kept(std::size_t(nb), 0);
+  for (i64 n = 0; n < nb; ++n)
+    for (i64 g = 0; g < groups; ++g) {
+      if (c.causal && 64 * g + 63 + lk - lq < 128 * n) continue;  // no row of g sees key 128 n
+      kept[std::size_t(n)] += set.skipped(b, h, g, n) ? 0 : 1;
+    }
+  return kept;
+}
+std::vector<SplitKey> expected_heavy(const Case& c, const SkipSet& set) {
+  std::vector<SplitKey> out;
+  const i64 group = c.hq / c.hk;
+  for (i64 b = 0; b < c.nseq(); ++b) {
+    const i64 nb = (c.len_k(b) + 127) / 128;
+    std::vector<i64> total(std::size_t(c.hk * nb), 0);
+    i64 sum = 0;
+    for (i64 h = 0; h < c.hq; ++h) {
+      const std::vector<i64> k = kept_groups(c, set, b, h);
+      for (i64 n = 0; n < nb; ++n) total[std::size_t((h / group) * nb + n)] += k[std::size_t(n)];
+    }
+    for (i64 t : total) sum += t;
+    for (i64 x = 0; x < c.hk * nb; ++x)
+      if (total[std::size_t(x)] > 0 &&
+          total[std::size_t(x)] * c.hk * nb * sm90::backward::kHeavyDen >= sm90::backward::kHeavyNum * sum)
+        out.push_back({b, x / nb, x % nb});
+  }
+  return out;
+}
+
+// The work list's split blocks (a skip set and GQA: backward_work_list.hpp): the kernels' parts and
+// their sum against the reference, with the recorded set, with a set that skips key block 0 for
+// every vote group of one query head (that part keeps nothing: its slot must read as zeros) and
+// for one vote group of another (a part with a hole), and with a heavy-hitter set (every group
+// keeps tiles 0 and 3, most skip the rest); GQA 4:1 and 8:2, both masks, ragged, both head dims.
+// The heavy-hitter and holed sets are checked to split key block 0 by the rule's text
+// (expected_heavy), so the cases this test exists for happen. The holed set is the heavy one
+// with the holes.
+TEST(GpuBackward, WorkListSplitBlocksMatchReference) {
+  REQUIRE_GPU();
+  int i = 150;
+  for (int shape = 0; shape < 2; ++shape) {
+    for (bool causal : {false, true}) {
+      Case c;
+      if (shape == 0) {
+        c.Lq = c.Lk = 600;
+        c.hq = 4;
+        c.hk = 1;
+        c.d = 64;
+      } else {
+        c.lq = {300, 520};
+        c.lk = {300, 700};
+        c.hq = 8;
+        c.hk = 2;
+        c.d = 128;
+      }
+      c.causal = causal;
+      const std::uint64_t seed = seed_for(i++);
+      SCOPED_TRACE(c.name() + " seed " + std::to_string(seed));
+      SkipConfig cfg = SkipConfig::from_threshold(std::exp(-2.0));
+      cfg.vote = vote_cfg().vote;
+      Data in = make_data(c, seed, cfg);
+      ASSERT_GT(in.set.count(), 0) << "nothing skipped: the call would not split block 0";
+      SkipSet heavy = in.set;  // tiles 0 and 3 kept by every group, one in six of the others
+      std::mt19937_64 rng(seed);
+      for (i64 b = 0; b < heavy.batch; ++b)
+        for (i64 h = 0; h < heavy.heads; ++h)
+          for (i64 g = 0; g < heavy.groups; ++g)
+            for (i64 t = 1; t < heavy.tiles; ++t) heavy.set(b, h, g, t, t != 3 && rng() % 6 != 0);
+      SkipSet holed = heavy;
+      for (i64 b = 0; b < holed.batch; ++b) {
+        const i64 len_q = c.lq.empty() ? c.Lq : c.lq[std::size_t(b)];
+        for (i64 g = 0; g < (len_q + 63) / 64; ++g) holed.set(b, 1, g, 0);  // query head 1: block 0 all skipped
+        holed.set(b, 2, 0, 0);                                            // query head 2: one vote group
+      }
+      for (const SkipSet* set : {&in.set, &heavy, &holed}) {
+        SCOPED_TRACE(set == &holed ? "holed set" : set == &heavy ? "heavy-hitter set" : "recorded set");
+        if (set != &in.set) {
+          const std::vector<SplitKey> h = expected_heavy(c, *set);
+          ASSERT_NE(std::find(h.begin(), h.end(), SplitKey{0, 0, 0}), h.end())
+              << "key block 0 of KV head 0 does not split: the case is not tested";
+        }
+        const Grads r = run_ref(c, in, cfg, set);
+        for (const auto kernel : kKernels) {
+          SCOPED_TRACE(std::string("kernel ") + kernel_name(kernel));
+          expect_grads(c, in, run_gpu(c, in, cfg, set, kernel), r);
+        }
+      }
+    }
+  }
+}
+
 // What the CUDA path refuses, each before any CUDA work (so this runs on a CUDA build without a
 // GPU too); a CPU-only build refuses every CUDA call.
 TEST(GpuBackward, RefusesClearly) {
@@ -696,6 +801,190 @@ struct DeviceBuffers {
     return d;
   }
 };
+
+// The work list itself (launch_work_list on the device, read back): every (KV head, key block) of
+// each sequence exactly once as a whole or, when split, as parts 0 .. group - 1 with its split
+// index; the heavy blocks those of the rule (expected_heavy, computed here from the bits), split
+// under GQA and whole under MHA; their items first, longest first (costs kCtaFixedCost + kept
+// groups, non-increasing up to the width of one of the 1024 buckets); then every other block in
+// the fixed launch order (launch_block_and_head); the counts in the counters. Batched and ragged,
+// both masks, GQA 4:1 and 8:2 and MHA, a heavy-hitter set.
+TEST(GpuBackward, WorkListCoversAndOrders) {
+  REQUIRE_GPU();
+  namespace bw = sm90::backward;
+  int trial = 0;
+  for (int shape = 0; shape < 3; ++shape)
+    for (bool causal : {false, true}) {
+      Case c;
+      if (shape == 0) {
+        c.B = 2;
+        c.Lq = 2000;
+        c.Lk = 2100;
+        c.hq = 8;
+        c.hk = 2;
+      } else if (shape == 1) {
+        c.lq = {700, 0, 1500, 64};
+        c.lk = {900, 10, 1300, 1};
+        c.hq = 4;
+        c.hk = 1;
+      } else {
+        c.B = 1;
+        c.Lq = c.Lk = 1000;
+        c.hq = c.hk = 3;
+      }
+      c.causal = causal;
+      SCOPED_TRACE(c.name());
+      std::mt19937_64 rng(test_seed(7000 + trial++));
+      i64 max_q = 0, max_k = 0;
+      for (i64 b = 0; b < c.nseq(); ++b) max_q = std::max(max_q, c.len_q(b)), max_k = std::max(max_k, c.len_k(b));
+      const i64 groups = (max_q + 63) / 64, tiles = (max_k + 127) / 128, group = c.hq / c.hk;
+      SkipSet set;
+      VoteGranularity vote;
+      vote.rows = 64;
+      vote.tile_keys = 128;
+      set.resize(vote, c.nseq(), c.hq, groups, tiles);
+      for (i64 b = 0; b < c.nseq(); ++b)  // tiles 0 and 3 kept, the rest mostly skipped
+        for (i64 h = 0; h < c.hq; ++h)
+          for (i64 g = 0; g < groups; ++g)
+            for (i64 t = 1; t < tiles; ++t)
+              if (t != 3 && rng() % 5 != 0) set.set(b, h, g, t);
+      const std::vector<SplitKey> want = expected_heavy(c, set);
+      ASSERT_GT(want.size(), 0u) << "no heavy block: the case is not tested";
+
+      DeviceBuffers dev;
+      bw::BackwardParams p;
+      p.batch = int(c.nseq());
+      p.hq = int(c.hq);
+      p.hk = int(c.hk);
+      p.group = int(group);
+      p.causal = causal;
+      p.head_dim = 64;
+      p.num_n_blocks = int(tiles);
+      p.causal_section_heads = bw::causal_launch_section_heads(p.hk, p.group, p.num_n_blocks);
+      std::vector<int> cu_q, cu_k;
+      if (c.ragged()) {
+        cu_q.push_back(0);
+        cu_k.push_back(0);
+        for (i64 b = 0; b < c.nseq(); ++b)
+          cu_q.push_back(cu_q.back() + int(c.len_q(b))), cu_k.push_back(cu_k.back() + int(c.len_k(b)));
+        p.cu_q = static_cast<const int*>(dev.alloc(cu_q.size() * 4));
+        p.cu_k = static_cast<const int*>(dev.alloc(cu_k.size() * 4));
+        check_cuda(cudaMemcpy(const_cast<int*>(p.cu_q), cu_q.data(), cu_q.size() * 4, cudaMemcpyHostToDevice), "cu_q");
+        check_cuda(cudaMemcpy(const_cast<int*>(p.cu_k), cu_k.data(), cu_k.size() * 4, cudaMemcpyHostToDevice), "cu_k");
+      } else {
+        p.len_q = int(c.Lq);
+        p.len_k = int(c.Lk);
+      }
+      void* bits = dev.alloc(set.bits.size());
+      check_cuda(cudaMemcpy(bits, set.bits.data(), set.bits.size(), cudaMemcpyHostToDevice), "bits");
+      p.skip_bits = static_cast<const std::uint8_t*>(bits);
+      p.skip_groups = groups;
+      p.skip_tiles = tiles;
+      p.split_cap = bw::split_capacity(p.batch, p.hk, p.group, p.num_n_blocks, p.head_dim);
+      p.work_items = bw::work_items_capacity(p.num_n_blocks, p.hk, p.group, p.split_cap);
+      std::size_t bytes[6];
+      bw::work_list_bytes(p, bytes);
+      bw::WorkListScratch scratch;
+      scratch.counts = static_cast<int*>(dev.alloc(bytes[0]));
+      scratch.split_of = static_cast<int*>(dev.alloc(bytes[1]));
+      scratch.items = static_cast<bw::WorkItem*>(dev.alloc(bytes[2]));
+      scratch.splits = static_cast<bw::SplitBlock*>(dev.alloc(bytes[3]));
+      scratch.counters = static_cast<int*>(dev.alloc(bytes[4]));
+      scratch.parts = nullptr;  // not touched by the list
+      check_cuda(cudaMemset(scratch.items, 0xff, bytes[2]), "poison items");
+      check_cuda(cudaMemset(scratch.counters, 0xff, bytes[4]), "poison counters");
+      bw::launch_work_list(p, scratch, int(max_q), nullptr);
+      check_cuda(cudaDeviceSynchronize(), "launch_work_list");
+      std::vector<bw::WorkItem> items(bytes[2] / sizeof(bw::WorkItem));
+      std::vector<bw::SplitBlock> splits(bytes[3] / sizeof(bw::SplitBlock));
+      std::vector<int> counters(bytes[4] / 4);
+      check_cuda(cudaMemcpy(items.data(), scratch.items, bytes[2], cudaMemcpyDeviceToHost), "items");
+      if (bytes[3] > 0) check_cuda(cudaMemcpy(splits.data(), scratch.splits, bytes[3], cudaMemcpyDeviceToHost), "splits");
+      check_cuda(cudaMemcpy(counters.data(), scratch.counters, bytes[4], cudaMemcpyDeviceToHost), "counters");
+      std::vector<SplitKey> got_splits;
+      for (i64 b = 0; b < c.nseq(); ++b) {
+        SCOPED_TRACE("sequence " + std::to_string(b));
+        const i64 nb = (c.len_k(b) + 127) / 128;
+        const int nsplit = counters[std::size_t(p.batch + b)];
+        ASSERT_TRUE(nsplit >= 0 && nsplit <= p.split_cap) << nsplit;
+        std::vector<std::vector<i64>> kept(std::size_t(c.hq));
+        for (i64 h = 0; h < c.hq; ++h) kept[std::size_t(h)] = kept_groups(c, set, b, h);
+        i64 max_cost = 1;
+        for (i64 kh = 0; kh < c.hk; ++kh)
+          for (i64 n = 0; n < nb; ++n) {
+            i64 t = 0;
+            for (i64 hh = 0; hh < group; ++hh) t += kept[std::size_t(kh * group + hh)][std::size_t(n)];
+            max_cost = std::max(max_cost, bw::kCtaFixedCost + t);
+          }
+        std::vector<int> seen(std::size_t(c.hk * nb * (group + 1)), 0);  // [kh][n][part + 1]
+        std::vector<int> fixed_at(std::size_t(c.hk * nb), -1);  // (kh, n) -> its fixed launch index
+        for (int x = 0; x < int(c.hk * nb); ++x) {
+          int n = -1, kh = -1;
+          bw::launch_block_and_head(x, int(nb), p.hk, causal, p.causal_section_heads, n, kh);
+          fixed_at[std::size_t(kh * nb + n)] = x;
+        }
+        auto is_heavy = [&](i64 kh, i64 n) {
+          return std::find(want.begin(), want.end(), SplitKey{b, kh, n}) != want.end();
+        };
+        i64 expect_items = 0, prev_cost = -1;
+        int prev_fixed = -1;
+        bool in_heavy = true;
+        const int count = counters[std::size_t(b)];
+        for (int i = 0; i < count; ++i) {
+          const bw::WorkItem it = items[std::size_t(b * p.work_items + i)];
+          ASSERT_TRUE(it.kh >= 0 && it.kh < c.hk && it.n_block >= 0 && it.n_block < nb && it.part >= -1 &&
+                      it.part < group) << "item " << i << " (" << it.n_block << ", " << it.kh << ", " << it.part << ")";
+          ++seen[std::size_t((it.kh * nb + it.n_block) * (group + 1) + it.part + 1)];
+          const bool heavy = is_heavy(it.kh, it.n_block);
+          if (!heavy) in_heavy = false;
+          ASSERT_TRUE(heavy == in_heavy) << "item " << i << ": a heavy block after the fixed-order ones";
+          if (heavy) {
+            i64 k = 0;
+            for (i64 hh = (it.part < 0 ? 0 : it.part); hh < (it.part < 0 ? group : it.part + 1); ++hh)
+              k += kept[std::size_t(it.kh * group + hh)][std::size_t(it.n_block)];
+            const i64 cost = bw::kCtaFixedCost + k;
+            if (prev_cost >= 0)
+              ASSERT_LE(cost, prev_cost + (max_cost + 1022) / 1023) << "item " << i << ": a longer one after a shorter";
+            prev_cost = cost;
+            ASSERT_EQ(it.part >= 0, group > 1) << "item " << i << ": heavy blocks split exactly under GQA";
+          } else {
+            ASSERT_EQ(it.part, -1) << "item " << i;
+            const int fx = fixed_at[std::size_t(it.kh * nb + it.n_block)];
+            ASSERT_GT(fx, prev_fixed) << "item " << i << ": out of the fixed launch order";
+            prev_fixed = fx;
+          }
+          if (it.part >= 0) {
+            ASSERT_TRUE(it.split >= 0 && it.split < nsplit) << "item " << i << " split " << it.split;
+            const bw::SplitBlock sb = splits[std::size_t(b * p.split_cap + it.split)];
+            ASSERT_TRUE(sb.kh == it.kh && sb.n_block == it.n_block) << "item " << i << ": its split block differs";
+          }
+        }
+        for (int sp = 0; sp < nsplit; ++sp) {
+          const bw::SplitBlock sb = splits[std::size_t(b * p.split_cap + sp)];
+          got_splits.push_back({b, sb.kh, sb.n_block});
+        }
+        for (i64 kh = 0; kh < c.hk; ++kh)
+          for (i64 n = 0; n < nb; ++n) {
+            const bool split = group > 1 && is_heavy(kh, n);
+            const int* cnt = &seen[std::size_t((kh * nb + n) * (group + 1))];
+            ASSERT_EQ(cnt[0], split ? 0 : 1) << "(" << n << ", " << kh << ") as a whole";
+            for (i64 q = 0; q < group; ++q) ASSERT_EQ(cnt[q + 1], split ? 1 : 0) << "(" << n << ", " << kh << ") part " << q;
+            expect_items += split ? group : 1;
+          }
+        ASSERT_EQ(count, expect_items);
+      }
+      std::sort(got_splits.begin(), got_splits.end());
+      std::vector<SplitKey> want_sorted = group > 1 ? want : std::vector<SplitKey>{};
+      std::sort(want_sorted.begin(), want_sorted.end());
+      if (group > 1)
+        ASSERT_LE(want.size(), std::size_t(p.split_cap) * std::size_t(c.nseq())) << "the test's cap must hold every heavy block";
+      ASSERT_EQ(got_splits.size(), want_sorted.size()) << "split blocks: device vs the rule";
+      for (std::size_t x = 0; x < want_sorted.size(); ++x)
+        ASSERT_TRUE(got_splits[x] == want_sorted[x]) << "split " << x << ": (" << got_splits[x].b << ", " << got_splits[x].kh
+                                                   << ", " << got_splits[x].n << ") vs (" << want_sorted[x].b << ", "
+                                                   << want_sorted[x].kh << ", " << want_sorted[x].n << ")";
+    }
+}
 
 // The public call on device tensors (no staging): device-resident cu_seqlens, a stream of the
 // caller's, scratch from RunOptions::workspace sized by attention_backward_workspace_bytes (and
@@ -837,8 +1126,17 @@ TEST(GpuBackward, WorkspaceBytes) {
       return;
     }
     EXPECT_EQ(attention_backward_workspace_bytes(call.p, {}, opt), up(lse_rows * 64 * 4) + 2 * up(lse_rows * 4));
+    // With the set, the work list (backward_work_list.hpp): per sequence, the kept counts
+    // [hq][nb] and split indices [hk][nb] (ints), the items (16 bytes; nb x hk plus group - 1 for
+    // each possible split), the split blocks (8 bytes), two counters, and the f32 dK / dV parts of
+    // the split blocks [cap][group][2][128][d]; cap = every block here (the 64 MiB budget allows
+    // far more than nb x hk = 2 x 2 at d 64), group 2. nb = 2 (200 keys).
+    const std::size_t B = std::size_t(c.B), nb = 2, cap = nb * std::size_t(c.hk), group = 2;
+    const std::size_t items = nb * std::size_t(c.hk) + cap * (group - 1);
     EXPECT_EQ(attention_backward_workspace_bytes(call.p, cfg, opt, &in.set),
-              up(lse_rows * 64 * 4) + 2 * up(lse_rows * 4) + up(in.set.bits.size()));
+              up(lse_rows * 64 * 4) + 2 * up(lse_rows * 4) + up(in.set.bits.size()) + up(B * std::size_t(c.hq) * nb * 4) +
+                  up(B * std::size_t(c.hk) * nb * 4) + up(B * items * 16) + up(B * cap * 8) + up(2 * B * 4) +
+                  up(B * cap * group * 2 * 128 * std::size_t(c.d) * 4));
   }
   {
     Call call(c, in, DType::bf16, DType::f32, DType::bf16, DType::f32);  // f32 out / dout
@@ -933,42 +1231,31 @@ TEST(GpuBackward, PostprocessTileRead) {
 // The launch order (host-checked, no GPU): every (key block, KV head) of a grid exactly once, for
 // both masks and every section size, a short last section included; within a causal section the
 // key blocks never decrease (the longest, block 0, first), and a section's heads are consecutive.
-// With sink_first (a skip set: block 0 keeps every vote group, SPEC §2a), the first hk launches
-// are block 0 of each KV head in order, and the rest follow the same rules over blocks 1.. .
+// (Calls with a skip set run from the work list instead: GpuBackward.WorkListCoversAndOrders.)
 TEST(GpuBackward, LaunchOrderCoversEveryBlockOnce) {
   for (int nb : {1, 2, 5, 64, 129}) {
     for (int hk : {1, 2, 3, 8, 32}) {
       for (bool causal : {false, true}) {
-        for (bool sink_first : {false, true}) {
-          for (int sec = 1; sec <= hk; ++sec) {
-            SCOPED_TRACE("nb " + std::to_string(nb) + " hk " + std::to_string(hk) + " causal " +
-                         std::to_string(causal) + " sink_first " + std::to_string(sink_first) + " section " +
-                         std::to_string(sec));
-            std::vector<int> seen(std::size_t(nb) * std::size_t(hk), 0);
-            int prev_n = -1, prev_section = -1, prev_kh = -1;
-            const int sinks = sink_first && nb > 1 ? hk : 0;
-            for (int x = 0; x < nb * hk; ++x) {
-              int n = -1, kh = -1;
-              sm90::backward::launch_block_and_head(x, nb, hk, causal, sec, sink_first, n, kh);
-              ASSERT_TRUE(n >= 0 && n < nb && kh >= 0 && kh < hk) << "x " << x << " -> (" << n << ", " << kh << ")";
-              ASSERT_EQ(seen[std::size_t(kh) * std::size_t(nb) + std::size_t(n)]++, 0)
-                  << "x " << x << " repeats (" << n << ", " << kh << ")";
-              if (x < sinks) {
-                ASSERT_EQ(n, 0) << "x " << x << ": the sink blocks first";
-                ASSERT_EQ(kh, x) << "x " << x;
-                continue;
-              }
-              if (sinks > 0) ASSERT_GE(n, 1) << "x " << x << ": block 0 again after the sink blocks";
-              if (causal) {
-                const int section = kh / sec;
-                ASSERT_GE(section, prev_section) << "x " << x;
-                if (section == prev_section) ASSERT_GE(n, prev_n) << "x " << x << ": a shorter block before a longer one";
-                prev_section = section;
-                prev_n = n;
-              } else {
-                ASSERT_GE(kh, prev_kh) << "x " << x << ": full mask is head-major";
-                prev_kh = kh;
-              }
+        for (int sec = 1; sec <= hk; ++sec) {
+          SCOPED_TRACE("nb " + std::to_string(nb) + " hk " + std::to_string(hk) + " causal " + std::to_string(causal) +
+                       " section " + std::to_string(sec));
+          std::vector<int> seen(std::size_t(nb) * std::size_t(hk), 0);
+          int prev_n = -1, prev_section = -1, prev_kh = -1;
+          for (int x = 0; x < nb * hk; ++x) {
+            int n = -1, kh = -1;
+            sm90::backward::launch_block_and_head(x, nb, hk, causal, sec, n, kh);
+            ASSERT_TRUE(n >= 0 && n < nb && kh >= 0 && kh < hk) << "x " << x << " -> (" << n << ", " << kh << ")";
+            ASSERT_EQ(seen[std::size_t(kh) * std::size_t(nb) + std::size_t(n)]++, 0)
+                << "x " << x << " repeats (" << n << ", " << kh << ")";
+            if (causal) {
+              const int section = kh / sec;
+              ASSERT_GE(section, prev_section) << "x " << x;
+              if (section == prev_section) ASSERT_GE(n, prev_n) << "x " << x << ": a shorter block before a longer one";
+              prev_section = section;
+              prev_n = n;
+            } else {
+              ASSERT_GE(kh, prev_kh) << "x " << x << ": full mask is head-major";
+              prev_kh = kh;
             }
           }
         }

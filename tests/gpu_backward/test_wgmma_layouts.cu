@@ -331,13 +331,13 @@ TEST(WgmmaBackwardLayouts, F16D128) { check_all<BackwardWgmmaTraits<cutlass::hal
 TEST(WgmmaBackwardLayouts, F16D64) { check_all<BackwardWgmmaTraits<cutlass::half_t, 64>>(); }
 
 // The step list of random CTAs: skip sets of several densities, GQA groups, causal starts, odd
-// lengths, CTAs with every group skipped. The expected kept pairs come from the SPEC §9 bit index
+// lengths, CTAs with every group skipped, CTAs of one query head (parts of a split block). The expected kept pairs come from the SPEC §9 bit index
 // (((b hq + h) skip_groups + g) skip_tiles + t), the shared-memory words are built here from
 // them (bit hh nm + g - m_begin), and both walks (words, global skip set) must give the same list.
 template <int G>
 void check_step_list(int ctas, std::uint32_t seed) {
   std::mt19937 rng(seed);
-  int bad_cover = 0, bad_order = 0, bad_dead = 0, bad_count = 0, partial_steps = 0, empty_ctas = 0;
+  int bad_cover = 0, bad_order = 0, bad_dead = 0, bad_count = 0, partial_steps = 0, empty_ctas = 0, parts = 0;
   for (int c = 0; c < ctas; ++c) {
     BackwardParams p;
     p.batch = 1 + int(rng() % 3);
@@ -362,16 +362,21 @@ void check_step_list(int ctas, std::uint32_t seed) {
     w.m_end = vote_groups(len_q);
     w.m_begin = int(rng() % w.m_end);
     const int nm = w.m_end - w.m_begin;
+    // Every query head of the group, or (a third of the CTAs) one: a part of a split block.
+    w.part = rng() % 3 == 0 ? int(rng() % p.group) : -1;
+    w.hh_begin = w.part >= 0 ? w.part : 0;
+    w.hh_end = w.part >= 0 ? w.part + 1 : p.group;
+    parts += w.part >= 0;
 
     std::vector<std::pair<int, int>> want;  // (hh, g) kept, in the flat order
-    std::vector<std::uint32_t> words((p.group * nm + 31) / 32, 0u);
-    for (int hh = 0; hh < p.group; ++hh)
+    std::vector<std::uint32_t> words(((w.hh_end - w.hh_begin) * nm + 31) / 32, 0u);
+    for (int hh = w.hh_begin; hh < w.hh_end; ++hh)
       for (int g = w.m_begin; g < w.m_end; ++g) {
         const std::int64_t i =
             ((std::int64_t(w.b) * p.hq + w.kh * p.group + hh) * p.skip_groups + g) * p.skip_tiles + w.n_block;
         if ((bits[i >> 3] >> (i & 7)) & 1u) continue;
         want.emplace_back(hh, g);
-        const int x = hh * nm + g - w.m_begin;
+        const int x = (hh - w.hh_begin) * nm + g - w.m_begin;
         words[x >> 5] |= 1u << (x & 31);
       }
     empty_ctas += want.empty();
@@ -411,6 +416,7 @@ void check_step_list(int ctas, std::uint32_t seed) {
   EXPECT_EQ(bad_dead, 0) << "a slot that is not live does not repeat the live one before it, or is not at the end";
   EXPECT_EQ(bad_count, 0) << "the step count is not ceil(kept / G)";
   EXPECT_GT(empty_ctas, 0) << "no CTA with every group skipped was drawn";
+  EXPECT_GT(parts, 0) << "no CTA of one query head (a part of a split block) was drawn";
   if (G > 1) EXPECT_GT(partial_steps, 0) << "no list ended in a partial step";
 }
 

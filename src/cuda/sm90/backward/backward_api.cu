@@ -23,6 +23,7 @@
 #include "cuda/sm90/backward/backward_api.hpp"
 #include "cuda/sm90/backward/backward_params.hpp"
 #include "cuda/sm90/backward/backward_prepost.hpp"
+#include "cuda/sm90/backward/backward_work_list.hpp"
 #include "cuda/sm90/kernel_table.hpp"
 
 namespace blasst::sm90::backward {
@@ -46,12 +47,18 @@ struct Plan {
   bool dout_conv = false;  // f32 dout: the preprocess rounds a copy to q's dtype
   std::size_t bytes_accum = 0, bytes_rows = 0, bytes_dout = 0, bytes_bits = 0;
   i64 set_groups = 0, set_tiles = 0;  // the skip set's dimensions (either form)
+  // With a skip set: the work list (backward_work_list.hpp), its sizes and scratch arrays.
+  bool work_list = false;
+  int work_items = 0, split_cap = 0;
+  std::size_t bytes_list[6] = {};
 };
 
 // The call's scratch memory, in the order it is taken: dQ accumulator, LSE (log2), dsum, the
-// converted dout, the uploaded skip-set bits.
+// converted dout, the uploaded skip-set bits, the work list's arrays (WorkListScratch's order).
 std::size_t scratch_bytes(const Plan& pl) {
-  return detail::Workspace::bytes_for({pl.bytes_accum, pl.bytes_rows, pl.bytes_rows, pl.bytes_dout, pl.bytes_bits});
+  const std::size_t* l = pl.bytes_list;
+  return detail::Workspace::bytes_for(
+      {pl.bytes_accum, pl.bytes_rows, pl.bytes_rows, pl.bytes_dout, pl.bytes_bits, l[0], l[1], l[2], l[3], l[4], l[5]});
 }
 
 void check_dtype_in(const Tensor& t, const char* name, DType qdtype) {
@@ -146,6 +153,29 @@ Plan plan(const AttentionBackwardProblem& p, const SkipConfig& skip_in, const Sk
   // the dQ accumulator over the same padded rows (dq_accum_index)
   pl.bytes_accum = static_cast<std::size_t>(pl.rows_ld * r.hq * r.d) * sizeof(float);
   pl.bytes_dout = pl.dout_conv ? static_cast<std::size_t>(pl.tokens_q * r.hq * r.d) * 2 : 0;
+  // With a skip set the CTAs run from a work list: kept work counted on the device, the heavy
+  // blocks first, split by query head (GQA), the rest in the fixed order (backward_work_list.hpp).
+  pl.work_list = p.skip_set != nullptr || set != nullptr;
+  const int nb = static_cast<int>(check_i32((r.max_k_len + kBlockN - 1) / kBlockN, "key blocks"));
+  if (pl.work_list) {
+    const int batch = static_cast<int>(r.batch), hk = static_cast<int>(r.hk), group = static_cast<int>(r.group);
+    pl.split_cap = sm90::backward::split_capacity(batch, hk, group, nb, static_cast<int>(r.d));
+    check_i32(i64(nb) * r.hk + i64(pl.split_cap) * (r.group - 1), "backward CTAs per sequence");
+    check_i32(i64(nb) * r.hq, "key blocks x query heads");
+    pl.work_items = sm90::backward::work_items_capacity(nb, hk, group, pl.split_cap);
+    BackwardParams sizes;
+    sizes.batch = batch;
+    sizes.hq = static_cast<int>(r.hq);
+    sizes.hk = hk;
+    sizes.group = group;
+    sizes.num_n_blocks = nb;
+    sizes.head_dim = static_cast<int>(r.d);
+    sizes.work_items = pl.work_items;
+    sizes.split_cap = pl.split_cap;
+    sm90::backward::work_list_bytes(sizes, pl.bytes_list);
+  } else {
+    check_i32(i64(nb) * r.hk, "backward CTAs per sequence");
+  }
   return pl;
 }
 
@@ -279,8 +309,23 @@ void launch_attention_backward(const AttentionBackwardProblem& p, const SkipConf
   }
   prm.skip_groups = pl.set_groups;
   prm.skip_tiles = pl.set_tiles;
+  sm90::backward::WorkListScratch list;
+  if (pl.work_list) {
+    list.counts = static_cast<int*>(ws.take(pl.bytes_list[0]));
+    list.split_of = static_cast<int*>(ws.take(pl.bytes_list[1]));
+    list.items = static_cast<WorkItem*>(ws.take(pl.bytes_list[2]));
+    list.splits = static_cast<SplitBlock*>(ws.take(pl.bytes_list[3]));
+    list.counters = static_cast<int*>(ws.take(pl.bytes_list[4]));
+    list.parts = static_cast<float*>(ws.take(pl.bytes_list[5]));
+    prm.work_items = pl.work_items;
+    prm.split_cap = pl.split_cap;
+  }
   launch_preprocess(prm, r.dtype, stream);  // also zeroes dq_accum
-  if (prm.num_n_blocks > 0) run(prm, stream);
+  if (prm.num_n_blocks > 0) {
+    if (pl.work_list) launch_work_list(prm, list, static_cast<int>(pl.max_q), stream);
+    run(prm, stream);
+    if (pl.work_list) launch_split_sum(prm, r.dtype, stream);
+  }
   launch_postprocess(prm, r.dtype, stream);
 }
 

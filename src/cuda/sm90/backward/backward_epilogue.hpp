@@ -43,7 +43,15 @@ __device__ __forceinline__ std::int64_t key_offset(const RowStrides& s, const Ba
   return row * s.row + std::int64_t(w.kh) * s.head + std::int64_t(w.b) * s.batch;
 }
 
-// dK = scale * acc_dk, dV = acc_dv for the valid keys of the block (C fragments of TiledMmaDKV).
+// A part of a split block (w.part >= 0): its f32 dK / dV slot in BackwardParams::dkv_part,
+// element (key of the block, col); launch_split_sum adds the parts into dk / dv.
+__device__ __forceinline__ float* dkv_part_at(const BackwardParams& p, const BackwardWork& w, int which, int key,
+                                              int col) {
+  return p.dkv_part + dkv_part_index(w.b, p.split_cap, w.split, p.group, w.part, which, key, col, p.head_dim);
+}
+
+// dK = scale * acc_dk, dV = acc_dv for the valid keys of the block (C fragments of TiledMmaDKV);
+// a part of a split block writes them, in f32, to its slot instead.
 template <class Traits, class AccDK, class AccDV>
 __device__ void write_dkdv(const BackwardParams& p, const BackwardWork& w, int tid, AccDK const& acc_dk,
                            AccDV const& acc_dv) {
@@ -59,14 +67,19 @@ __device__ void write_dkdv(const BackwardParams& p, const BackwardWork& w, int t
   for (int i = 0; i < size(acc_dk); ++i) {
     const int key = n0 + get<0>(tc(i));
     const int col = get<1>(tc(i));
-    if (key < w.len_k) {
+    if (key >= w.len_k) continue;
+    if (w.part >= 0) {
+      *dkv_part_at(p, w, 0, key - n0, col) = acc_dk(i) * p.scale;
+      *dkv_part_at(p, w, 1, key - n0, col) = acc_dv(i);
+    } else {
       store_out<Element>(p.dk, key_offset(p.dk_s, w, key) + col, p.dk_f32, acc_dk(i) * p.scale);
       store_out<Element>(p.dv, key_offset(p.dv_s, w, key) + col, p.dv_f32, acc_dv(i));
     }
   }
 }
 
-// A key block with every step skipped: dK = dV = 0, K and V never loaded.
+// A key block with every step skipped: dK = dV = 0 (a part of a split block: its slot), K and V
+// never loaded.
 template <class Traits>
 __device__ void write_dkdv_zero(const BackwardParams& p, const BackwardWork& w, int tid) {
   using Element = typename Traits::Element;
@@ -74,8 +87,13 @@ __device__ void write_dkdv_zero(const BackwardParams& p, const BackwardWork& w, 
   const int keys = min(Traits::kBlockN, w.len_k - n0);
   for (int e = tid; e < keys * Traits::kHeadDim; e += Traits::kNumThreads) {
     const int key = n0 + e / Traits::kHeadDim, col = e % Traits::kHeadDim;
-    store_out<Element>(p.dk, key_offset(p.dk_s, w, key) + col, p.dk_f32, 0.f);
-    store_out<Element>(p.dv, key_offset(p.dv_s, w, key) + col, p.dv_f32, 0.f);
+    if (w.part >= 0) {
+      *dkv_part_at(p, w, 0, key - n0, col) = 0.f;
+      *dkv_part_at(p, w, 1, key - n0, col) = 0.f;
+    } else {
+      store_out<Element>(p.dk, key_offset(p.dk_s, w, key) + col, p.dk_f32, 0.f);
+      store_out<Element>(p.dv, key_offset(p.dv_s, w, key) + col, p.dv_f32, 0.f);
+    }
   }
 }
 

@@ -51,7 +51,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1) backward_kernel(CUTE_G
 
   auto const* k = static_cast<Element const*>(p.k);
   auto const* v = static_cast<Element const*>(p.v);
-  int hh = 0, m = w.m_begin;  // the current step: query head w.kh * g + hh, query block m
+  int hh = w.hh_begin, m = w.m_begin;  // the current step: query head w.kh * g + hh, query block m
   bool have = BackwardScheduler::next_kept(p, w, hh, m);  // true: `any` found one
   load_tile_async<Traits, kBlockN>(ss.k, k + key_offset(p.k_s, w, n0), p.k_s.row, w.len_k - n0, k, tid);
   load_tile_async<Traits, kBlockN>(ss.v, v + key_offset(p.v_s, w, n0), p.v_s.row, w.len_k - n0, v, tid);

@@ -29,6 +29,16 @@ BLASST_HOST_DEVICE int vote_groups(int len_q) { return (len_q + kVoteRows - 1) /
 // 64-row dQ tile) are one aligned run inside its sequence's own rows.
 inline constexpr int kLseRowAlign = 128;
 
+// One CTA of a work list: key block n_block of KV head kh, all query heads of the group (part
+// -1) or query head `part` of it, writing its f32 dK / dV to split block `split`'s slots.
+struct WorkItem {
+  int n_block, kh, part, split;
+};
+// A key block that ran as parts: launch_split_sum adds its group parts into dk / dv.
+struct SplitBlock {
+  int kh, n_block;
+};
+
 struct BackwardParams {
   // Inputs (q, k, v, dout in the element type of the instance; out and dout may be f32).
   const void* q = nullptr;
@@ -71,6 +81,23 @@ struct BackwardParams {
   // within a byte. nullptr: dense.
   const std::uint8_t* skip_bits = nullptr;
   std::int64_t skip_groups = 0, skip_tiles = 0;
+  // With a skip set, the CTAs run from a work list (backward_work_list.hpp) instead of the fixed
+  // launch order: the kept vote groups of each (key block, KV head) are counted on the device; a
+  // heavy block, one that keeps >= kHeavyNum / kHeavyDen x its sequence's mean (key block 0 does:
+  // SPEC 2a makes it every group's first visited tile; so do a model's heavy-hitter keys), runs
+  // first, as one CTA per query head of its KV group (a part); the others follow in the fixed
+  // launch order. Per sequence b:
+  // work_list[b * work_items + i] for i < work_count[b] (grid x = work_items; CTAs past the count
+  // exit); split block s of b is splits[b * split_cap + s] (s < split_count[b]), its parts write
+  // f32 dK / dV to dkv_part (dkv_part_index) and launch_split_sum adds them in part order.
+  // nullptr work_list: dense, the fixed order (launch_block_and_head).
+  const WorkItem* work_list = nullptr;
+  const int* work_count = nullptr;
+  int work_items = 0;
+  const SplitBlock* splits = nullptr;
+  const int* split_count = nullptr;
+  int split_cap = 0;
+  float* dkv_part = nullptr;
 
   // Workspace (backward_api.cu): [hq, rows_ld] LSE in log2 units (+inf for a row that saw no key,
   // and in a sequence's padding: its P is 0) and D = rowsum(dO * O) - dLSE (0 in the padding);
@@ -195,40 +222,59 @@ inline int causal_launch_section_heads(int hk, int group, int num_n_blocks) {
   return 1;
 }
 
-// (key block, KV head) of launch index x in [0, num_n_blocks * hk) (BackwardScheduler's grid x).
-// Full mask: head-major. Causal: sections of section_heads KV heads (the last one may hold fewer),
-// each walked key block outer, KV head inner, so a section's longest blocks launch first.
-// sink_first (calls with a skip set): key block 0 of every KV head first, then the order above
-// over blocks 1.. . SPEC §2 / §2a: a vote group's first visited tile is never skipped, and both
-// orders visit tile 0 first (natural: 0, 1, ...; max-first: the sink tile 0, then the own tile),
-// so block 0 keeps every vote group of every query head: dense work, where the other blocks keep
-// 1 - s of theirs. Head-major, the last head's block 0 starts near the end and runs alone (a tail
-// of about one dense CTA: ~0.2 ms at d 64, 8k); first, it runs beside the light blocks.
+// (key block, KV head) of launch index x in [0, num_n_blocks * hk) (BackwardScheduler's grid x
+// without a skip set). Full mask: head-major. Causal: sections of section_heads KV heads (the last
+// one may hold fewer), each walked key block outer, KV head inner, so a section's longest blocks
+// launch first. (With a skip set the work list orders the CTAs by their kept work.)
 BLASST_HOST_DEVICE void launch_block_and_head(int x, int num_n_blocks, int hk, bool causal, int section_heads,
-                                              bool sink_first, int& n_block, int& kh) {
-  int first_block = 0;
-  if (sink_first && num_n_blocks > 1) {
-    if (x < hk) {
-      n_block = 0;
-      kh = x;
-      return;
-    }
-    x -= hk;
-    first_block = 1;
-  }
-  const int nb = num_n_blocks - first_block;
+                                              int& n_block, int& kh) {
   if (!causal) {
-    kh = x / nb;
-    n_block = first_block + (x - kh * nb);
+    kh = x / num_n_blocks;
+    n_block = x - kh * num_n_blocks;
     return;
   }
-  const int per_section = section_heads * nb;
+  const int per_section = section_heads * num_n_blocks;
   const int section = x / per_section, r = x - section * per_section;
   const int first = section * section_heads;
   const int heads = hk - first < section_heads ? hk - first : section_heads;
   const int block = r / heads;
-  n_block = first_block + block;
+  n_block = block;
   kh = first + (r - block * heads);
+}
+
+// The work list's rules. A block is heavy when it keeps >= kHeavyNum / kHeavyDen x the mean kept
+// vote groups of its sequence's blocks (and more than none): heavy blocks run first, longest
+// first, each split into one CTA per query head when the KV group has several (within
+// split_capacity); every other block keeps its place in the fixed launch order (its L2 reuse: a
+// list sorted by kept work throughout ran the full-mask MHA rows 1.37-1.55x slower, H100,
+// 2026-12-07). A CTA's cost for that order is kCtaFixedCost + its kept vote groups (the fixed
+// part: loading K / V, writing dK / dV, ~2 steps). The split blocks' f32 parts take at most
+// kSplitPartBudget bytes over the call.
+inline constexpr int kHeavyNum = 3, kHeavyDen = 2;
+inline constexpr int kCtaFixedCost = 2;
+inline constexpr std::int64_t kSplitPartBudget = std::int64_t(64) << 20;
+inline constexpr int kSplitKeys = 128;  // the key block (BackwardTraits::kBlockN)
+
+// Split blocks per sequence: 0 without GQA (a part would be the whole block), else as many as
+// the budget allows (at least one: key block 0 is always heavy), at most every block.
+BLASST_HOST_DEVICE int split_capacity(int batch, int hk, int group, int num_n_blocks, int head_dim) {
+  if (group <= 1 || num_n_blocks <= 0 || batch <= 0) return 0;
+  const std::int64_t per_block = std::int64_t(group) * 2 * kSplitKeys * head_dim * 4;
+  std::int64_t cap = kSplitPartBudget / (per_block * batch);
+  if (cap < 1) cap = 1;
+  const std::int64_t all = std::int64_t(num_n_blocks) * hk;
+  return int(cap < all ? cap : all);
+}
+// Work items per sequence (grid x): every block once, plus group - 1 more for each split one.
+BLASST_HOST_DEVICE int work_items_capacity(int num_n_blocks, int hk, int group, int split_cap) {
+  return num_n_blocks * hk + split_cap * (group - 1);
+}
+
+// Element offset of (sequence b, split block s, part, 0 = dK / 1 = dV, key of the block, column)
+// in BackwardParams::dkv_part: [batch][split_cap][group][2][kSplitKeys][d].
+BLASST_HOST_DEVICE std::int64_t dkv_part_index(int b, int split_cap, int s, int group, int part, int which, int key,
+                                               int col, int head_dim) {
+  return (((((std::int64_t(b) * split_cap + s) * group + part) * 2 + which) * kSplitKeys + key) * head_dim) + col;
 }
 
 }  // namespace blasst::sm90::backward

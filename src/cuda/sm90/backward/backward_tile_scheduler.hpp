@@ -4,15 +4,17 @@
 // owns dK / dV of one 128-key block of one KV head and visits the query blocks of its g query
 // heads that see the block (causal: from the first row whose diagonal reaches it).
 //
-// Launch order (blockIdx.x -> key block, KV head). Full mask: head-major, every CTA the same work.
-// Causal: key block n sees len_q - 128 n rows, so block 0 is the longest; head-major order
-// launches the last head's long blocks at the very end and leaves a tail (a list-scheduling model
-// on 132 SMs: +5.8 % over the balanced time at B 1, H 32, L 8k; +0.5 % at 16k). So causal runs
-// longest first: key block outer, KV head inner, over sections of causal_launch_section_heads
-// KV heads (backward_params.hpp: the largest divisor of hk within about 32k tiles of work, a
-// measured compromise between the L2 reuse of few heads side by side and the even last wave of
-// many; the next section starts as this one's short blocks end). With a skip set, key block 0 of
-// every KV head launches first (launch_block_and_head's sink_first: block 0 keeps all its work).
+// Launch order (blockIdx.x -> key block, KV head). Without a skip set: full mask head-major,
+// every CTA the same work; causal: key block n sees len_q - 128 n rows, so block 0 is the longest;
+// head-major order launches the last head's long blocks at the very end and leaves a tail (a
+// list-scheduling model on 132 SMs: +5.8 % over the balanced time at B 1, H 32, L 8k; +0.5 % at
+// 16k). So causal runs longest first: key block outer, KV head inner, over sections of
+// causal_launch_section_heads KV heads (backward_params.hpp: the largest divisor of hk within
+// about 32k tiles of work, a measured compromise between the L2 reuse of few heads side by side
+// and the even last wave of many; the next section starts as this one's short blocks end).
+// With a skip set the work per block is the set's, not the mask's: the work list
+// (backward_work_list.hpp) runs the heavy blocks (key block 0, heavy-hitter keys) first, split by
+// query head, and the others in this order.
 #pragma once
 
 #include <cstdint>
@@ -29,6 +31,10 @@ struct BackwardWork {
   int q_start = 0, k_start = 0;
   int row_start = 0;  // its first row in the LSE / D workspace (lse_row_start: kLseRowAlign-aligned)
   int m_begin = 0, m_end = 0;  // query blocks [m_begin, m_end) that can see the key block
+  // Query heads [hh_begin, hh_end) of the KV group this CTA walks: all of them, or one for a part
+  // of a split block (part >= 0: dK / dV go to the f32 slot of (split, part) in
+  // BackwardParams::dkv_part).
+  int hh_begin = 0, hh_end = 0, part = -1, split = -1;
 };
 
 // One step of the wgmma kernel: G kept vote groups (slot r: query head hh[r] of the KV group, vote
@@ -51,21 +57,42 @@ BLASST_HOST_DEVICE int first_set_bit(std::uint32_t v) {
 
 struct BackwardScheduler {
   static dim3 grid(const BackwardParams& p) {
-    return dim3(unsigned(p.num_n_blocks) * unsigned(p.hk), 1u, unsigned(p.batch));
+    const int x = p.work_list != nullptr ? p.work_items : p.num_n_blocks * p.hk;
+    return dim3(unsigned(x), 1u, unsigned(p.batch));
   }
 
-  // False when the CTA's key block lies past its sequence's end (nothing to write).
+  // False when the CTA has nothing to write: its key block lies past its sequence's end, or (work
+  // list) its index is past the sequence's list.
   template <int kBlockM, int kBlockN>
   __device__ static bool get(const BackwardParams& p, BackwardWork& w) {
-    launch_block_and_head(int(blockIdx.x), p.num_n_blocks, p.hk, p.causal, p.causal_section_heads, p.skip_bits != nullptr,
-                          w.n_block, w.kh);
     w.b = int(blockIdx.z);
+    w.part = w.split = -1;
+    if (p.work_list != nullptr) {
+      if (int(blockIdx.x) >= p.work_count[w.b]) return false;
+      const WorkItem it = p.work_list[std::int64_t(w.b) * p.work_items + blockIdx.x];
+      w.n_block = it.n_block;
+      w.kh = it.kh;
+      w.part = it.part;
+      w.split = it.split;
+    } else {
+      launch_block_and_head(int(blockIdx.x), p.num_n_blocks, p.hk, p.causal, p.causal_section_heads, w.n_block, w.kh);
+    }
+    w.hh_begin = w.part >= 0 ? w.part : 0;
+    w.hh_end = w.part >= 0 ? w.part + 1 : p.group;
+    return locate<kBlockM, kBlockN>(p, w);
+  }
+
+  // The sequence of w.b and the query blocks of kBlockM rows that see key block w.n_block (of
+  // kBlockN keys); false when the block lies past the sequence's end.
+  template <int kBlockM, int kBlockN>
+  BLASST_HOST_DEVICE static bool locate(const BackwardParams& p, BackwardWork& w) {
     if (p.cu_q != nullptr) {
       w.q_start = p.cu_q[w.b];
       w.k_start = p.cu_k[w.b];
       w.len_q = p.cu_q[w.b + 1] - w.q_start;
       w.len_k = p.cu_k[w.b + 1] - w.k_start;
     } else {
+      w.q_start = w.k_start = 0;
       w.len_q = p.len_q;
       w.len_k = p.len_k;
     }
@@ -89,17 +116,18 @@ struct BackwardScheduler {
     return (p.skip_bits[i >> 3] >> (i & 7)) & 1u;
   }
 
-  // The CTA's (query head, vote group) pairs are walked in one flat order: x = hh * nm + (g -
-  // m_begin) for query head hh of the KV group and vote group g in [m_begin, m_end) (w from
-  // get<kVoteRows, ...>: its query blocks are the vote groups), nm = m_end - m_begin.
-  BLASST_HOST_DEVICE static int flat_groups(const BackwardParams& p, const BackwardWork& w) {
-    return p.group * (w.m_end - w.m_begin);
+  // The CTA's (query head, vote group) pairs are walked in one flat order: x = (hh - hh_begin) *
+  // nm + (g - m_begin) for query head hh in [hh_begin, hh_end) of the KV group and vote group g in
+  // [m_begin, m_end) (w from get<kVoteRows, ...>: its query blocks are the vote groups), nm =
+  // m_end - m_begin.
+  BLASST_HOST_DEVICE static int flat_groups(const BackwardParams&, const BackwardWork& w) {
+    return (w.hh_end - w.hh_begin) * (w.m_end - w.m_begin);
   }
 
   // Whether the skip set keeps the pair at flat index x (< flat_groups) for this key block.
   BLASST_HOST_DEVICE static bool kept_at(const BackwardParams& p, const BackwardWork& w, int x) {
     const int nm = w.m_end - w.m_begin;
-    return !skipped(p, w, w.kh * p.group + x / nm, w.m_begin + x % nm);
+    return !skipped(p, w, w.kh * p.group + w.hh_begin + x / nm, w.m_begin + x % nm);
   }
 
   // 1 when some vote group of the CTA (any query head of its KV group) is kept, as seen by this
@@ -168,7 +196,7 @@ struct BackwardScheduler {
     s.live = 0;
     for (int r = 0; r < G; ++r) {
       if (next_kept_group(p, w, words, x)) {
-        s.hh[r] = x / nm;
+        s.hh[r] = w.hh_begin + x / nm;
         s.g[r] = w.m_begin + x % nm;
         s.live |= 1u << r;
         ++x;
@@ -186,9 +214,9 @@ struct BackwardScheduler {
   // that the skip set keeps; false when none is left. The same answer in every thread. (The
   // mma.sync kernel's walk: one vote group a step.)
   __device__ static bool next_kept(const BackwardParams& p, const BackwardWork& w, int& hh, int& m) {
-    int x = hh * (w.m_end - w.m_begin) + (m - w.m_begin);  // m == m_end reads as the next head's first
+    int x = (hh - w.hh_begin) * (w.m_end - w.m_begin) + (m - w.m_begin);  // m == m_end: the next head's first
     if (!next_kept_group(p, w, nullptr, x)) return false;
-    hh = x / (w.m_end - w.m_begin);
+    hh = w.hh_begin + x / (w.m_end - w.m_begin);
     m = w.m_begin + x % (w.m_end - w.m_begin);
     return true;
   }

@@ -399,15 +399,23 @@ __device__ void wg_consumer(WgmmaParams<Traits> const& kp, BackwardWork const& w
   // A GMMA C fragment holds column pairs (c, c + 1), c even, of one key at consecutive indices:
   // one 4-byte store each where dK's / dV's pointer and strides allow (ncu: the element-wise
   // 2-byte stores made 75 % of the kernel's global sectors excess).
-  const bool dk_pairs = rows_vectorizable(p.dk, p.dk_s, p.dk_f32 ? 4 : 2, 2);
-  const bool dv_pairs = rows_vectorizable(p.dv, p.dv_s, p.dv_f32 ? 4 : 2, 2);
+  // A part of a split block (w.part >= 0) writes f32 pairs to its slot (dkv_part_at: rows of
+  // d floats from key 0 of the block) instead of dK / dV; one loop either way.
+  const bool part = w.part >= 0;
+  void* const dk = part ? static_cast<void*>(dkv_part_at(p, w, 0, 0, 0)) : p.dk;
+  void* const dv = part ? static_cast<void*>(dkv_part_at(p, w, 1, 0, 0)) : p.dv;
+  const bool dk_f32 = part || p.dk_f32, dv_f32 = part || p.dv_f32;
+  const bool dk_pairs = part || rows_vectorizable(p.dk, p.dk_s, p.dk_f32 ? 4 : 2, 2);
+  const bool dv_pairs = part || rows_vectorizable(p.dv, p.dv_s, p.dv_f32 ? 4 : 2, 2);
   CUTLASS_PRAGMA_UNROLL
   for (int i = 0; i < size(acc_dk); i += 2) {
     const int key = n0 + get<0>(tc(i)), col = get<1>(tc(i));
     if (key < w.len_k) {
-      store_pair<Element>(p.dk, key_offset(p.dk_s, w, key) + col, p.dk_f32, dk_pairs, acc_dk(i) * p.scale,
+      const std::int64_t slot = std::int64_t(key - n0) * Traits::kHeadDim + col;
+      store_pair<Element>(dk, part ? slot : key_offset(p.dk_s, w, key) + col, dk_f32, dk_pairs, acc_dk(i) * p.scale,
                           acc_dk(i + 1) * p.scale);
-      store_pair<Element>(p.dv, key_offset(p.dv_s, w, key) + col, p.dv_f32, dv_pairs, acc_dv(i), acc_dv(i + 1));
+      store_pair<Element>(dv, part ? slot : key_offset(p.dv_s, w, key) + col, dv_f32, dv_pairs, acc_dv(i),
+                          acc_dv(i + 1));
     }
   }
 }
