@@ -805,10 +805,11 @@ struct DeviceBuffers {
 // The work list itself (launch_work_list on the device, read back): every (KV head, key block) of
 // each sequence exactly once as a whole or, when split, as parts 0 .. group - 1 with its split
 // index; the heavy blocks those of the rule (expected_heavy, computed here from the bits), split
-// under GQA and whole under MHA; their items first, longest first (costs kCtaFixedCost + kept
-// groups, non-increasing up to the width of one of the 1024 buckets); then every other block in
-// the fixed launch order (launch_block_and_head); the counts in the counters. Batched and ragged,
-// both masks, GQA 4:1 and 8:2 and MHA, a heavy-hitter set.
+// under GQA and whole under MHA; their items first, by section of the fixed launch order (causal:
+// its sections of KV heads; full mask: each KV head), longest first within one (costs
+// kCtaFixedCost + kept groups, non-increasing up to the width of one of its 4096 / sections
+// buckets); then every other block in the fixed order (launch_block_and_head); the counts in the
+// counters. Batched and ragged, both masks, GQA 4:1 and 8:2 and MHA, a heavy-hitter set.
 TEST(GpuBackward, WorkListCoversAndOrders) {
   REQUIRE_GPU();
   namespace bw = sm90::backward;
@@ -926,7 +927,12 @@ TEST(GpuBackward, WorkListCoversAndOrders) {
         auto is_heavy = [&](i64 kh, i64 n) {
           return std::find(want.begin(), want.end(), SplitKey{b, kh, n}) != want.end();
         };
-        i64 expect_items = 0, prev_cost = -1;
+        // Sections of the fixed order (causal: sections of KV heads; full mask: each KV head) order
+        // the heavy items; cost buckets per section: 4096 / sections.
+        auto section_of = [&](i64 kh) { return causal ? kh / p.causal_section_heads : kh; };
+        const i64 sections = causal ? (c.hk + p.causal_section_heads - 1) / p.causal_section_heads : c.hk;
+        const i64 bucket_width = (max_cost + 4096 / sections - 2) / (4096 / sections - 1);
+        i64 expect_items = 0, prev_cost = -1, prev_section = -1;
         int prev_fixed = -1;
         bool in_heavy = true;
         const int count = counters[std::size_t(b)];
@@ -939,12 +945,18 @@ TEST(GpuBackward, WorkListCoversAndOrders) {
           if (!heavy) in_heavy = false;
           ASSERT_TRUE(heavy == in_heavy) << "item " << i << ": a heavy block after the fixed-order ones";
           if (heavy) {
+            const i64 sec = section_of(it.kh);
+            ASSERT_GE(sec, prev_section) << "item " << i << ": a heavy item of an earlier section after a later one";
+            if (sec != prev_section) prev_cost = -1;
+            prev_section = sec;
+          }
+          if (heavy) {
             i64 k = 0;
             for (i64 hh = (it.part < 0 ? 0 : it.part); hh < (it.part < 0 ? group : it.part + 1); ++hh)
               k += kept[std::size_t(it.kh * group + hh)][std::size_t(it.n_block)];
             const i64 cost = bw::kCtaFixedCost + k;
             if (prev_cost >= 0)
-              ASSERT_LE(cost, prev_cost + (max_cost + 1022) / 1023) << "item " << i << ": a longer one after a shorter";
+              ASSERT_LE(cost, prev_cost + bucket_width) << "item " << i << ": a longer one after a shorter";
             prev_cost = cost;
             ASSERT_EQ(it.part >= 0, group > 1) << "item " << i << ": heavy blocks split exactly under GQA";
           } else {

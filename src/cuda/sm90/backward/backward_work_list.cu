@@ -18,7 +18,9 @@ namespace {
 constexpr int kCountThreads = 256;  // count_kept_kernel: one thread per key block (strided)
 constexpr int kCountGroups = 16;    // vote groups per count CTA (short load chains)
 constexpr int kBuildThreads = 1024;  // build_work_list_kernel: one CTA per sequence
-constexpr int kBuckets = kBuildThreads;  // cost buckets of the counting sort, one per thread
+constexpr int kKeyThreads = 4;  // sort keys a thread (section x cost bucket)
+constexpr int kKeys = kBuildThreads * kKeyThreads;
+constexpr int kMaxSections = kBuildThreads;  // sections of the heavy items' order (at least 4 keys each)
 constexpr int kSumThreads = 256;
 
 struct IntMax {
@@ -72,7 +74,7 @@ __global__ void __launch_bounds__(kBuildThreads) build_work_list_kernel(const Ba
     typename SumReduce::TempStorage sum;
     typename MaxReduce::TempStorage max;
   } tmp;
-  __shared__ int hist[kBuckets];
+  __shared__ int hist[kKeys];
   __shared__ unsigned long long kept_sum;
   __shared__ int max_cost, nsplit;
   const int b = int(blockIdx.x), tid = int(threadIdx.x);
@@ -87,7 +89,7 @@ __global__ void __launch_bounds__(kBuildThreads) build_work_list_kernel(const Ba
     for (int hh = 0; hh < p.group; ++hh) t += kept(kh, n, hh);
     return t;
   };
-  hist[tid] = 0;
+  for (int k = tid; k < kKeys; k += kBuildThreads) hist[k] = 0;
   // 1. the mean over the sequence's blocks and the largest cost (block reductions: one shared
   //    counter for all threads' atomics cost ~60 us at 2048 blocks, H100)
   unsigned long long my_sum = 0;
@@ -124,10 +126,21 @@ __global__ void __launch_bounds__(kBuildThreads) build_work_list_kernel(const Ba
     split_of[x] = state;
   }
   __syncthreads();  // split_of (global) visible to the CTA
-  // Bucket of a cost, the longest first: bucket 0 holds the largest costs.
-  auto bucket = [&](int cost) {
-    const int k = int((long long)cost * (kBuckets - 1) / max_cost);
-    return (kBuckets - 1) - (k < kBuckets - 1 ? k : kBuckets - 1);
+  // The heavy items run first, ordered by the section of the fixed order they belong to (causal:
+  // its sections of KV heads, causal_launch_section_heads; full mask: each KV head), then longest
+  // first within it: the heavy CTAs that run side by side read few heads' Q / dO (one list sorted
+  // by cost over every KV head ran the llm rows at a third of their modelled gain: suspected L2),
+  // and none of them starts late (a section's heavy blocks at its start left a tail at 90 %, in the
+  // list-scheduling model). More than kMaxSections sections: consecutive ones merged.
+  const int fixed_sections = p.causal ? (p.hk + p.causal_section_heads - 1) / p.causal_section_heads : p.hk;
+  const int merge = (fixed_sections + kMaxSections - 1) / kMaxSections;
+  const int sections = (fixed_sections + merge - 1) / merge;
+  const int per_section = kKeys / sections;  // cost buckets a section (>= 4)
+  auto section_of = [&](int kh) { return (p.causal ? kh / p.causal_section_heads : kh) / merge; };
+  // Sort key of a heavy item: its section, then its cost bucket, the longest first.
+  auto key = [&](int kh, int cost) {
+    const int k = int((long long)cost * (per_section - 1) / max_cost);
+    return section_of(kh) * per_section + (per_section - 1) - (k < per_section - 1 ? k : per_section - 1);
   };
   // The heavy items of block x: the whole block, or its group's parts; f(cost, item).
   auto each_heavy_item = [&](int x, auto&& f) {
@@ -138,21 +151,23 @@ __global__ void __launch_bounds__(kBuildThreads) build_work_list_kernel(const Ba
       for (int hh = 0; hh < p.group; ++hh) f(kCtaFixedCost + kept(kh, n, hh), WorkItem{n, kh, hh, st});
     }
   };
-  // 3. the heavy items first, longest first: a counting sort of their costs
+  // 3. the heavy items first: a counting sort of their keys
   for (int x = tid; x < blocks; x += kBuildThreads)
-    each_heavy_item(x, [&](int cost, const WorkItem&) { atomicAdd(&hist[bucket(cost)], 1); });
+    each_heavy_item(x, [&](int cost, const WorkItem& it) { atomicAdd(&hist[key(it.kh, cost)], 1); });
   __syncthreads();
-  int start = 0, heavy_items = 0;
-  Scan(tmp.scan).ExclusiveSum(hist[tid], start, heavy_items);
+  int keys[kKeyThreads];
+  for (int j = 0; j < kKeyThreads; ++j) keys[j] = hist[tid * kKeyThreads + j];
+  int heavy_items = 0;
+  Scan(tmp.scan).ExclusiveSum(keys, keys, heavy_items);
   __syncthreads();
-  hist[tid] = start;  // now the bucket's cursor
+  for (int j = 0; j < kKeyThreads; ++j) hist[tid * kKeyThreads + j] = keys[j];  // now the key's cursor
   __syncthreads();
   WorkItem* list = s.items + std::int64_t(b) * p.work_items;
   for (int x = tid; x < blocks; x += kBuildThreads)
-    each_heavy_item(x, [&](int cost, const WorkItem& it) { list[atomicAdd(&hist[bucket(cost)], 1)] = it; });
+    each_heavy_item(x, [&](int cost, const WorkItem& it) { list[atomicAdd(&hist[key(it.kh, cost)], 1)] = it; });
   // 4. the other blocks in the fixed launch order (launch_block_and_head over the sequence's
   //    blocks), compacted by a scan of their flags, 1024 positions at a time
-  int placed = heavy_items;
+  int fixed_placed = 0;
   for (int base = 0; base < blocks; base += kBuildThreads) {
     const int xf = base + tid;
     int n = 0, kh = 0;
@@ -161,9 +176,10 @@ __global__ void __launch_bounds__(kBuildThreads) build_work_list_kernel(const Ba
     int at = 0, in_chunk = 0;
     __syncthreads();  // tmp reuse
     Scan(tmp.scan).ExclusiveSum(fixed, at, in_chunk);
-    if (fixed) list[placed + at] = WorkItem{n, kh, -1, -1};
-    placed += in_chunk;
+    if (fixed) list[heavy_items + fixed_placed + at] = WorkItem{n, kh, -1, -1};
+    fixed_placed += in_chunk;
   }
+  const int placed = heavy_items + fixed_placed;
   if (tid == 0) {
     s.counters[b] = placed;  // work_count
     s.counters[p.batch + b] = nsplit < p.split_cap ? nsplit : p.split_cap;  // split_count
