@@ -921,7 +921,7 @@ TEST(GpuBackward, WorkListCoversAndOrders) {
         std::vector<int> fixed_at(std::size_t(c.hk * nb), -1);  // (kh, n) -> its fixed launch index
         for (int x = 0; x < int(c.hk * nb); ++x) {
           int n = -1, kh = -1;
-          bw::launch_block_and_head(x, int(nb), p.hk, causal, p.causal_section_heads, n, kh);
+          bw::launch_block_and_head(x, int(nb), p.hk, causal, p.causal_section_heads, false, n, kh);
           fixed_at[std::size_t(kh * nb + n)] = x;
         }
         auto is_heavy = [&](i64 kh, i64 n) {
@@ -1243,31 +1243,42 @@ TEST(GpuBackward, PostprocessTileRead) {
 // The launch order (host-checked, no GPU): every (key block, KV head) of a grid exactly once, for
 // both masks and every section size, a short last section included; within a causal section the
 // key blocks never decrease (the longest, block 0, first), and a section's heads are consecutive.
-// (Calls with a skip set run from the work list instead: GpuBackward.WorkListCoversAndOrders.)
+// With sink_first (a skip set: block 0 keeps every vote group, SPEC §2a), the first hk launches
+// are block 0 of each KV head in order, and the rest follow the same rules over blocks 1.. .
 TEST(GpuBackward, LaunchOrderCoversEveryBlockOnce) {
   for (int nb : {1, 2, 5, 64, 129}) {
     for (int hk : {1, 2, 3, 8, 32}) {
       for (bool causal : {false, true}) {
-        for (int sec = 1; sec <= hk; ++sec) {
-          SCOPED_TRACE("nb " + std::to_string(nb) + " hk " + std::to_string(hk) + " causal " + std::to_string(causal) +
-                       " section " + std::to_string(sec));
-          std::vector<int> seen(std::size_t(nb) * std::size_t(hk), 0);
-          int prev_n = -1, prev_section = -1, prev_kh = -1;
-          for (int x = 0; x < nb * hk; ++x) {
-            int n = -1, kh = -1;
-            sm90::backward::launch_block_and_head(x, nb, hk, causal, sec, n, kh);
-            ASSERT_TRUE(n >= 0 && n < nb && kh >= 0 && kh < hk) << "x " << x << " -> (" << n << ", " << kh << ")";
-            ASSERT_EQ(seen[std::size_t(kh) * std::size_t(nb) + std::size_t(n)]++, 0)
-                << "x " << x << " repeats (" << n << ", " << kh << ")";
-            if (causal) {
-              const int section = kh / sec;
-              ASSERT_GE(section, prev_section) << "x " << x;
-              if (section == prev_section) ASSERT_GE(n, prev_n) << "x " << x << ": a shorter block before a longer one";
-              prev_section = section;
-              prev_n = n;
-            } else {
-              ASSERT_GE(kh, prev_kh) << "x " << x << ": full mask is head-major";
-              prev_kh = kh;
+        for (bool sink_first : {false, true}) {
+          for (int sec = 1; sec <= hk; ++sec) {
+            SCOPED_TRACE("nb " + std::to_string(nb) + " hk " + std::to_string(hk) + " causal " +
+                         std::to_string(causal) + " sink_first " + std::to_string(sink_first) + " section " +
+                         std::to_string(sec));
+            std::vector<int> seen(std::size_t(nb) * std::size_t(hk), 0);
+            int prev_n = -1, prev_section = -1, prev_kh = -1;
+            const int sinks = sink_first && nb > 1 ? hk : 0;
+            for (int x = 0; x < nb * hk; ++x) {
+              int n = -1, kh = -1;
+              sm90::backward::launch_block_and_head(x, nb, hk, causal, sec, sink_first, n, kh);
+              ASSERT_TRUE(n >= 0 && n < nb && kh >= 0 && kh < hk) << "x " << x << " -> (" << n << ", " << kh << ")";
+              ASSERT_EQ(seen[std::size_t(kh) * std::size_t(nb) + std::size_t(n)]++, 0)
+                  << "x " << x << " repeats (" << n << ", " << kh << ")";
+              if (x < sinks) {
+                ASSERT_EQ(n, 0) << "x " << x << ": the sink blocks first";
+                ASSERT_EQ(kh, x) << "x " << x;
+                continue;
+              }
+              if (sinks > 0) ASSERT_GE(n, 1) << "x " << x << ": block 0 again after the sink blocks";
+              if (causal) {
+                const int section = kh / sec;
+                ASSERT_GE(section, prev_section) << "x " << x;
+                if (section == prev_section) ASSERT_GE(n, prev_n) << "x " << x << ": a shorter block before a longer one";
+                prev_section = section;
+                prev_n = n;
+              } else {
+                ASSERT_GE(kh, prev_kh) << "x " << x << ": full mask is head-major";
+                prev_kh = kh;
+              }
             }
           }
         }

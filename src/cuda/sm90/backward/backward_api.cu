@@ -153,9 +153,12 @@ Plan plan(const AttentionBackwardProblem& p, const SkipConfig& skip_in, const Sk
   // the dQ accumulator over the same padded rows (dq_accum_index)
   pl.bytes_accum = static_cast<std::size_t>(pl.rows_ld * r.hq * r.d) * sizeof(float);
   pl.bytes_dout = pl.dout_conv ? static_cast<std::size_t>(pl.tokens_q * r.hq * r.d) * 2 : 0;
-  // With a skip set the CTAs run from a work list: kept work counted on the device, the heavy
-  // blocks first, split by query head (GQA), the rest in the fixed order (backward_work_list.hpp).
-  pl.work_list = p.skip_set != nullptr || set != nullptr;
+  // With a skip set and GQA / MQA the CTAs run from a work list: kept work counted on the device,
+  // the heavy blocks first, split by query head, the rest in the fixed order
+  // (backward_work_list.hpp). MHA has no split, and its list cost more than it won (H100,
+  // 2026-12-07: full-mask d64 90 % +6.5 %, d128 70 % +2 %): it keeps the fixed order, key block 0
+  // first (launch_block_and_head's sink_first).
+  pl.work_list = (p.skip_set != nullptr || set != nullptr) && r.group > 1;
   const int nb = static_cast<int>(check_i32((r.max_k_len + kBlockN - 1) / kBlockN, "key blocks"));
   if (pl.work_list) {
     const int batch = static_cast<int>(r.batch), hk = static_cast<int>(r.hk), group = static_cast<int>(r.group);

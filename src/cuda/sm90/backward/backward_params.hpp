@@ -81,9 +81,9 @@ struct BackwardParams {
   // within a byte. nullptr: dense.
   const std::uint8_t* skip_bits = nullptr;
   std::int64_t skip_groups = 0, skip_tiles = 0;
-  // With a skip set, the CTAs run from a work list (backward_work_list.hpp) instead of the fixed
-  // launch order: the kept vote groups of each (key block, KV head) are counted on the device; a
-  // heavy block, one that keeps >= kHeavyNum / kHeavyDen x its sequence's mean (key block 0 does:
+  // With a skip set and GQA / MQA, the CTAs run from a work list (backward_work_list.hpp) instead
+  // of the fixed launch order: the kept vote groups of each (key block, KV head) are counted on the
+  // device; a heavy block, one that keeps >= kHeavyNum / kHeavyDen x its sequence's mean (key block 0 does:
   // SPEC 2a makes it every group's first visited tile; so do a model's heavy-hitter keys), runs
   // first, as one CTA per query head of its KV group (a part); the others follow in the fixed
   // launch order. Per sequence b:
@@ -222,23 +222,39 @@ inline int causal_launch_section_heads(int hk, int group, int num_n_blocks) {
   return 1;
 }
 
-// (key block, KV head) of launch index x in [0, num_n_blocks * hk) (BackwardScheduler's grid x
-// without a skip set). Full mask: head-major. Causal: sections of section_heads KV heads (the last
-// one may hold fewer), each walked key block outer, KV head inner, so a section's longest blocks
-// launch first. (With a skip set the work list orders the CTAs by their kept work.)
+// (key block, KV head) of launch index x in [0, num_n_blocks * hk) (BackwardScheduler's grid x).
+// Full mask: head-major. Causal: sections of section_heads KV heads (the last one may hold fewer),
+// each walked key block outer, KV head inner, so a section's longest blocks launch first.
+// sink_first (calls with a skip set and no work list: MHA, backward_api.cu): key block 0 of every
+// KV head first, then the order above over blocks 1.. . SPEC §2 / §2a: a vote group's first visited tile is never skipped, and both
+// orders visit tile 0 first (natural: 0, 1, ...; max-first: the sink tile 0, then the own tile),
+// so block 0 keeps every vote group of every query head: dense work, where the other blocks keep
+// 1 - s of theirs. Head-major, the last head's block 0 starts near the end and runs alone (a tail
+// of about one dense CTA: ~0.2 ms at d 64, 8k); first, it runs beside the light blocks.
 BLASST_HOST_DEVICE void launch_block_and_head(int x, int num_n_blocks, int hk, bool causal, int section_heads,
-                                              int& n_block, int& kh) {
+                                              bool sink_first, int& n_block, int& kh) {
+  int first_block = 0;
+  if (sink_first && num_n_blocks > 1) {
+    if (x < hk) {
+      n_block = 0;
+      kh = x;
+      return;
+    }
+    x -= hk;
+    first_block = 1;
+  }
+  const int nb = num_n_blocks - first_block;
   if (!causal) {
-    kh = x / num_n_blocks;
-    n_block = x - kh * num_n_blocks;
+    kh = x / nb;
+    n_block = first_block + (x - kh * nb);
     return;
   }
-  const int per_section = section_heads * num_n_blocks;
+  const int per_section = section_heads * nb;
   const int section = x / per_section, r = x - section * per_section;
   const int first = section * section_heads;
   const int heads = hk - first < section_heads ? hk - first : section_heads;
   const int block = r / heads;
-  n_block = block;
+  n_block = first_block + block;
   kh = first + (r - block * heads);
 }
 

@@ -12,9 +12,10 @@
 // causal_launch_section_heads KV heads (backward_params.hpp: the largest divisor of hk within
 // about 32k tiles of work, a measured compromise between the L2 reuse of few heads side by side
 // and the even last wave of many; the next section starts as this one's short blocks end).
-// With a skip set the work per block is the set's, not the mask's: the work list
+// With a skip set the work per block is the set's, not the mask's. GQA / MQA: the work list
 // (backward_work_list.hpp) runs the heavy blocks (key block 0, heavy-hitter keys) first, split by
-// query head, and the others in this order.
+// query head, and the others in this order. MHA: this order with key block 0 of every KV head
+// first (sink_first: block 0 keeps every vote group, SPEC 2a).
 #pragma once
 
 #include <cstdint>
@@ -75,7 +76,8 @@ struct BackwardScheduler {
       w.part = it.part;
       w.split = it.split;
     } else {
-      launch_block_and_head(int(blockIdx.x), p.num_n_blocks, p.hk, p.causal, p.causal_section_heads, w.n_block, w.kh);
+      launch_block_and_head(int(blockIdx.x), p.num_n_blocks, p.hk, p.causal, p.causal_section_heads,
+                            p.skip_bits != nullptr, w.n_block, w.kh);
     }
     w.hh_begin = w.part >= 0 ? w.part : 0;
     w.hh_end = w.part >= 0 ? w.part + 1 : p.group;

@@ -171,7 +171,7 @@ __global__ void __launch_bounds__(kBuildThreads) build_work_list_kernel(const Ba
   for (int base = 0; base < blocks; base += kBuildThreads) {
     const int xf = base + tid;
     int n = 0, kh = 0;
-    if (xf < blocks) launch_block_and_head(xf, nb, p.hk, p.causal, p.causal_section_heads, n, kh);
+    if (xf < blocks) launch_block_and_head(xf, nb, p.hk, p.causal, p.causal_section_heads, false, n, kh);
     const int fixed = xf < blocks && split_of[kh * nb + n] == kFixed ? 1 : 0;
     int at = 0, in_chunk = 0;
     __syncthreads();  // tmp reuse

@@ -10,7 +10,9 @@
 // gives 1.75x over dense where the bound is 3.33x; with the heavy blocks split by query head and
 // run first, 2.75x (bench/RESULTS.md, 2026-12-07). A list sorted by kept work throughout (3.06x in
 // the model) lost the fixed order's L2 reuse where nothing is heavy: full-mask MHA rows ran
-// 1.37-1.55x slower on the H100. So, per call:
+// 1.37-1.55x slower on the H100. Under MHA nothing can be split and the list cost more than it
+// won (full mask d64 90 % +6.5 %, d128 70 % +2 %, H100): MHA keeps the fixed order with key
+// block 0 first (backward_api.cu). So, per call with GQA / MQA:
 //   1. count_kept_kernel: the kept vote groups of every (sequence, query head, key block), over
 //      the groups the CTA would walk (BackwardScheduler::locate);
 //   2. build_work_list_kernel, one CTA per sequence: the heavy blocks (>= kHeavyNum / kHeavyDen x
