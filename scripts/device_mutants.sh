@@ -58,6 +58,8 @@ TABLE=(
   "backward-kept-walk-off-by-one|test_gpu_backward|tests/gpu_backward/test_gpu_backward|GpuBackward.SkipSetMatchesReference"
   "backward-step-half-not-masked|test_gpu_backward|tests/gpu_backward/test_gpu_backward|GpuBackward.SkipSetMatchesReference"
   "backward-causal-mask-last-row|test_gpu_backward|tests/gpu_backward/test_gpu_backward|GpuBackward.GroupedQueryHeads"
+  "backward-split-sum-drops-part|test_gpu_backward|tests/gpu_backward/test_gpu_backward|GpuBackward.WorkListSplitBlocksMatchReference"
+  "backward-work-list-drops-item|test_gpu_backward|tests/gpu_backward/test_gpu_backward|GpuBackward.WorkListCoversAndOrders"
   "backward-lse-rows-unpadded|test_gpu_backward|tests/gpu_backward/test_gpu_backward|GpuBackward.RaggedBatch:GpuBackward.BatchHeadDimsAndDtypes"
 )
 
