@@ -130,6 +130,44 @@ def _reset_gate():
     blasst.diffusion.reset()
 
 
+def gpu_problem():
+    """Why the GPU tests cannot run here (torch, a CUDA device, blasst's kernels, an sm_90 GPU), or
+    None when they can."""
+    try:
+        import torch
+    except ImportError:
+        return "torch is not installed"
+    import blasst
+    if not torch.cuda.is_available():
+        return "torch sees no CUDA device"
+    if not blasst.built_with_cuda():
+        return "blasst was built without the CUDA kernels (BLASST_ENABLE_CUDA=OFF or no nvcc)"
+    if not blasst.cuda_available():
+        return "blasst sees no usable sm_90 GPU"
+    return None
+
+
+@pytest.fixture
+def cuda():
+    """torch's CUDA device for a GPU test; the test skips with the reason where there is none, and
+    fails instead with BLASST_REQUIRE_GPU=1."""
+    problem = gpu_problem()
+    if problem is not None:
+        if REQUIRE_GPU:
+            pytest.fail(f"BLASST_REQUIRE_GPU=1 but {problem}")
+        pytest.skip(f"GPU test: {problem}")
+    import torch
+    return torch.device("cuda")
+
+
+@pytest.fixture
+def gen(request):
+    """A torch generator seeded from the test's name (fresh data per test, reproducible)."""
+    import torch
+    seed = sum(ord(c) * (i + 1) for i, c in enumerate(request.node.nodeid)) % (2**31)
+    return torch.Generator().manual_seed(seed)
+
+
 @pytest.fixture
 def rng(request):
     import numpy as np

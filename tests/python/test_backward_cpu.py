@@ -17,12 +17,6 @@ def randn(gen, *shape, sd=1.0):
     return (torch.randn(*shape, generator=gen, dtype=torch.float64) * sd).requires_grad_(True)
 
 
-@pytest.fixture
-def gen(request):
-    seed = sum(ord(c) * (i + 1) for i, c in enumerate(request.node.nodeid)) % (2**31)
-    return torch.Generator().manual_seed(seed)
-
-
 def masked_attention(q, k, v, causal, keep=None):
     """float64 softmax attention written from SPEC §1; keep [B, Hq, Lq, Lk] bool: the block mask."""
     B, Lq, Hq, d = q.shape

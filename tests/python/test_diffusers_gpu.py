@@ -5,7 +5,6 @@ model and inputs.
 
     BLASST_REQUIRE_GPU=1 python -m pytest tests/python/test_diffusers_gpu.py -q
 """
-import os
 
 import pytest
 
@@ -22,26 +21,6 @@ LATENT = (1, 4, 4, 128, 128)   # 4 x 64 x 64 = 16,384 tokens after the 1x2x2 pat
 TEXT = (1, 16, 64)
 UNTIL = 0.5
 TIMESTEPS = (999, 800, 450, 200)   # two gated (dense) steps, then two skipping steps
-
-
-def _gpu_problem():
-    if not torch.cuda.is_available():
-        return "torch sees no CUDA device"
-    if not blasst.built_with_cuda():
-        return "blasst was built without the CUDA kernels"
-    if not blasst.cuda_available():
-        return "blasst sees no usable sm_90 GPU"
-    return None
-
-
-@pytest.fixture
-def cuda():
-    problem = _gpu_problem()
-    if problem is not None:
-        if os.environ.get("BLASST_REQUIRE_GPU") == "1":
-            pytest.fail(f"BLASST_REQUIRE_GPU=1 but {problem}")
-        pytest.skip(f"GPU test: {problem}")
-    return torch.device("cuda")
 
 
 def wan(device):

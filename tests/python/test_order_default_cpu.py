@@ -129,23 +129,8 @@ def test_torch_op_keeps_the_default_and_its_fallback():
     assert stats.granularity["order"] == "max_first"
 
 
-def _gpu_problem():
-    try:
-        import torch
-    except ImportError:
-        return "torch is not installed"
-    if not torch.cuda.is_available():
-        return "torch sees no CUDA device"
-    if not blasst.built_with_cuda() or not blasst.cuda_available():
-        return "blasst has no usable sm_90 GPU"
-    return None
-
-
 @pytest.mark.gpu
-def test_gpu_cross_attention_default_runs_and_explicit_max_first_is_refused():
-    problem = _gpu_problem()
-    if problem is not None:
-        pytest.skip(f"GPU test: {problem}")
+def test_gpu_cross_attention_default_runs_and_explicit_max_first_is_refused(cuda):
     import torch
     q, k, v = towering_key(200, 700, seed=17, d=128)
     q, k, v = (torch.from_numpy(x).to(torch.bfloat16).cuda() for x in (q, k, v))

@@ -5,7 +5,6 @@ Skips with a reason when torch (or a GPU) is missing; scripts/device_python.sh r
 the GPU machine with BLASST_REQUIRE_GPU=1, which turns the GPU skips into failures.
 """
 import math
-import os
 
 import numpy as np
 import pytest
@@ -18,35 +17,6 @@ torch = pytest.importorskip(
                     "(scripts/device_python.sh)")
 
 pytestmark = pytest.mark.torch
-
-
-def _gpu_problem():
-    if not torch.cuda.is_available():
-        return "torch sees no CUDA device"
-    if not blasst.built_with_cuda():
-        return "blasst was built without the CUDA kernels (BLASST_ENABLE_CUDA=OFF or no nvcc)"
-    if not blasst.cuda_available():
-        return "blasst sees no usable sm_90 GPU"
-    return None
-
-
-GPU_PROBLEM = _gpu_problem()
-REQUIRE_GPU = os.environ.get("BLASST_REQUIRE_GPU") == "1"
-
-
-@pytest.fixture
-def cuda():
-    if GPU_PROBLEM is not None:
-        if REQUIRE_GPU:
-            pytest.fail(f"BLASST_REQUIRE_GPU=1 but {GPU_PROBLEM}")
-        pytest.skip(f"GPU test: {GPU_PROBLEM}")
-    return torch.device("cuda")
-
-
-@pytest.fixture
-def gen(request):
-    seed = sum(ord(c) * (i + 1) for i, c in enumerate(request.node.nodeid)) % (2**31)
-    return torch.Generator().manual_seed(seed)
 
 
 def randn(gen, *shape, dtype=torch.float32):

@@ -5,11 +5,9 @@ GPU (bf16, kernels): logits match SDPA within bf16 tolerance; a skip configurati
 config.sparse_attention_config reports per-layer sparsity and honours the ignore list.
 """
 import math
-import os
 
 import pytest
 
-import blasst
 
 torch = pytest.importorskip(
     "torch", reason="torch is not installed here: the transformers path runs on the GPU machine "
@@ -19,7 +17,6 @@ transformers = pytest.importorskip("transformers", reason="transformers is not i
 import blasst.transformers as bt  # noqa: E402
 
 pytestmark = pytest.mark.transformers
-REQUIRE_GPU = os.environ.get("BLASST_REQUIRE_GPU") == "1"
 
 
 def tiny_llama(attn, dtype, device, sparse=None, layers=2, sink=False, sink_strength=3.0):
@@ -170,21 +167,8 @@ def test_cpu_per_layer_settings_and_ignore_list(ignore):
         assert e["skipped"] == (0 if i in ignored else visited - first_tiles), (i, e)
 
 
-def _gpu_or_skip():
-    problem = None
-    if not torch.cuda.is_available():
-        problem = "torch sees no CUDA device"
-    elif not blasst.cuda_available():
-        problem = "blasst has no usable CUDA kernels (built without CUDA or no sm_90 GPU)"
-    if problem:
-        if REQUIRE_GPU:
-            pytest.fail(f"BLASST_REQUIRE_GPU=1 but {problem}")
-        pytest.skip(f"GPU test: {problem}")
-
-
 @pytest.mark.gpu
-def test_gpu_dense_logits_match_sdpa_bf16():
-    _gpu_or_skip()
+def test_gpu_dense_logits_match_sdpa_bf16(cuda):
     model = tiny_llama("sdpa", torch.bfloat16, "cuda")
     ids = torch.randint(0, 512, (2, 1000), generator=torch.Generator().manual_seed(3)).cuda()
     with torch.no_grad():
@@ -196,12 +180,11 @@ def test_gpu_dense_logits_match_sdpa_bf16():
 
 
 @pytest.mark.gpu
-def test_gpu_skip_mode_reports_sparsity():
+def test_gpu_skip_mode_reports_sparsity(cuda):
     """bf16 kernels on a model with an attention sink: lambda = 13.86 * exp(4 * 0.5) / 2048 = 0.05
     in prefill; layer 0 skips every tile after tile 0 of each 64-row vote group (SPEC §2: every
     later tile's delta is < -9 < ln(0.05) = -3, see add_attention_sink), layer 1 is ignored and
     skips nothing. The CPU reference gives the same counts on this model in bf16 and float32."""
-    _gpu_or_skip()
     a = 0.05 * 2048 / math.exp(2.0)
     sparse = {"config_groups": {"group_0": {
         "algorithm": "skip_softmax",
