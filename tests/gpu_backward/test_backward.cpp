@@ -1113,8 +1113,8 @@ TEST(GpuBackward, MisalignedOutputsTakeTheElementStores) {
 // attention_backward_workspace_bytes: D and LSE [Hq, B x Lq rounded up to 128 rows per sequence
 // (kLseRowAlign: every vote group's rows one aligned run)], the f32 dQ accumulator over the same rows
 // [Hq, rows, d] (in 64 x 64 tiles), the converted dO (f32 dout only) and the skip bits, each
-// 256-byte aligned; 0 for the reference. Sizing runs no CUDA work (a CUDA build without a GPU
-// answers too).
+// 256-byte aligned, and with a skip set under GQA / MQA the work list's arrays; 0 for the
+// reference. Sizing runs no CUDA work (a CUDA build without a GPU answers too).
 TEST(GpuBackward, WorkspaceBytes) {
   Case c;
   c.B = 2;
@@ -1149,6 +1149,18 @@ TEST(GpuBackward, WorkspaceBytes) {
               up(lse_rows * 64 * 4) + 2 * up(lse_rows * 4) + up(in.set.bits.size()) + up(B * std::size_t(c.hq) * nb * 4) +
                   up(B * std::size_t(c.hk) * nb * 4) + up(B * items * 16) + up(B * cap * 8) + up(2 * B * 4) +
                   up(B * cap * group * 2 * 128 * std::size_t(c.d) * 4));
+  }
+  {
+    // MHA: no work list (nothing to split; backward_api.cu), so the set adds only its bits.
+    Case m = c;
+    m.hk = m.hq;
+    Data mha = make_data(m, 12, cfg);
+    ASSERT_GT(mha.set.count(), 0) << "nothing skipped: the case is not tested";
+    Call call(m, mha, DType::bf16, DType::bf16, DType::bf16, DType::f32);
+    RunOptions opt;
+    opt.device = DeviceKind::cuda;
+    EXPECT_EQ(attention_backward_workspace_bytes(call.p, cfg, opt, &mha.set),
+              up(lse_rows * 64 * 4) + 2 * up(lse_rows * 4) + up(mha.set.bits.size()));
   }
   {
     Call call(c, in, DType::bf16, DType::f32, DType::bf16, DType::f32);  // f32 out / dout
