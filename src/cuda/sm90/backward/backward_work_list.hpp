@@ -16,9 +16,10 @@
 //   1. count_kept_kernel: the kept vote groups of every (sequence, query head, key block), over
 //      the groups the CTA would walk (BackwardScheduler::locate);
 //   2. build_work_list_kernel, one CTA per sequence: the heavy blocks (>= kHeavyNum / kHeavyDen x
-//      the sequence's mean) first, longest first (a counting sort of their costs, kCtaFixedCost +
-//      kept groups, in 1024 buckets), split by query head under GQA (at most split_cap a
-//      sequence); then every other block in the fixed launch order (launch_block_and_head);
+//      the sequence's mean), split by query head (at most split_cap a sequence), first: by the
+//      fixed order's section (causal: its sections of KV heads; full mask: each KV head), longest
+//      first within one (a counting sort of section and cost, kCtaFixedCost + kept groups, in 4096
+//      keys); then every other block in the fixed launch order (launch_block_and_head);
 //   3. the main kernel takes item blockIdx.x of its sequence (BackwardScheduler::get);
 //   4. split_sum_kernel adds each split block's parts into dk / dv, in part order (deterministic).
 // The order inside a bucket follows the scatter's atomics (not deterministic); the gradients do
