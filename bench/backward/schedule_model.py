@@ -82,8 +82,8 @@ def orders(kept, fix):
     total = {(n, kh): int(kept[kh * GRP:(kh + 1) * GRP, :, n].sum()) for n in range(T) for kh in range(HK)}
     mean = sum(total.values()) / len(total)
     heavy = {b for b, v in total.items() if v > 0 and v >= 1.5 * mean}
-    parts = sorted((kh // SEC, -cost(n, kh, [h]), cost(n, kh, [h])) for n, kh in heavy for h in range(GRP))
-    listed = [c for _, _, c in parts] + [cost(n, kh, range(GRP)) for n, kh in fixed_order(False) if (n, kh) not in heavy]
+    parts = sorted(((kh // SEC, -cost(n, kh, [h])) for n, kh in heavy for h in range(GRP)))
+    listed = [-c for _, c in parts] + [cost(n, kh, range(GRP)) for n, kh in fixed_order(False) if (n, kh) not in heavy]
     return main, listed, len(heavy)
 
 

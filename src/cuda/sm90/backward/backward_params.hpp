@@ -83,10 +83,10 @@ struct BackwardParams {
   std::int64_t skip_groups = 0, skip_tiles = 0;
   // With a skip set and GQA / MQA, the CTAs run from a work list (backward_work_list.hpp) instead
   // of the fixed launch order: the kept vote groups of each (key block, KV head) are counted on the
-  // device; a heavy block, one that keeps >= kHeavyNum / kHeavyDen x its sequence's mean (key block 0 does:
-  // SPEC 2a makes it every group's first visited tile; so do a model's heavy-hitter keys), runs
-  // first, as one CTA per query head of its KV group (a part); the others follow in the fixed
-  // launch order. Per sequence b:
+  // device; a heavy block, one that keeps >= kHeavyNum / kHeavyDen x its sequence's mean (key
+  // block 0 does: SPEC 2a makes it every group's first visited tile; so do a model's heavy-hitter
+  // keys), runs first, as one CTA per query head of its KV group (a part); the others follow in
+  // the fixed launch order. Per sequence b:
   // work_list[b * work_items + i] for i < work_count[b] (grid x = work_items; CTAs past the count
   // exit); split block s of b is splits[b * split_cap + s] (s < split_count[b]), its parts write
   // f32 dK / dV to dkv_part (dkv_part_index) and launch_split_sum adds them in part order.
@@ -165,10 +165,7 @@ inline std::int64_t lse_row_start(int b, int len_q, const int* cu_q) {
 
 // The inverse of lse_row_start: sequence b, position i and length len of padded row `padded`;
 // false for a padding row (batched: len_q rows in round_up(len_q, A) per sequence, B of them).
-#if defined(__CUDACC__)
-__host__ __device__
-#endif
-inline bool padded_position(std::int64_t padded, int batch, int len_q, const int* cu_q, int& b, int& i, int& len) {
+BLASST_HOST_DEVICE bool padded_position(std::int64_t padded, int batch, int len_q, const int* cu_q, int& b, int& i, int& len) {
   if (cu_q == nullptr) {
     const std::int64_t per = (std::int64_t(len_q) + kLseRowAlign - 1) / kLseRowAlign * kLseRowAlign;
     if (per == 0) return false;
@@ -226,8 +223,8 @@ inline int causal_launch_section_heads(int hk, int group, int num_n_blocks) {
 // Full mask: head-major. Causal: sections of section_heads KV heads (the last one may hold fewer),
 // each walked key block outer, KV head inner, so a section's longest blocks launch first.
 // sink_first (calls with a skip set and no work list: MHA, backward_api.cu): key block 0 of every
-// KV head first, then the order above over blocks 1.. . SPEC §2 / §2a: a vote group's first visited tile is never skipped, and both
-// orders visit tile 0 first (natural: 0, 1, ...; max-first: the sink tile 0, then the own tile),
+// KV head first, then the order above over blocks 1.. . SPEC §2 / §2a: a vote group's first
+// visited tile is never skipped, and both orders visit tile 0 first (natural: 0, 1, ...; max-first: the sink tile 0, then the own tile),
 // so block 0 keeps every vote group of every query head: dense work, where the other blocks keep
 // 1 - s of theirs. Head-major, the last head's block 0 starts near the end and runs alone (a tail
 // of about one dense CTA: ~0.2 ms at d 64, 8k); first, it runs beside the light blocks.
@@ -259,9 +256,9 @@ BLASST_HOST_DEVICE void launch_block_and_head(int x, int num_n_blocks, int hk, b
 }
 
 // The work list's rules. A block is heavy when it keeps >= kHeavyNum / kHeavyDen x the mean kept
-// vote groups of its sequence's blocks (and more than none): heavy blocks run first, longest
-// first, each split into one CTA per query head when the KV group has several (within
-// split_capacity); every other block keeps its place in the fixed launch order (its L2 reuse: a
+// vote groups of its sequence's blocks (and more than none): heavy blocks run first (by the fixed
+// order's section, longest first within one), each split into one CTA per query head when the
+// KV group has several (within split_capacity); every other block keeps its place in the fixed launch order (its L2 reuse: a
 // list sorted by kept work throughout ran the full-mask MHA rows 1.37-1.55x slower, H100,
 // 2026-12-07). A CTA's cost for that order is kCtaFixedCost + its kept vote groups (the fixed
 // part: loading K / V, writing dK / dV, ~2 steps). The split blocks' f32 parts take at most
