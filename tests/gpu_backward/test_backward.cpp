@@ -207,6 +207,16 @@ SkipConfig vote_cfg() {
 // key j is beta of its tile (8 for the sink tile 0, a random integer 0..8 elsewhere), adding
 // A * beta * scale (about 1.25 beta nats) to the scores, so tiles differ by up to 10 nats and the
 // forward's vote skips a part of them. All values rounded to the kernel's dtypes.
+// A ragged case's cu_seqlens of its queries (keys: of its keys): 0, then the running sums of the
+// sequences' lengths; empty for a batched case.
+std::vector<std::int32_t> cu_seqlens(const Case& c, bool keys) {
+  std::vector<std::int32_t> cu;
+  if (!c.ragged()) return cu;
+  cu.push_back(0);
+  for (i64 b = 0; b < c.nseq(); ++b) cu.push_back(std::int32_t(cu.back() + (keys ? c.len_k(b) : c.len_q(b))));
+  return cu;
+}
+
 Data make_data(const Case& c, std::uint64_t seed, const SkipConfig& fwd_skip) {
   Data in;
   std::mt19937_64 rng(seed);
@@ -236,14 +246,8 @@ Data make_data(const Case& c, std::uint64_t seed, const SkipConfig& fwd_skip) {
     in.dlse.resize(std::size_t(tq * c.hq));
     for (auto& x : in.dlse) x = double(float(0.5 * nd(rng)));
   }
-  if (c.ragged()) {
-    in.cu_q.push_back(0);
-    in.cu_k.push_back(0);
-    for (i64 b = 0; b < c.nseq(); ++b) {
-      in.cu_q.push_back(std::int32_t(in.cu_q.back() + c.len_q(b)));
-      in.cu_k.push_back(std::int32_t(in.cu_k.back() + c.len_k(b)));
-    }
-  }
+  in.cu_q = cu_seqlens(c, false);
+  in.cu_k = cu_seqlens(c, true);
   // Forward on the reference in float64, recording the skip set.
   std::vector<double> out(in.dout.size()), lse(std::size_t(tq * c.hq));
   AttentionProblem p;
@@ -862,12 +866,8 @@ TEST(GpuBackward, WorkListCoversAndOrders) {
       p.head_dim = 64;
       p.num_n_blocks = int(tiles);
       p.causal_section_heads = bw::causal_launch_section_heads(p.hk, p.group, p.num_n_blocks);
-      std::vector<int> cu_q, cu_k;
+      const std::vector<std::int32_t> cu_q = cu_seqlens(c, false), cu_k = cu_seqlens(c, true);
       if (c.ragged()) {
-        cu_q.push_back(0);
-        cu_k.push_back(0);
-        for (i64 b = 0; b < c.nseq(); ++b)
-          cu_q.push_back(cu_q.back() + int(c.len_q(b))), cu_k.push_back(cu_k.back() + int(c.len_k(b)));
         p.cu_q = static_cast<const int*>(dev.alloc(cu_q.size() * 4));
         p.cu_k = static_cast<const int*>(dev.alloc(cu_k.size() * 4));
         check_cuda(cudaMemcpy(const_cast<int*>(p.cu_q), cu_q.data(), cu_q.size() * 4, cudaMemcpyHostToDevice), "cu_q");
