@@ -80,6 +80,13 @@ def host_rows():
     add("blasst.decode skip (new SkipSoftmax per call)",
         lambda: blasst.decode(q, k, v, skip=blasst.SkipSoftmax(threshold=1e-3)))
     add("blasst.decode dense, return_lse", lambda: blasst.decode(q, k, v, return_lse=True))
+    # blasst.DecodePlan (issue 18's plan / run): planned once, run per call; out new or given.
+    plan = blasst.DecodePlan(q, k, v)
+    plan_skip = blasst.DecodePlan(q, k, v, skip=skip)
+    plan_out = torch.empty_like(q)
+    add("blasst.DecodePlan.run dense", lambda: plan.run(q))
+    add("blasst.DecodePlan.run dense, out given", lambda: plan.run(q, out=plan_out))
+    add("blasst.DecodePlan.run skip", lambda: plan_skip.run(q))
     add("blasst.attention dense (Lq 1)", lambda: blasst.attention(q, k, v))
     add("blasst.attention skip (Lq 1)", lambda: blasst.attention(q, k, v, skip=skip))
     add("blasst.attention causal (Lq 1)", lambda: blasst.attention(q, k, v, causal=True))

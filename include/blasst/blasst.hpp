@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <initializer_list>
 #include <optional>
 #include <stdexcept>
@@ -378,6 +379,33 @@ void attention(const AttentionProblem& p, const SkipConfig& skip = {}, const Run
                SkipStats* stats = nullptr);
 void decode(const DecodeProblem& p, const SkipConfig& skip = {}, const RunOptions& opt = {},
             SkipStats* stats = nullptr);
+
+// A decode call planned once for a batch shape (FlashInfer's plan / run; issue 18, the host cost of
+// an eager call). The constructor validates p as decode() would and prepares the launch (kernel,
+// split layout at p.max_seqlen_k or the cache's length, the caches' tensor maps, scratch memory:
+// opt.workspace, which must outlive the plan, or the plan's own). run() launches the planned call
+// with q, out and lse at new addresses; everything else is the planned buffers, whose contents may
+// change between runs (tokens appended to the caches, seqlens raised up to max_seqlen_k). The q,
+// out and lse given to run() must have the planned shapes, dtypes, strides and device (the Python
+// wrapper checks them; a C++ caller promises), q 16-byte aligned, and lse present exactly when
+// it was planned. No statistics. Runs of one plan share its scratch: order them on one stream (a
+// plan per stream otherwise); a run may be captured into a CUDA graph. CPU tensors: each run is
+// the reference's decode() of the same problem.
+class DecodePlan {
+ public:
+  explicit DecodePlan(const DecodeProblem& p, const SkipConfig& skip = {}, const RunOptions& opt = {});
+  ~DecodePlan();
+  DecodePlan(DecodePlan&&) noexcept;
+  DecodePlan& operator=(DecodePlan&&) noexcept;
+  DecodePlan(const DecodePlan&) = delete;
+  DecodePlan& operator=(const DecodePlan&) = delete;
+  // stream: a cudaStream_t (nullptr: the default stream); ignored on the CPU.
+  void run(const void* q, void* out, void* lse = nullptr, void* stream = nullptr);
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
 
 // SPEC §9: the gradient of the kept-tiles function with the skip set held fixed. skip_set (or the
 // problem's skip_set words, not both): the set the forward recorded (must match the problem and

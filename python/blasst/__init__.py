@@ -24,6 +24,17 @@ __all__ = [
     "set_num_threads", "diffusion", "calibration",
 ]
 
+
+def __getattr__(name):
+    # blasst.DecodePlan takes torch tensors: its module (and torch) load on first use, so that
+    # `import blasst` stays free of torch for NumPy callers.
+    if name == "DecodePlan":
+        from ._plan import DecodePlan
+
+        return DecodePlan
+    raise AttributeError(f"module 'blasst' has no attribute {name!r}")
+
+
 # With torch already loaded, register the custom ops now so that torch.compile finds them.
 if _sys.modules.get("torch") is not None:
     from ._api import _load_torch_ops as _lto

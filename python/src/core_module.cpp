@@ -240,12 +240,12 @@ void py_attention_backward(const InArray& q, const InArray& k, const InArray& v,
   blasst::attention_backward(p, cfg, opt);
 }
 
-void py_decode(const InArray& q, const InArray& k_cache, const InArray& v_cache,
-               const OutArray& out, const std::optional<OutArray>& lse,
-               const std::optional<InArray>& page_table, const std::optional<InArray>& seqlens,
-               std::int64_t max_seqlen_k, bool causal, std::optional<double> scale,
-               const blasst::SkipConfig* skip, std::uintptr_t stream, blasst::SkipStats* stats,
-               bool histogram, bool record_deltas, int num_threads) {
+// The decode problem of blasst.decode's / blasst.DecodePlan's arrays (mask and scale are the
+// caller's: run_released sets them for decode, the plan sets them itself).
+blasst::DecodeProblem decode_problem(const InArray& q, const InArray& k_cache, const InArray& v_cache,
+                                     const OutArray& out, const std::optional<OutArray>& lse,
+                                     const std::optional<InArray>& page_table,
+                                     const std::optional<InArray>& seqlens, std::int64_t max_seqlen_k) {
   blasst::DecodeProblem p;
   p.q = to_tensor(q, "q");
   p.k_cache = to_tensor(k_cache, "k_cache");
@@ -256,8 +256,34 @@ void py_decode(const InArray& q, const InArray& k_cache, const InArray& v_cache,
     p.page_table = index_array(*page_table, "page_table", p.q.device, 2, &p.page_table_stride);
   if (seqlens) p.seqlens_k = index_array(*seqlens, "seqlens", p.q.device, 1);
   p.max_seqlen_k = max_seqlen_k;
+  return p;
+}
+
+void py_decode(const InArray& q, const InArray& k_cache, const InArray& v_cache,
+               const OutArray& out, const std::optional<OutArray>& lse,
+               const std::optional<InArray>& page_table, const std::optional<InArray>& seqlens,
+               std::int64_t max_seqlen_k, bool causal, std::optional<double> scale,
+               const blasst::SkipConfig* skip, std::uintptr_t stream, blasst::SkipStats* stats,
+               bool histogram, bool record_deltas, int num_threads) {
+  blasst::DecodeProblem p = decode_problem(q, k_cache, v_cache, out, lse, page_table, seqlens, max_seqlen_k);
   run_released(&blasst::decode, p, causal, scale, skip, stream, stats, histogram, record_deltas,
                num_threads);
+}
+
+// blasst.DecodePlan's core (python/blasst/_plan.py): the problem from the plan's example tensors,
+// once; run() with raw addresses, which the wrapper has checked against the plan's shapes, dtypes,
+// strides and device.
+void py_decode_plan_init(blasst::DecodePlan* self, const InArray& q, const InArray& k_cache,
+                         const InArray& v_cache, const OutArray& out, const std::optional<OutArray>& lse,
+                         const std::optional<InArray>& page_table, const std::optional<InArray>& seqlens,
+                         std::int64_t max_seqlen_k, bool causal, std::optional<double> scale,
+                         const blasst::SkipConfig* skip, int num_threads) {
+  blasst::DecodeProblem p = decode_problem(q, k_cache, v_cache, out, lse, page_table, seqlens, max_seqlen_k);
+  p.mask = causal ? blasst::MaskKind::causal : blasst::MaskKind::full;
+  p.scale = scale;
+  blasst::RunOptions opt;
+  opt.num_threads = num_threads;
+  new (self) blasst::DecodePlan(p, skip ? *skip : blasst::SkipConfig{}, opt);
 }
 
 nb::dict granularity_dict(const blasst::VoteGranularity& g) {
@@ -608,6 +634,20 @@ NB_MODULE(_core, m) {
         "page_table"_a.none(), "seqlens"_a.none(), "max_seqlen_k"_a, "causal"_a,
         "scale"_a.none(), "skip"_a.none(), "stream"_a, "stats"_a.none(), "histogram"_a = false,
         "record_deltas"_a = false, "num_threads"_a = 0);
+
+  nb::class_<blasst::DecodePlan>(m, "DecodePlan")
+      .def("__init__", &py_decode_plan_init, "q"_a, "k_cache"_a, "v_cache"_a, "out"_a, "lse"_a.none(),
+           "page_table"_a.none(), "seqlens"_a.none(), "max_seqlen_k"_a, "causal"_a, "scale"_a.none(),
+           "skip"_a.none(), "num_threads"_a = 0)
+      .def(
+          "run",
+          [](blasst::DecodePlan& self, std::uintptr_t q, std::uintptr_t out, std::uintptr_t lse,
+             std::uintptr_t stream) {
+            nb::gil_scoped_release release;
+            self.run(reinterpret_cast<const void*>(q), reinterpret_cast<void*>(out),
+                     reinterpret_cast<void*>(lse), reinterpret_cast<void*>(stream));
+          },
+          "q"_a, "out"_a, "lse"_a, "stream"_a);
 
   // SPEC §4 timestep gating: the one rule, for blasst.diffusion (which keeps a gate holding the
   // published t and asks a gate with each call's D whether skipping may run).

@@ -52,6 +52,50 @@ void decode(const DecodeProblem& p, const SkipConfig& skip, const RunOptions& op
   reference::decode(p, skip, opt, stats);
 }
 
+// DecodePlan: the CUDA path keeps a prepared launch (decode_api.cu); the CPU path the problem.
+struct DecodePlan::Impl {
+  DecodeProblem p;
+  SkipConfig skip;
+  RunOptions opt;
+  detail::CudaDecodePlan* cuda = nullptr;
+  ~Impl() { detail::cuda_decode_plan_free(cuda); }
+};
+
+DecodePlan::DecodePlan(const DecodeProblem& p, const SkipConfig& skip, const RunOptions& opt)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->p = p;
+  impl_->skip = skip;
+  impl_->opt = opt;
+  if (wants_cuda(p.q, opt)) {
+    impl_->skip = for_decode_kernels(skip);
+    if (p.q.device != DeviceKind::cuda)
+      throw Error("q: a DecodePlan runs device tensors on the CUDA path (host tensors are staged by decode() only)");
+    if (opt.collect_stats || opt.collect_histogram || opt.record_deltas)
+      throw Error("RunOptions: a DecodePlan collects no statistics (use decode() for them)");
+    impl_->cuda = detail::cuda_decode_plan(p, impl_->skip, opt);
+  } else {
+    (void)detail::validate_decode(p, DeviceKind::cpu);  // errors now, not at the first run
+    validate(skip);
+  }
+}
+
+DecodePlan::~DecodePlan() = default;
+DecodePlan::DecodePlan(DecodePlan&&) noexcept = default;
+DecodePlan& DecodePlan::operator=(DecodePlan&&) noexcept = default;
+
+void DecodePlan::run(const void* q, void* out, void* lse, void* stream) {
+  if (!impl_) throw Error("DecodePlan: run() on a moved-from plan");
+  if (q == nullptr || out == nullptr) throw Error("DecodePlan::run: q and out are required");
+  if ((lse != nullptr) != impl_->p.lse.defined())
+    throw Error(std::string("DecodePlan::run: lse ") + (lse ? "given but the plan has none" : "missing: the plan has one"));
+  if (impl_->cuda != nullptr) return detail::cuda_decode_plan_run(*impl_->cuda, q, out, lse, stream);
+  DecodeProblem p = impl_->p;
+  p.q.data = const_cast<void*>(q);
+  p.out.data = out;
+  if (lse != nullptr) p.lse.data = lse;
+  reference::decode(p, impl_->skip, impl_->opt, nullptr);
+}
+
 // Statistics are counted for the workspace whenever opt asks for them (a call may pass stats).
 std::size_t attention_workspace_bytes(const AttentionProblem& p, const SkipConfig& skip, const RunOptions& opt) {
   if (!wants_cuda(p.q, opt)) return 0;

@@ -19,6 +19,12 @@ void cuda_attention(const AttentionProblem& p, const SkipConfig& skip, const Run
                     SkipStats* stats);
 void cuda_decode(const DecodeProblem& p, const SkipConfig& skip, const RunOptions& opt,
                  SkipStats* stats);
+// A planned decode call on device tensors (DecodePlan; decode_api.cu): made once, run with q, out
+// and lse at new addresses, freed with its scratch.
+struct CudaDecodePlan;
+CudaDecodePlan* cuda_decode_plan(const DecodeProblem& p, const SkipConfig& skip, const RunOptions& opt);
+void cuda_decode_plan_run(CudaDecodePlan& plan, const void* q, void* out, void* lse, void* stream);
+void cuda_decode_plan_free(CudaDecodePlan* plan) noexcept;
 // SPEC §9 backward (backward_api.cu); same device rules as cuda_attention.
 void cuda_attention_backward(const AttentionBackwardProblem& p, const SkipConfig& skip, const RunOptions& opt,
                              const SkipSet* skip_set);

@@ -15,6 +15,9 @@ std::string cuda_device_name_impl() { return {}; }
 
 void cuda_attention(const AttentionProblem&, const SkipConfig&, const RunOptions&, SkipStats*) { no_cuda(); }
 void cuda_decode(const DecodeProblem&, const SkipConfig&, const RunOptions&, SkipStats*) { no_cuda(); }
+CudaDecodePlan* cuda_decode_plan(const DecodeProblem&, const SkipConfig&, const RunOptions&) { no_cuda(); }
+void cuda_decode_plan_run(CudaDecodePlan&, const void*, void*, void*, void*) { no_cuda(); }
+void cuda_decode_plan_free(CudaDecodePlan*) noexcept {}
 void cuda_attention_backward(const AttentionBackwardProblem&, const SkipConfig&, const RunOptions&, const SkipSet*) {
   no_cuda();
 }

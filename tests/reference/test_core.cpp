@@ -392,3 +392,52 @@ TEST(Workloads, StructuredKindsAreSparserThanRandom) {
   EXPECT_GT(l, 0.1);
   EXPECT_GT(d, 0.1);
 }
+
+// DecodePlan on CPU tensors: each run is decode() of the planned problem with the run's q, out and
+// lse (equal to the byte, across a cache write and raised lengths between runs); an lse given to a
+// plan without one, or missing from a plan with one, is refused; host tensors for the CUDA path
+// (which decode() stages) are refused by the plan, before any CUDA call.
+TEST(Core, DecodePlanRunsTheDecodeOfItsProblem) {
+  const std::int64_t B = 2, Lmax = 300, Hq = 4, Hk = 2, d = 16;
+  std::vector<float> kc(B * Lmax * Hk * d), vc(kc.size()), q1(B * Hq * d), q2(q1.size());
+  std::uint64_t x = 12345;
+  auto rnd = [&x]() {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<float>((x >> 40) % 2001) / 1000.0f - 1.0f;
+  };
+  for (auto* v : {&kc, &vc, &q1, &q2})
+    for (float& e : *v) e = rnd();
+  std::vector<std::int32_t> sl = {200, 131};
+  std::vector<float> out_p(q1.size(), NAN), lse_p(B * Hq, NAN), out_d(q1.size(), NAN), lse_d(B * Hq, NAN);
+  DecodeProblem p;
+  p.q = Tensor::contiguous(q1.data(), DType::f32, {B, 1, Hq, d});
+  p.k_cache = Tensor::contiguous(kc.data(), DType::f32, {B, Lmax, Hk, d});
+  p.v_cache = Tensor::contiguous(vc.data(), DType::f32, {B, Lmax, Hk, d});
+  p.seqlens_k = sl.data();
+  p.out = Tensor::contiguous(out_p.data(), DType::f32, {B, 1, Hq, d});
+  p.lse = Tensor::contiguous(lse_p.data(), DType::f32, {B, Hq, 1});
+  const SkipConfig cfg = SkipConfig::from_threshold(0.05);
+  DecodePlan plan(p, cfg);
+  for (int step = 0; step < 2; ++step) {
+    const std::vector<float>& q = step == 0 ? q1 : q2;
+    std::fill(out_p.begin(), out_p.end(), NAN);
+    plan.run(q.data(), out_p.data(), lse_p.data());
+    DecodeProblem pd = p;
+    pd.q.data = const_cast<float*>(q.data());
+    pd.out.data = out_d.data();
+    pd.lse.data = lse_d.data();
+    decode(pd, cfg);
+    EXPECT_EQ(0, std::memcmp(out_p.data(), out_d.data(), out_p.size() * 4)) << "step " << step;
+    EXPECT_EQ(0, std::memcmp(lse_p.data(), lse_d.data(), lse_p.size() * 4)) << "step " << step;
+    kc[(0 * Lmax + 7) * Hk * d] += 1.0f;  // a cache write, then one more key each
+    for (auto& l : sl) ++l;
+  }
+  EXPECT_THROW(plan.run(q1.data(), out_p.data(), nullptr), Error);  // the plan has an lse
+  DecodeProblem nolse = p;
+  nolse.lse = Tensor{};
+  DecodePlan plan2(nolse, cfg);
+  EXPECT_THROW(plan2.run(q1.data(), out_p.data(), lse_p.data()), Error);
+  RunOptions staged;
+  staged.device = DeviceKind::cuda;
+  EXPECT_THROW(DecodePlan(p, cfg, staged), Error);
+}

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -96,7 +97,7 @@ void can_implement(const DecodeProblem& p, const ResolvedDecode& r, const SkipCo
 
 // What one call runs: the instance, the threshold rule and the split layout.
 struct Plan {
-  DecodeKernel kernel;
+  sm90::DecodeKernel kernel;
   SkipThreshold threshold;
   bool seeded = false;
   int mtiles = 1;
@@ -290,43 +291,38 @@ void run_staged(const DecodeProblem& p, const SkipConfig& skip, const RunOptions
   staging.synchronize();
 }
 
-}  // namespace
-
-void run(const DecodeProblem& p, const SkipConfig& skip, const RunOptions& opt, SkipStats* stats, LoadPath loads,
-         Warps warps) {
-  if (p.q.device == DeviceKind::cpu && opt.device == DeviceKind::cuda)
-    return run_staged(p, skip, opt, stats, loads, warps);
+// The checks of a call on device tensors (run() and a DecodePlan): the problem, the kernels'
+// limits, 16-byte aligned q / k / v.
+ResolvedDecode check_device_call(const DecodeProblem& p, const SkipConfig& skip) {
   const ResolvedDecode r = detail::validate_decode(p, DeviceKind::cuda);
-  auto stream = static_cast<cudaStream_t>(opt.stream);
   can_implement(p, r, skip);
   detail::check_aligned16(p.q, "q", kKernel);
   detail::check_aligned16(p.k_cache, "k_cache", kKernel);
   detail::check_aligned16(p.v_cache, "v_cache", kKernel);
-  const Plan pl = plan(r, skip, warps);
+  return r;
+}
 
-  const bool want_stats = wants_stats(stats, opt);
-  const bool want_hist = stats != nullptr && opt.collect_histogram;
-  detail::Workspace ws(opt, stream, "decode");
-  if (stats != nullptr && ws.capturing())
-    throw Error("decode: statistics need a synchronisation and cannot be collected during stream capture");
-  const dim3 grid(static_cast<unsigned>(r.hk), static_cast<unsigned>(pl.num_splits), static_cast<unsigned>(r.batch));
-  std::size_t need = workspace_need(r, pl, want_stats, want_hist);
-#ifdef BLASST_DECODE_TRACE
-  // Diagnostic timeline (trace builds, BLASST_DECODE_TRACE=<file>, bench/decode/trace_decode.py).
-  const char* trace_file = std::getenv("BLASST_DECODE_TRACE");
-  if (trace_file != nullptr && *trace_file == '\0') trace_file = nullptr;
-  if (trace_file != nullptr && ws.capturing()) throw Error("BLASST_DECODE_TRACE: cannot trace during stream capture");
-  const std::size_t n_ctas = static_cast<std::size_t>(grid.x) * grid.y * grid.z;
-  if (trace_file) need += detail::Workspace::bytes_for({n_ctas * kTracePoints * sizeof(unsigned long long)});
-#endif
-  ws.reserve(need);  // one pool allocation for the blocks below
+// The split-KV scratch blocks carved from ws in workspace_blocks' order: partial O, partial LSE,
+// the merge's flags.
+struct SplitScratch {
+  float* o_part;
+  float* lse_part;
+  unsigned long long* flags;
+};
+SplitScratch take_split_scratch(detail::Workspace& ws, const ResolvedDecode& r, const Plan& pl) {
   const std::size_t part_rows = partial_rows(r, pl);
-  float* o_part = ws.take<float>(part_rows * static_cast<std::size_t>(r.d));
-  float* lse_part = ws.take<float>(part_rows);
-  auto* flags = ws.take<unsigned long long>(split_flags(r, pl));
-  detail::StatCounters cnt;
-  if (want_stats) cnt = detail::StatCounters::take(ws, r.hk, want_hist, stream);
+  SplitScratch sc;
+  sc.o_part = ws.take<float>(part_rows * static_cast<std::size_t>(r.d));
+  sc.lse_part = ws.take<float>(part_rows);
+  sc.flags = ws.take<unsigned long long>(split_flags(r, pl));
+  return sc;
+}
 
+// The kernel's parameters of a call: the problem's addresses and strides, the plan's layout and
+// threshold, the scratch blocks, the caches' tensor maps (LoadPath::automatic where a map
+// describes the cache).
+Params launch_params(const DecodeProblem& p, const ResolvedDecode& r, const Plan& pl, const SplitScratch& sc,
+                     const detail::StatCounters& cnt, LoadPath loads) {
   Params kp{};
   kp.q = p.q.data;
   kp.q_sb = p.q.stride[0]; kp.q_st = p.q.stride[1]; kp.q_sh = p.q.stride[2];
@@ -346,8 +342,8 @@ void run(const DecodeProblem& p, const SkipConfig& skip, const RunOptions& opt, 
   kp.threshold = pl.threshold;
   kp.split_tiles = static_cast<int>(pl.split_tiles); kp.num_splits = static_cast<int>(pl.num_splits);
   kp.seeded = pl.seeded ? 1 : 0;
-  kp.o_part = o_part; kp.lse_part = lse_part;
-  kp.split_flags = flags;
+  kp.o_part = sc.o_part; kp.lse_part = sc.lse_part;
+  kp.split_flags = sc.flags;
   kp.split_epoch = next_epoch();
   kp.out = p.out.data;
   kp.out_dtype = p.out.dtype;
@@ -364,6 +360,40 @@ void run(const DecodeProblem& p, const SkipConfig& skip, const RunOptions& opt, 
   // when asked) 16-byte cp.async per thread.
   kp.tma = 0;
   if (loads == LoadPath::automatic && make_kv_maps(p, r, pl, &kp.tmk, &kp.tmv, &kp.tma_box_rows)) kp.tma = 1;
+  return kp;
+}
+
+}  // namespace
+
+void run(const DecodeProblem& p, const SkipConfig& skip, const RunOptions& opt, SkipStats* stats, LoadPath loads,
+         Warps warps) {
+  if (p.q.device == DeviceKind::cpu && opt.device == DeviceKind::cuda)
+    return run_staged(p, skip, opt, stats, loads, warps);
+  const ResolvedDecode r = check_device_call(p, skip);
+  auto stream = static_cast<cudaStream_t>(opt.stream);
+  const Plan pl = plan(r, skip, warps);
+
+  const bool want_stats = wants_stats(stats, opt);
+  const bool want_hist = stats != nullptr && opt.collect_histogram;
+  detail::Workspace ws(opt, stream, "decode");
+  if (stats != nullptr && ws.capturing())
+    throw Error("decode: statistics need a synchronisation and cannot be collected during stream capture");
+  const dim3 grid(static_cast<unsigned>(r.hk), static_cast<unsigned>(pl.num_splits), static_cast<unsigned>(r.batch));
+  std::size_t need = workspace_need(r, pl, want_stats, want_hist);
+#ifdef BLASST_DECODE_TRACE
+  // Diagnostic timeline (trace builds, BLASST_DECODE_TRACE=<file>, bench/decode/trace_decode.py).
+  const char* trace_file = std::getenv("BLASST_DECODE_TRACE");
+  if (trace_file != nullptr && *trace_file == '\0') trace_file = nullptr;
+  if (trace_file != nullptr && ws.capturing()) throw Error("BLASST_DECODE_TRACE: cannot trace during stream capture");
+  const std::size_t n_ctas = static_cast<std::size_t>(grid.x) * grid.y * grid.z;
+  if (trace_file) need += detail::Workspace::bytes_for({n_ctas * kTracePoints * sizeof(unsigned long long)});
+#endif
+  ws.reserve(need);  // one pool allocation for the blocks below
+  const SplitScratch sc = take_split_scratch(ws, r, pl);
+  detail::StatCounters cnt;
+  if (want_stats) cnt = detail::StatCounters::take(ws, r.hk, want_hist, stream);
+
+  Params kp = launch_params(p, r, pl, sc, cnt, loads);
 #ifdef BLASST_DECODE_TRACE
   kp.trace = trace_file ? ws.take<unsigned long long>(n_ctas * kTracePoints) : nullptr;
   if (kp.trace) BLASST_CUDA_CHECK(cudaMemsetAsync(kp.trace, 0, n_ctas * kTracePoints * sizeof(unsigned long long), stream));
@@ -427,6 +457,62 @@ int planned_warps(const DecodeProblem& p, const SkipConfig& skip, Warps warps) {
 }  // namespace blasst::sm90::decode
 
 namespace blasst::detail {
+
+// A planned call (DecodePlan): the parameters run() would build, kept with their grid, instance
+// and scratch; a run changes q, out, lse and the merge's epoch only.
+struct CudaDecodePlan {
+  sm90::decode::Params kp{};
+  dim3 grid;
+  sm90::DecodeKernel kernel;
+  void* owned = nullptr;  // scratch the plan allocated (not the caller's RunOptions::workspace)
+  int device = 0;
+  bool lse = false;
+  ~CudaDecodePlan() {
+    if (owned != nullptr) cudaFree(owned);  // no throw from a destructor; a failure here is the driver's
+  }
+};
+
+CudaDecodePlan* cuda_decode_plan(const DecodeProblem& p, const SkipConfig& skip, const RunOptions& opt) {
+  using namespace sm90::decode;
+  const ResolvedDecode r = check_device_call(p, skip);
+  const Plan pl = plan(r, skip, Warps::automatic);
+  const std::size_t need = workspace_need(r, pl, false, false);
+  auto out = std::make_unique<CudaDecodePlan>();
+  BLASST_CUDA_CHECK(cudaGetDevice(&out->device));
+  RunOptions scratch;
+  scratch.workspace = opt.workspace;
+  scratch.workspace_bytes = opt.workspace_bytes;
+  if (opt.workspace != nullptr && opt.workspace_bytes < need)
+    throw Error("RunOptions::workspace: " + std::to_string(opt.workspace_bytes) + " bytes given, the decode plan needs " +
+                std::to_string(need) + " (decode_workspace_bytes)");
+  if (opt.workspace == nullptr && need > 0) {
+    BLASST_CUDA_CHECK(cudaMalloc(&out->owned, need));
+    scratch.workspace = out->owned;
+    scratch.workspace_bytes = need;
+  }
+  Workspace ws(scratch, nullptr, "decode plan");  // carved as run() carves the pool's block
+  out->kp = launch_params(p, r, pl, take_split_scratch(ws, r, pl), StatCounters{}, LoadPath::automatic);
+  out->grid = dim3(static_cast<unsigned>(r.hk), static_cast<unsigned>(pl.num_splits), static_cast<unsigned>(r.batch));
+  out->kernel = pl.kernel;
+  out->lse = p.lse.defined();
+  return out.release();
+}
+
+void cuda_decode_plan_run(CudaDecodePlan& plan, const void* q, void* out, void* lse, void* stream) {
+  int dev = 0;
+  BLASST_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev != plan.device)
+    throw Error("DecodePlan::run: the current device is " + std::to_string(dev) + ", the plan's " +
+                std::to_string(plan.device));
+  if (reinterpret_cast<std::uintptr_t>(q) % 16 != 0) throw Error("DecodePlan::run: q must be 16-byte aligned");
+  plan.kp.q = q;
+  plan.kp.out = out;
+  if (plan.lse) plan.kp.lse = lse;
+  plan.kp.split_epoch = sm90::decode::next_epoch();
+  plan.kernel.launch(plan.kp, plan.grid, static_cast<cudaStream_t>(stream));
+}
+
+void cuda_decode_plan_free(CudaDecodePlan* plan) noexcept { delete plan; }
 
 void cuda_decode(const DecodeProblem& p, const SkipConfig& skip, const RunOptions& opt, SkipStats* stats) {
   sm90::decode::run(p, skip, opt, stats, sm90::decode::LoadPath::automatic);
