@@ -10,7 +10,8 @@ Usage: bench_eager.py OUTDIR [--quick]
    such runs). Also the pieces of a call's Python side, each timed alone.
 2. Decode at B = 1, 8, 64 and kv 8k, 32k, 128k (bf16, 32/8 heads, d 128, contiguous [B, L, Hk, d]
    caches): each method timed eagerly (N calls between two CUDA events) and as a CUDA graph of one
-   call per rotating buffer (cold L2), median of the repetitions. TB/s counts the K+V bytes.
+   call per rotating buffer (cold L2), median of the repetitions; blasst.DecodePlan.run eagerly
+   (one plan per buffer). TB/s counts the K+V bytes.
 Writes OUTDIR/eager_<date>_<commit>.{json,md}; the commit comes from BLASST_COMMIT or `git`.
 """
 import datetime
@@ -133,9 +134,9 @@ def host_rows():
     return rows
 
 
-def eager_and_graph(fn_per_buf, nbuf, reps):
+def eager_and_graph(fn_per_buf, nbuf, reps, graph=True):
     """(eager s/call, graph s/call): eager = nbuf * reps calls between two events; graph = replays
-    of a graph holding one call per buffer; medians over repetitions."""
+    of a graph holding one call per buffer (None when graph is False); medians over repetitions."""
     for i in range(nbuf):
         fn_per_buf(i)
     torch.cuda.synchronize()
@@ -148,6 +149,8 @@ def eager_and_graph(fn_per_buf, nbuf, reps):
         b.record()
         b.synchronize()
         eager.append(a.elapsed_time(b) / 1e3 / nbuf)
+    if not graph:
+        return statistics.median(eager), None
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -196,6 +199,12 @@ def decode_rows():
         e, gr = eager_and_graph(lambda i: blasst.decode(*bufs[i]), nbuf, reps)
         row.update(blasst_eager_us=e * 1e6, blasst_graph_us=gr * 1e6,
                    blasst_eager_tbs=kv_bytes / e / 1e12, blasst_graph_tbs=kv_bytes / gr / 1e12)
+        # blasst.DecodePlan (issue 18's plan / run): one plan per buffer, made before the timing;
+        # eager only (its graph would replay the same kernel as blasst.decode's)
+        plans = [blasst.DecodePlan(*b) for b in bufs]
+        e, _ = eager_and_graph(lambda i: plans[i].run(bufs[i][0]), nbuf, reps, graph=False)
+        row.update(plan_eager_us=e * 1e6, plan_eager_tbs=kv_bytes / e / 1e12)
+        plans.clear()  # before the buffers go: a plan holds its caches
         views = [(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)) for q, k, v in bufs]
         for name, be in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
             try:
@@ -208,7 +217,7 @@ def decode_rows():
                 row[f"{name}_err"] = str(ex).splitlines()[0][:160]
         rows.append(row)
         print(json.dumps(row), flush=True)
-        del bufs, views
+        bufs = views = None  # freed before empty_cache
         torch.cuda.empty_cache()
     return rows
 
@@ -232,18 +241,18 @@ def main():
              "## Host overhead per call (tiny inputs; us)", "", "| call | us |", "|---|---|"]
     lines += [f"| {r['call']} | {fmt(r['us'])} |" for r in host]
     lines += ["", "## Decode, bf16, 32/8 heads, d 128: eager and CUDA graph (us, TB/s of K+V)", "",
-              "| B | kv | blasst eager | blasst graph | cuDNN eager | cuDNN graph | flash eager | flash graph |"
-              " blasst/cuDNN (graph) |", "|---|---|---|---|---|---|---|---|---|"]
+              "| B | kv | blasst eager | DecodePlan.run eager | blasst graph | cuDNN eager | cuDNN graph | flash eager |"
+              " flash graph | blasst/cuDNN (graph) |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in dec:
         if "err" in r:
-            lines.append(f"| {r['B']} | {r['kv']} | {r['err']} | | | | | | |")
+            lines.append(f"| {r['B']} | {r['kv']} | {r['err']} | | | | | | | |")
             continue
 
         def cell(n):
             us, tbs = r.get(f"{n}_us"), r.get(f"{n}_tbs")
             return "-" if us is None else f"{us:.1f} ({tbs:.2f})"
         ratio = (r["cudnn_graph_us"] / r["blasst_graph_us"]) if r.get("cudnn_graph_us") else None
-        lines.append(f"| {r['B']} | {r['kv']} | {cell('blasst_eager')} | {cell('blasst_graph')} | "
+        lines.append(f"| {r['B']} | {r['kv']} | {cell('blasst_eager')} | {cell('plan_eager')} | {cell('blasst_graph')} | "
                      f"{cell('cudnn_eager')} | {cell('cudnn_graph')} | {cell('flash_eager')} | "
                      f"{cell('flash_graph')} | {fmt(ratio, '.3f')} |")
     with open(base + ".md", "w") as f:
