@@ -387,7 +387,6 @@ def calibrated_rows(R, args, P, cfg, blasst, tile_kw, targets, calib_targets, ca
         return fits[l] if fits[l] is not None else pooled
 
     for L in sorted(ctx_data):
-        beyond = ctx_data[L][3]
         for target in targets:
             for form in ("piecewise", "exp"):
                 if left() <= 0:

@@ -1,5 +1,4 @@
 """blasst.attention on numpy inputs (the CPU reference) against the float64 oracle."""
-import math
 import subprocess
 import sys
 

@@ -1,7 +1,6 @@
 """SPEC §4 timestep gating through blasst.diffusion."""
 import warnings
 
-import numpy as np
 import pytest
 
 import blasst

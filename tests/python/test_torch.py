@@ -254,7 +254,7 @@ def test_gpu_eager_calls_are_ordered_on_the_current_stream(cuda, gen):
 
 @pytest.mark.gpu
 def test_gpu_cuda_graph_capture_and_replay(cuda, gen):
-    B, L, H, d = 2, 700, 4, 128
+    L, H, d = 700, 4, 128  # two sequences (300, 700) in one ragged batch
     cu = torch.tensor([0, 300, 1000], dtype=torch.int32, device=cuda)
     sq = randn(gen, 1000, H, d, dtype=torch.bfloat16).to(cuda)
     sk = randn(gen, 1000, H, d, dtype=torch.bfloat16).to(cuda)

@@ -3,7 +3,6 @@
 are equal bit for bit; and each call the short path must not take reaches the generic path, with
 the generic path's messages. CPU tensors (the reference engine); the GPU side is in test_torch.py.
 """
-import numpy as np
 import pytest
 
 import blasst
