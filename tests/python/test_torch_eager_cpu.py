@@ -6,6 +6,7 @@ the generic path's messages. CPU tensors (the reference engine); the GPU side is
 import pytest
 
 import blasst
+from torch_helpers import assert_same
 from blasst import _calls
 
 torch = pytest.importorskip(
@@ -51,16 +52,6 @@ def sink_inputs(gen, B=2, L=640, hq=4, hk=2, d=32, dtype=torch.float32):
     v = randn(gen, B, L, hk, d)
     k[:, 0] = 1.5 * u
     return q.to(dtype), k.to(dtype), v.to(dtype)
-
-
-def assert_same(a, b):
-    if isinstance(a, tuple):
-        assert isinstance(b, tuple) and len(a) == len(b)
-        for x, y in zip(a, b):
-            assert_same(x, y)
-        return
-    assert a.shape == b.shape and a.dtype == b.dtype
-    assert torch.equal(a, b), f"max diff {(a.float() - b.float()).abs().max().item()}"
 
 
 @pytest.fixture
