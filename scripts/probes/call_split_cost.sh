@@ -4,20 +4,30 @@
 # read as many DRAM bytes as 39e1d43's (1.33 vs 1.35 GB, L2 hit 55 %) but its SMs were active
 # 1.87M cycles on average against 1.47M (27 % more SM time for the same kept work). Trees in .ab,
 # trimmed to the backward instances: pt = 39e1d43 (fixed order, key block 0 first), ws = main (the
-# list), ns = main with split_cap 0 (heavy blocks whole, first). Prints bench rows, then per tree
+# list), ns = main with split_cap 0 (heavy blocks whole, first), pd = main with the dQ accumulator's
+# heads one 64-row block more apart (pending/backward-dq-head-pad.patch: lockstep parts of many heads
+# add into the same row block of each head, 4 MB apart at 8k); scripts/probes/prep_split_cost.sh
+# makes them. TEST_TREES (default pd): their test_gpu_backward runs too. Prints bench rows, then per tree
 # the main kernel's duration, SM active cycles, instructions, atomics and warp stall reasons on the
 # heavy set at 70 % and the iid set at 90 %; the raw csv files in $OUT/ncu.tgz.
 # Carry .deps/cutlass .deps/include .deps/googletest .ab.
 cd "$(dirname "$0")/../.."
 S=$(date +%s); OUT=${OUT:-/tmp/split_cost}; mkdir -p "$OUT"; W=/tmp/sc; rm -rf $W; mkdir -p $W
-TREES=${TREES:-"pt ws ns"}
+TREES=${TREES:-"pt ws ns pd"}
+TEST_TREES=${TEST_TREES:-pd}
 for n in $TREES; do
+  case " $TEST_TREES " in *" $n "*) tests=ON; targets="bench_backward test_gpu_backward" ;; *) tests=OFF; targets=bench_backward ;; esac
   ( cmake -S .ab/$n -B build-ab-$n -G Ninja -DCMAKE_BUILD_TYPE=Release -DBLASST_BUILD_CLI=OFF -DBLASST_BUILD_PYTHON=OFF \
-      -DBLASST_BUILD_TESTS=OFF -DBLASST_DEPS_DIR="$PWD/.deps" -DBLASST_CUTLASS_INCLUDE="$PWD/.deps/cutlass/include" &&
-    cmake --build build-ab-$n -j 6 --target bench_backward ) > $W/build_$n.log 2>&1 &
+      -DBLASST_BUILD_TESTS=$tests -DBLASST_DEPS_DIR="$PWD/.deps" -DBLASST_CUTLASS_INCLUDE="$PWD/.deps/cutlass/include" &&
+    cmake --build build-ab-$n -j 5 --target $targets ) > $W/build_$n.log 2>&1 &
 done
 wait
 echo "built t=$(($(date +%s) - S))"; for n in $TREES; do tail -1 $W/build_$n.log; done
+for n in $TEST_TREES; do
+  T=$(find build-ab-$n -name test_gpu_backward -type f | head -1)
+  BLASST_REQUIRE_GPU=1 timeout 120 $T > $W/test_$n.log 2>&1
+  echo "$n test_gpu_backward rc=$? $(grep -E '^\[  (PASSED|FAILED) ' $W/test_$n.log | tr '\n' ' ')"; grep -E '^\[  FAILED' $W/test_$n.log | head -5
+done
 args() { echo "--b 1 --h 32 --hk 8 --d 128 --causal 1 --l 8192 --kernel wgmma --set $1 --sparsity $2"; }
 for r in 1; do for row in heavy:0.7 iid:0.9; do IFS=: read -r set sp <<< "$row"; for n in $TREES; do
   timeout 30 build-ab-$n/bench/backward/bench_backward $(args $set $sp) --iters 10 2>&1 | grep -E '^wgmma' | awk -v p="r$r $n $set" '{print p, $7, $8, $9, $10}'
