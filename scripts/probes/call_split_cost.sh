@@ -6,20 +6,21 @@
 # trimmed to the backward instances: pt = 39e1d43 (fixed order, key block 0 first), ws = main (the
 # list), ns = main with split_cap 0 (heavy blocks whole, first), pd = main with the dQ accumulator's
 # heads one 64-row block more apart (pending/backward-dq-head-pad.patch: lockstep parts of many heads
-# add into the same row block of each head, 4 MB apart at 8k); scripts/probes/prep_split_cost.sh
-# makes them. TEST_TREES (default pd): their test_gpu_backward runs too. Prints bench rows, then per tree
+# add into the same row block of each head, 4 MB apart at 8k), rt = main with the parts' walks rotated
+# (pending/backward-part-rotation.patch: no lockstep at all); scripts/probes/prep_split_cost.sh
+# makes them. TEST_TREES (default "pd rt"): their test_gpu_backward runs too. Prints bench rows, then per tree
 # the main kernel's duration, SM active cycles, instructions, atomics and warp stall reasons on the
 # heavy set at 70 % and the iid set at 90 %; the raw csv files in $OUT/ncu.tgz.
 # Carry .deps/cutlass .deps/include .deps/googletest .ab.
 cd "$(dirname "$0")/../.."
 S=$(date +%s); OUT=${OUT:-/tmp/split_cost}; mkdir -p "$OUT"; W=/tmp/sc; rm -rf $W; mkdir -p $W
-TREES=${TREES:-"pt ws ns pd"}
-TEST_TREES=${TEST_TREES:-pd}
+TREES=${TREES:-"pt ws ns pd rt"}
+TEST_TREES=${TEST_TREES:-"pd rt"}
 for n in $TREES; do
   case " $TEST_TREES " in *" $n "*) tests=ON; targets="bench_backward test_gpu_backward" ;; *) tests=OFF; targets=bench_backward ;; esac
   ( cmake -S .ab/$n -B build-ab-$n -G Ninja -DCMAKE_BUILD_TYPE=Release -DBLASST_BUILD_CLI=OFF -DBLASST_BUILD_PYTHON=OFF \
       -DBLASST_BUILD_TESTS=$tests -DBLASST_DEPS_DIR="$PWD/.deps" -DBLASST_CUTLASS_INCLUDE="$PWD/.deps/cutlass/include" &&
-    cmake --build build-ab-$n -j 5 --target $targets ) > $W/build_$n.log 2>&1 &
+    cmake --build build-ab-$n -j 4 --target $targets ) > $W/build_$n.log 2>&1 &
 done
 wait
 echo "built t=$(($(date +%s) - S))"; for n in $TREES; do tail -1 $W/build_$n.log; done
@@ -35,7 +36,8 @@ done; done; done | tee $OUT/rows.txt
 echo "rows t=$(($(date +%s) - S))"
 M=gpu__time_duration.sum,sm__cycles_active.avg,sm__cycles_active.max,smsp__inst_executed.sum,smsp__cycles_active.avg,lts__t_sectors_op_red.sum,lts__t_sector_hit_rate.pct,dram__bytes_read.sum,gpc__cycles_elapsed.avg.per_second,sm__warps_active.avg.pct_of_peak_sustained_active
 for row in heavy:0.7 iid:0.9; do IFS=: read -r set sp <<< "$row"; for n in $TREES; do
-  timeout 90 ncu --clock-control none --kernel-name regex:backward_wgmma --launch-skip 2 --launch-count 1 --section WarpStateStats \
+  [ $(($(date +%s) - S)) -gt 520 ] && { echo "no time left for ncu $n $set"; continue; }
+  timeout 60 ncu --clock-control none --kernel-name regex:backward_wgmma --launch-skip 2 --launch-count 1 --section WarpStateStats \
     --metrics $M --csv --page raw build-ab-$n/bench/backward/bench_backward $(args $set $sp) --iters 1 > $W/ncu_${n}_$set$sp.csv 2>&1
   echo "$n $set $sp rc=$?"
 done; done
