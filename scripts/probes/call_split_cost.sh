@@ -17,7 +17,7 @@ S=$(date +%s); OUT=${OUT:-/tmp/split_cost}; mkdir -p "$OUT"; W=/tmp/sc; rm -rf $
 TREES=${TREES:-"pt ws ns pd rt"}
 TEST_TREES=${TEST_TREES:-"pd rt"}
 for n in $TREES; do
-  case " $TEST_TREES " in *" $n "*) tests=ON; targets="bench_backward test_gpu_backward" ;; *) tests=OFF; targets=bench_backward ;; esac
+  case " $TEST_TREES " in *" $n "*) tests=ON; targets="bench_backward test_gpu_backward test_wgmma_layouts" ;; *) tests=OFF; targets=bench_backward ;; esac
   ( cmake -S .ab/$n -B build-ab-$n -G Ninja -DCMAKE_BUILD_TYPE=Release -DBLASST_BUILD_CLI=OFF -DBLASST_BUILD_PYTHON=OFF \
       -DBLASST_BUILD_TESTS=$tests -DBLASST_DEPS_DIR="$PWD/.deps" -DBLASST_CUTLASS_INCLUDE="$PWD/.deps/cutlass/include" &&
     cmake --build build-ab-$n -j 4 --target $targets ) > $W/build_$n.log 2>&1 &
@@ -28,6 +28,9 @@ for n in $TEST_TREES; do
   T=$(find build-ab-$n -name test_gpu_backward -type f | head -1)
   BLASST_REQUIRE_GPU=1 timeout 120 $T > $W/test_$n.log 2>&1
   echo "$n test_gpu_backward rc=$? $(grep -E '^\[  (PASSED|FAILED) ' $W/test_$n.log | tr '\n' ' ')"; grep -E '^\[  FAILED' $W/test_$n.log | head -5
+  T=$(find build-ab-$n -name test_wgmma_layouts -type f | head -1)
+  BLASST_REQUIRE_GPU=1 timeout 60 $T > $W/layouts_$n.log 2>&1
+  echo "$n test_wgmma_layouts rc=$? $(grep -E '^\[  (PASSED|FAILED) ' $W/layouts_$n.log | tr '\n' ' ')"
 done
 args() { echo "--b 1 --h 32 --hk 8 --d 128 --causal 1 --l 8192 --kernel wgmma --set $1 --sparsity $2"; }
 for r in 1; do for row in heavy:0.7 iid:0.9; do IFS=: read -r set sp <<< "$row"; for n in $TREES; do
