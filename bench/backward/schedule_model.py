@@ -10,7 +10,8 @@ first, then causal sections of SEC KV heads, key block outer) and the work list 
 order (backward_work_list.cu: heavy blocks, >= 1.5x the mean, split by query head, by section then
 longest first; the rest in the fixed order). The sets are bench_backward.cu's make_set, rebuilt here.
 
-Usage: schedule_model.py [--fix 2,4,8] ; prints model vs the H100 figures of 2026-12-07 15:04.
+Usage: schedule_model.py [--fix 2,4,8] [--part-factor 1,1.7] ; prints model vs the H100 figures of
+2026-12-07 15:04.
 """
 import argparse
 import heapq
@@ -75,29 +76,34 @@ def makespan(costs):
     return max(free)
 
 
-def orders(kept, fix):
+def orders(kept, fix, part_factor=1.0):
+    """(main order's CTA costs, the work list's, heavy blocks). part_factor: a split part's cost per
+    kept group relative to a whole block's (the list is still ordered by its own cost model)."""
     def cost(n, kh, heads):
         return fix + sum(int(kept[kh * GRP + h, :, n].sum()) for h in heads)
     main = [cost(n, kh, range(GRP)) for n, kh in fixed_order(True)]
     total = {(n, kh): int(kept[kh * GRP:(kh + 1) * GRP, :, n].sum()) for n in range(T) for kh in range(HK)}
     mean = sum(total.values()) / len(total)
     heavy = {b for b, v in total.items() if v > 0 and v >= 1.5 * mean}
-    parts = sorted(((kh // SEC, -cost(n, kh, [h])) for n, kh in heavy for h in range(GRP)))
-    listed = [-c for _, c in parts] + [cost(n, kh, range(GRP)) for n, kh in fixed_order(False) if (n, kh) not in heavy]
+    parts = sorted(((kh // SEC, -cost(n, kh, [h]), fix + part_factor * (cost(n, kh, [h]) - fix))
+                    for n, kh in heavy for h in range(GRP)))
+    listed = [c for _, _, c in parts] + [cost(n, kh, range(GRP)) for n, kh in fixed_order(False) if (n, kh) not in heavy]
     return main, listed, len(heavy)
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--fix", default="2", help="fixed cost of a CTA in vote-group steps, comma-separated")
+    ap.add_argument("--part-factor", default="1", help="a split part's cost per kept group over a whole "
+                    "block's, comma-separated (e.g. 1,1.7: the iid 90 %% arithmetic of 2026-12-07)")
     a = ap.parse_args()
-    for fix in (float(x) for x in a.fix.split(",")):
+    for fix, pf in ((float(x), float(y)) for x in a.fix.split(",") for y in a.part_factor.split(",")):
         d = makespan([fix + GRP * sum(g >= 2 * n for g in range(GROUPS)) for n, _ in fixed_order(False)])  # dense: no list
         for (kind, s), (m_main, m_list) in MEASURED.items():
-            fixed, listed, nh = orders(make_set(kind, s), fix)
+            fixed, listed, nh = orders(make_set(kind, s), fix, pf)
             t_main = makespan(fixed) / d * DENSE_MAIN_MS + FIXED_MS
             t_list = makespan(listed) / d * DENSE_MAIN_MS + FIXED_MS + LIST_MS
-            print(f"fix {fix:g} {kind} {s:.0%}: heavy blocks {nh}; main order model {t_main:.3f} ms / measured "
+            print(f"fix {fix:g} parts x{pf:g} {kind} {s:.0%}: heavy blocks {nh}; main order model {t_main:.3f} ms / measured "
                   f"{m_main:.3f} ({m_main / t_main - 1:+.0%}); work list model {t_list:.3f} / measured {m_list:.3f} "
                   f"({m_list / t_list - 1:+.0%})")
 
