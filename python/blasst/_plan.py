@@ -10,6 +10,7 @@ order them on one stream (the current one at each run), or make a plan per strea
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Optional
 
 import torch
@@ -20,6 +21,11 @@ from ._skip import SkipSoftmax
 
 _core = _calls._core
 _f32 = torch.float32
+
+
+def _meta(x):
+    """What a run's tensor must share with the plan's: shape, strides, dtype and device."""
+    return (tuple(x.shape), x.stride(), x.dtype, x.device)
 
 
 class DecodePlan:
@@ -35,11 +41,9 @@ class DecodePlan:
     def __init__(self, q, k_cache, v_cache, *, page_table=None, seqlens=None,
                  max_seqlen_k: Optional[int] = None, skip: Optional[SkipSoftmax] = None,
                  scale: Optional[float] = None, causal: bool = True, return_lse: bool = False):
-        for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
-            if not isinstance(x, torch.Tensor):
-                raise TypeError(f"{name}: DecodePlan takes torch tensors, got {type(x).__name__}")
-        for name, x in (("page_table", page_table), ("seqlens", seqlens)):
-            if x is not None and not isinstance(x, torch.Tensor):
+        for name, x, optional in (("q", q, False), ("k_cache", k_cache, False), ("v_cache", v_cache, False),
+                                  ("page_table", page_table, True), ("seqlens", seqlens, True)):
+            if not (isinstance(x, torch.Tensor) or (optional and x is None)):
                 raise TypeError(f"{name}: DecodePlan takes torch tensors, got {type(x).__name__}")
         if q.dim() != 4 or not 1 <= q.shape[1] <= DECODE_MAX_Q_LEN:
             raise ValueError(f"q: expected [B, q_len, Hq, d] with 1 <= q_len <= {DECODE_MAX_Q_LEN}, "
@@ -51,44 +55,39 @@ class DecodePlan:
                 max_seqlen_k = int(k_cache.shape[1])
         max_seqlen_k = _calls._opt_int("max_seqlen_k", max_seqlen_k)
         self._qs, self._vs = tuple(q.shape), tuple(v_cache.shape)
-        self._lse_shape = tuple(_calls.decode_shapes(self._qs, self._vs)[1])
         self._return_lse = bool(return_lse)
-        self._q_meta = (self._qs, q.stride(), q.dtype, q.device)
+        self._q_meta = _meta(q)
         out, lse = _torch_eager._outputs(q, self._qs, self._vs, False, self._return_lse)  # decode's outputs
-        self._out_meta = (tuple(out.shape), out.stride(), out.dtype, out.device)
-        self._lse_meta = None if lse is None else (tuple(lse.shape), lse.stride(), lse.dtype, lse.device)
+        self._out_meta = _meta(out)
+        self._lse_meta = None if lse is None else _meta(lse)
         cfg = None if skip is None else _calls._effective_skip(skip)[0]
-        export = torch._C._to_dlpack
         self._keep = (k_cache, v_cache, page_table, seqlens)  # the plan reads them at every run
-        args = (export(q.detach()), export(k_cache.detach()), export(v_cache.detach()), export(out),
-                None if lse is None else export(lse), None if page_table is None else export(page_table),
-                None if seqlens is None else export(seqlens), max_seqlen_k, bool(causal),
+        export, opt_export = _torch_eager._export, _torch_eager._opt_export
+        args = (export(q), export(k_cache), export(v_cache), export(out), opt_export(lse),
+                opt_export(page_table), opt_export(seqlens), max_seqlen_k, bool(causal),
                 None if scale is None else float(scale), cfg)
         switch = _torch_eager._stream_and_device(q)[1]  # the plan is made on q's device
-        if switch is None:
+        with contextlib.nullcontext() if switch is None else torch.cuda.device(switch):
             self._plan = _core.DecodePlan(*args, num_threads=_calls._settings["num_threads"])
-        else:
-            with torch.cuda.device(switch):
-                self._plan = _core.DecodePlan(*args, num_threads=_calls._settings["num_threads"])
 
     def run(self, q, out=None, lse=None):
         """Attention of q against the planned caches: out (and lse with return_lse), as
         blasst.decode returns them. out / lse: tensors to write (the plan's shapes, dtypes and
         strides), else new ones."""
-        meta = (tuple(q.shape), q.stride(), q.dtype, q.device)
+        meta = _meta(q)
         if meta != self._q_meta:
             raise ValueError(f"q: the plan was made for shape {self._q_meta[0]}, strides "
                              f"{self._q_meta[1]}, {self._q_meta[2]} on {self._q_meta[3]}; got shape "
                              f"{meta[0]}, strides {meta[1]}, {meta[2]} on {meta[3]}")
         if out is None:
             out = _torch_eager._outputs(q, self._qs, self._vs, False, False)[0]
-        elif (tuple(out.shape), out.stride(), out.dtype, out.device) != self._out_meta:
+        elif _meta(out) != self._out_meta:
             raise ValueError(f"out: expected shape {self._out_meta[0]}, strides {self._out_meta[1]}, "
                              f"{self._out_meta[2]} on {self._out_meta[3]}")
         if self._return_lse:
             if lse is None:
-                lse = q.new_empty(self._lse_shape, dtype=_f32)
-            elif (tuple(lse.shape), lse.stride(), lse.dtype, lse.device) != self._lse_meta:
+                lse = q.new_empty(self._lse_meta[0], dtype=_f32)
+            elif _meta(lse) != self._lse_meta:
                 raise ValueError(f"lse: expected shape {self._lse_meta[0]}, strides {self._lse_meta[1]}, "
                                  f"{self._lse_meta[2]} on {self._lse_meta[3]}")
         elif lse is not None:
