@@ -11,7 +11,8 @@
 # makes them. TEST_TREES (default "pd rt"): their test_gpu_backward runs too. Prints bench rows, then per tree
 # the main kernel's duration, SM active cycles, instructions, atomics and warp stall reasons on the
 # heavy set at 70 % and the iid set at 90 %; the raw csv files in $OUT/ncu.tgz.
-# Carry .deps/cutlass .deps/include .deps/googletest .ab.
+# Carry .deps/cutlass .deps/include .deps/googletest .ab. Ran on 2026-12-07 20:19 (H200, bench/RESULTS.md: pd and rt refuted);
+# prep_split_cost.sh no longer makes pd / rt (TREES="pt ws ns" for a rerun).
 cd "$(dirname "$0")/../.."
 S=$(date +%s); OUT=${OUT:-/tmp/split_cost}; mkdir -p "$OUT"; W=/tmp/sc; rm -rf $W; mkdir -p $W
 TREES=${TREES:-"pt ws ns pd rt"}
