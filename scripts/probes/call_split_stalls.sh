@@ -39,5 +39,7 @@ for n in $NCU_TREES; do
     --section SourceCounters --section WarpStateStats --section SchedulerStats --import-source no \
     --export $OUT/src_$n --force-overwrite build-ab-$n/bench/backward/bench_backward $(args heavy 0.7) --iters 1 > $W/ncu_$n.txt 2>&1
   echo "ncu $n rc=$? $(ls -la $OUT/src_$n.ncu-rep 2>/dev/null | awk '{print $5}') t=$(($(date +%s) - S))"
+  # a fallback if the report is over what comes back: the SASS source page as csv (stall columns per PC)
+  timeout 60 ncu --import $OUT/src_$n.ncu-rep --page source --csv --print-source sass 2>&1 | gzip > $OUT/src_${n}_sass.csv.gz
 done
 (cd /tmp && tar czf $OUT/logs.tgz ss); echo "done t=$(($(date +%s) - S))"
