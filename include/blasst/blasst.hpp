@@ -78,8 +78,9 @@ struct AttentionProblem {
   const std::int32_t* cu_seqlens_q = nullptr;
   const std::int32_t* cu_seqlens_k = nullptr;
   std::int64_t batch = 0;  // number of sequences when ragged; ignored otherwise
-  // Upper bounds of the per-sequence lengths. With device-resident offsets, giving both keeps the
-  // call free of host synchronisation (CUDA-graph capturable); 0 = read the offsets (a copy).
+  // Upper bounds of the per-sequence lengths (ragged; at most the total rows of q / k, else an
+  // error). With device-resident offsets, giving both keeps the call free of host
+  // synchronisation (CUDA-graph capturable); 0 = read the offsets (a copy).
   std::int64_t max_seqlen_q = 0;
   std::int64_t max_seqlen_k = 0;
   MaskKind mask = MaskKind::full;
@@ -101,7 +102,8 @@ struct DecodeProblem {
   const std::int32_t* page_table = nullptr;
   std::int64_t page_table_stride = 0;
   const std::int32_t* seqlens_k = nullptr;  // [B] cached lengths; nullptr: all Lmax (contiguous)
-  // Upper bound of seqlens_k; with device-resident seqlens it avoids a synchronising copy.
+  // Upper bound of seqlens_k (at most the cache capacity, else an error); with device-resident
+  // seqlens it avoids a synchronising copy.
   std::int64_t max_seqlen_k = 0;
   Tensor out;                               // [B, q_len, Hq, dv]
   Tensor lse;                               // optional [B, Hq, q_len]

@@ -8,6 +8,7 @@ or the kernels on the caller's current stream (CUDA tensors).
 """
 from __future__ import annotations
 
+import operator
 from typing import Optional, Tuple
 
 from . import _core
@@ -71,9 +72,9 @@ def _opt_int(name: str, v) -> int:
         return 0
     if isinstance(v, bool):
         raise ValueError(f"{name}: expected an int, got {v!r}")
-    try:
-        iv = int(v)
-    except (TypeError, ValueError):
+    try:  # an integer (int, numpy or 0-d torch integer); not a float, which int() would truncate
+        iv = operator.index(v)
+    except TypeError:
         raise ValueError(f"{name}: expected an int, got {v!r}") from None
     if iv < 0:
         raise ValueError(f"{name}: must be >= 0, got {v!r}")

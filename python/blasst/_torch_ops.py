@@ -186,7 +186,8 @@ def attention_op(q, k, v, causal, scale, skip, cu_seqlens_q, cu_seqlens_k, max_s
         isinstance(x, torch.Tensor) and x.requires_grad for x in (q, k, v))
     out, lse, _ = torch.ops.blasst.attention(
         q, k, v, _as_tensor(cu_seqlens_q, "cu_seqlens_q"), _as_tensor(cu_seqlens_k, "cu_seqlens_k"),
-        int(max_seqlen_q or 0), int(max_seqlen_k or 0), bool(causal), _calls.opt_scale(scale),
+        _calls._opt_int("max_seqlen_q", max_seqlen_q),
+        _calls._opt_int("max_seqlen_k", max_seqlen_k), bool(causal), _calls.opt_scale(scale),
         skip_to_str(skip), bool(return_lse) or wants_grad, wants_grad)
     return (out, lse) if return_lse else out
 
@@ -195,6 +196,6 @@ def decode_op(q, k_cache, v_cache, page_table, seqlens, max_seqlen_k, skip, scal
               return_lse):
     out, lse = torch.ops.blasst.decode(
         q, k_cache, v_cache, _as_tensor(page_table, "page_table"), _as_tensor(seqlens, "seqlens"),
-        int(max_seqlen_k or 0), skip_to_str(skip), _calls.opt_scale(scale), bool(causal),
-        bool(return_lse))
+        _calls._opt_int("max_seqlen_k", max_seqlen_k), skip_to_str(skip), _calls.opt_scale(scale),
+        bool(causal), bool(return_lse))
     return (out, lse) if return_lse else out

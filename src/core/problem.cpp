@@ -257,6 +257,14 @@ ResolvedAttention validate_attention(const AttentionProblem& p, DeviceKind devic
   if (p.batch >= kI32Max) throw Error("batch: " + std::to_string(p.batch) + " is too large");
   r.batch = p.batch;
   const std::int64_t tq = p.q.shape[0], tk = p.k.shape[0];
+  // No sequence is longer than the whole token axis: a larger bound is a wrong argument (and would
+  // size the kernels' grids for sequences that cannot exist).
+  if (p.max_seqlen_q > tq)
+    throw Error("max_seqlen_q = " + std::to_string(p.max_seqlen_q) + " exceeds the total query rows q.shape[0] (" +
+                std::to_string(tq) + ")");
+  if (p.max_seqlen_k > tk)
+    throw Error("max_seqlen_k = " + std::to_string(p.max_seqlen_k) + " exceeds the total key rows k.shape[0] (" +
+                std::to_string(tk) + ")");
   if (device != DeviceKind::cpu && p.max_seqlen_q > 0 && p.max_seqlen_k > 0) {
     // Capture-safe path: device offsets are not read; the kernels trust the bounds.
     r.max_q_len = p.max_seqlen_q;
@@ -364,11 +372,12 @@ ResolvedDecode validate_decode(const DecodeProblem& p, DeviceKind device) {
       throw Error("page_table_stride is set but page_table is nullptr");
   }
 
+  // No sequence is longer than the cache holds, on either path below.
+  if (p.max_seqlen_k > capacity)
+    throw Error("max_seqlen_k = " + std::to_string(p.max_seqlen_k) + " exceeds the cache capacity " +
+                std::to_string(capacity));
   if (device != DeviceKind::cpu && p.max_seqlen_k > 0 && p.seqlens_k) {
     // Capture-safe path: device lengths and page table are not read; kernels trust the bound.
-    if (p.max_seqlen_k > capacity)
-      throw Error("max_seqlen_k = " + std::to_string(p.max_seqlen_k) + " exceeds the cache capacity " +
-                  std::to_string(capacity));
     r.max_k_len = p.max_seqlen_k;
     return r;
   }

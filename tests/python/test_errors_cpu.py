@@ -81,6 +81,32 @@ def test_negative_max_seqlen(rng):
         blasst.attention(q, q, q, cu_seqlens_q=[0, 10], cu_seqlens_k=[0, 10], max_seqlen_q=-1)
 
 
+def test_max_seqlen_must_be_an_integer_within_the_tokens(rng):
+    q = rng.standard_normal((10, 2, 8)).astype(np.float32)
+    ragged = dict(cu_seqlens_q=[0, 4, 10], cu_seqlens_k=[0, 4, 10])
+    # a float is refused, not truncated (300.7 used to run as 300)
+    with pytest.raises(ValueError, match=r"^max_seqlen_k: expected an int, got 6.5"):
+        blasst.attention(q, q, q, max_seqlen_k=6.5, **ragged)
+    # no sequence is longer than all the rows together
+    with pytest.raises(ValueError, match=r"max_seqlen_q = 11 exceeds the total query rows q.shape\[0\] \(10\)"):
+        blasst.attention(q, q, q, max_seqlen_q=11, **ragged)
+    with pytest.raises(ValueError, match=r"max_seqlen_k = 11 exceeds the total key rows k.shape\[0\] \(10\)"):
+        blasst.attention(q, q, q, max_seqlen_k=11, **ragged)
+    # numpy integers are integers; the bound may exceed the longest sequence (6) up to the rows
+    out = blasst.attention(q, q, q, max_seqlen_q=np.int64(10), max_seqlen_k=np.int32(10), **ragged)
+    np.testing.assert_array_equal(out, blasst.attention(q, q, q, **ragged))
+
+
+def test_decode_max_seqlen_beyond_capacity(rng):
+    q = rng.standard_normal((1, 1, 2, 8)).astype(np.float32)
+    cache = rng.standard_normal((1, 32, 2, 8)).astype(np.float32)
+    with pytest.raises(ValueError, match=r"max_seqlen_k = 33 exceeds the cache capacity 32"):
+        blasst.decode(q, cache, cache, max_seqlen_k=33)
+    with pytest.raises(ValueError, match=r"^max_seqlen_k: expected an int, got 32.0"):
+        blasst.decode(q, cache, cache, max_seqlen_k=32.0)
+    np.testing.assert_array_equal(blasst.decode(q, cache, cache, max_seqlen_k=32), blasst.decode(q, cache, cache))
+
+
 def test_page_table_out_of_range(rng):
     q = rng.standard_normal((1, 1, 2, 8)).astype(np.float32)
     pool = rng.standard_normal((4, 16, 2, 8)).astype(np.float32)

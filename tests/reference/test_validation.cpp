@@ -93,6 +93,14 @@ TEST(Validation, RaggedOffsets) {
     p.max_seqlen_k = -1;
     expect_error([&] { reference::attention(p); }, "max_seqlen_k must be >= 0");
     p.max_seqlen_k = 30;
+    p.max_seqlen_q = 31;  // longer than all 30 query rows together
+    expect_error([&] { reference::attention(p); }, "max_seqlen_q = 31 exceeds the total query rows q.shape[0] (30)");
+    p.max_seqlen_q = 20;
+    p.max_seqlen_k = 51;  // longer than all 50 key rows
+    expect_error([&] { reference::attention(p); }, "max_seqlen_k = 51 exceeds the total key rows k.shape[0] (50)");
+    p.max_seqlen_k = 50;  // an upper bound: above the longest sequence (30) is fine
+    EXPECT_NO_THROW(reference::attention(p));
+    p.max_seqlen_k = 30;
     EXPECT_NO_THROW(reference::attention(p));
     auto r = detail::validate_attention(p, DeviceKind::cpu);
     EXPECT_EQ(r.max_q_len, 20);
@@ -137,6 +145,13 @@ TEST(Validation, Decode) {
   { auto p = make(); p.seqlens_k = nullptr; expect_error([&] { reference::decode(p); }, "seqlens_k: required"); }
   { auto p = make(); p.page_table_stride = 0; expect_error([&] { reference::decode(p); }, "page_table_stride"); }
   { auto p = make(); p.max_seqlen_k = 23; expect_error([&] { reference::decode(p); }, "max_seqlen_k = 23"); }
+  {  // above the cache capacity (3 pages of the paged cache): refused on the CPU path too
+    auto p = make();
+    p.max_seqlen_k = p.page_table_stride * p.k_cache.shape[1] + 1;
+    expect_error([&] { reference::decode(p); }, "exceeds the cache capacity");
+    p.max_seqlen_k = p.page_table_stride * p.k_cache.shape[1];
+    EXPECT_NO_THROW(reference::decode(p));
+  }
   { auto p = make(); p.v_cache.shape[1] = 4; expect_error([&] { reference::decode(p); }, "v_cache: dimension 1"); }
   { auto p = make(); p.k_cache.dtype = DType::f64; expect_error([&] { reference::decode(p); }, "k_cache: dtype f64"); }
   { auto p = make(); p.lse.shape[2] = 2; expect_error([&] { reference::decode(p); }, "lse: dimension 2"); }
