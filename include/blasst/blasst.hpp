@@ -101,6 +101,9 @@ struct DecodeProblem {
   Tensor k_cache, v_cache;
   const std::int32_t* page_table = nullptr;
   std::int64_t page_table_stride = 0;
+  // The table's columns, max_pages_per_seq (<= page_table_stride; 0: page_table_stride): a
+  // sequence holds at most max_pages_per_seq * page_size keys.
+  std::int64_t page_table_cols = 0;
   const std::int32_t* seqlens_k = nullptr;  // [B] cached lengths; nullptr: all Lmax (contiguous)
   // Upper bound of seqlens_k (at most the cache capacity, else an error); with device-resident
   // seqlens it avoids a synchronising copy.

@@ -252,9 +252,29 @@ blasst::DecodeProblem decode_problem(const InArray& q, const InArray& k_cache, c
   p.v_cache = to_tensor(v_cache, "v_cache");
   p.out = to_tensor(out, "out");
   if (lse) p.lse = to_tensor(*lse, "lse");
-  if (page_table)
+  // One row of the page table and one length per sequence (q's batch); the table's columns bound
+  // what a sequence may hold (a column slice of a wider table keeps its parent's row stride).
+  const std::int64_t batch = p.q.rank > 0 ? p.q.shape[0] : 0;
+  if (page_table) {
     p.page_table = index_array(*page_table, "page_table", p.q.device, 2, &p.page_table_stride);
-  if (seqlens) p.seqlens_k = index_array(*seqlens, "seqlens", p.q.device, 1);
+    if (static_cast<std::int64_t>(page_table->shape(0)) != batch)
+      throw Error("page_table: expected one row per sequence (" + std::to_string(batch) + "), got " +
+                  std::to_string(page_table->shape(0)) + " rows");
+    p.page_table_cols = static_cast<std::int64_t>(page_table->shape(1));
+    if (p.page_table_cols < 1) throw Error("page_table: needs >= 1 column (pages per sequence)");
+    if (p.page_table_stride < p.page_table_cols) {  // one row (stride unused) or overlapping rows
+      if (page_table->shape(0) > 1)
+        throw Error("page_table: rows overlap (row stride " + std::to_string(p.page_table_stride) + " < " +
+                    std::to_string(p.page_table_cols) + " columns)");
+      p.page_table_stride = p.page_table_cols;
+    }
+  }
+  if (seqlens) {
+    p.seqlens_k = index_array(*seqlens, "seqlens", p.q.device, 1);
+    if (static_cast<std::int64_t>(seqlens->shape(0)) != batch)
+      throw Error("seqlens: expected one length per sequence (" + std::to_string(batch) + "), got " +
+                  std::to_string(seqlens->shape(0)));
+  }
   p.max_seqlen_k = max_seqlen_k;
   return p;
 }

@@ -32,7 +32,8 @@ struct ResolvedDecode {
   bool paged = false;
   std::int64_t page_size = 0, num_pages = 0, max_pages_per_seq = 0;
   // Per sequence (host copy); empty for device seqlens_k with max_seqlen_k given (not read).
-  // Paged: max_pages_per_seq = page_table_stride, capacity = stride * page_size.
+  // Paged: max_pages_per_seq = page_table_stride (the rows' stride), capacity = page_table_cols
+  // (or the stride) * page_size.
   std::vector<std::int64_t> k_len;
   std::int64_t max_k_len = 0;
   double scale = 0.0;

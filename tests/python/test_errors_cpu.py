@@ -122,6 +122,29 @@ def test_seqlens_beyond_capacity(rng):
         blasst.decode(q, cache, cache, seqlens=np.array([33], np.int32))
 
 
+def test_seqlens_and_page_table_rows_match_the_batch(rng):
+    q = rng.standard_normal((2, 1, 2, 8)).astype(np.float32)
+    cache = rng.standard_normal((2, 32, 2, 8)).astype(np.float32)
+    with pytest.raises(ValueError, match=r"^seqlens: expected one length per sequence \(2\), got 3"):
+        blasst.decode(q, cache, cache, seqlens=np.array([5, 6, 7], np.int32))
+    pool = rng.standard_normal((6, 16, 2, 8)).astype(np.float32)
+    with pytest.raises(ValueError, match=r"^page_table: expected one row per sequence \(2\), got 1 rows"):
+        blasst.decode(q, pool, pool, page_table=np.array([[0, 1]], np.int32), seqlens=np.array([5, 6], np.int32))
+
+
+def test_page_table_column_slice_bounds_the_capacity(rng):
+    # A column slice of a wider table: its rows keep the parent's stride (4), but a sequence may
+    # only use the slice's 2 columns (32 keys); the third column is not part of the table.
+    q = rng.standard_normal((2, 1, 2, 8)).astype(np.float32)
+    pool = rng.standard_normal((8, 16, 2, 8)).astype(np.float32)
+    wide = np.array([[0, 1, 2, 3], [4, 5, 6, 7]], np.int32)
+    with pytest.raises(ValueError, match=r"seqlens_k\[1\] = 40 must lie in \[0, 32\]"):
+        blasst.decode(q, pool, pool, page_table=wide[:, :2], seqlens=np.array([20, 40], np.int32))
+    lens = np.array([20, 32], np.int32)
+    np.testing.assert_array_equal(blasst.decode(q, pool, pool, page_table=wide[:, :2], seqlens=lens),
+                                  blasst.decode(q, pool, pool, page_table=wide[:, :2].copy(), seqlens=lens))
+
+
 def test_paged_without_seqlens(rng):
     q = rng.standard_normal((1, 1, 2, 8)).astype(np.float32)
     pool = rng.standard_normal((4, 16, 2, 8)).astype(np.float32)

@@ -145,6 +145,18 @@ TEST(Validation, Decode) {
   { auto p = make(); p.seqlens_k = nullptr; expect_error([&] { reference::decode(p); }, "seqlens_k: required"); }
   { auto p = make(); p.page_table_stride = 0; expect_error([&] { reference::decode(p); }, "page_table_stride"); }
   { auto p = make(); p.max_seqlen_k = 23; expect_error([&] { reference::decode(p); }, "max_seqlen_k = 23"); }
+  {  // the table's columns bound the capacity (a column slice of a wider table keeps its stride)
+    auto p = make();
+    p.page_table_cols = 4;
+    expect_error([&] { reference::decode(p); }, "page_table_cols = 4 must lie in [0, page_table_stride = 3]");
+    p.page_table_cols = 2;  // 16 keys a sequence: seqlens 20 and 24 no longer fit
+    expect_error([&] { reference::decode(p); }, "seqlens_k[0] = 20 must lie in [0, 16]");
+    sl[0] = 16;
+    sl[1] = 9;
+    EXPECT_NO_THROW(reference::decode(p));
+    sl[0] = 20;
+    sl[1] = 24;
+  }
   {  // above the cache capacity (3 pages of the paged cache): refused on the CPU path too
     auto p = make();
     p.max_seqlen_k = p.page_table_stride * p.k_cache.shape[1] + 1;
