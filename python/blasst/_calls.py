@@ -57,7 +57,13 @@ def decode_shapes(qs, vs):
 
 
 def opt_scale(scale) -> Optional[float]:
-    return None if scale is None else float(scale)
+    """scale as a float (None: 1/sqrt(d)); a string or a bool is refused, not parsed (float("2")
+    would take it). C++ checks the value (finite, > 0)."""
+    if scale is None:
+        return None
+    if isinstance(scale, (str, bytes, bool)):
+        raise TypeError(f"scale: expected a number, got {type(scale).__name__} {scale!r}")
+    return float(scale)
 
 
 def _shape(x, name: str) -> Tuple[int, ...]:

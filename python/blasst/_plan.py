@@ -65,7 +65,7 @@ class DecodePlan:
         export, opt_export = _torch_eager._export, _torch_eager._opt_export
         args = (export(q), export(k_cache), export(v_cache), export(out), opt_export(lse),
                 opt_export(page_table), opt_export(seqlens), max_seqlen_k, bool(causal),
-                None if scale is None else float(scale), cfg)
+                _calls.opt_scale(scale), cfg)
         switch = _torch_eager._stream_and_device(q)[1]  # the plan is made on q's device
         with contextlib.nullcontext() if switch is None else torch.cuda.device(switch):
             self._plan = _core.DecodePlan(*args, num_threads=_calls._settings["num_threads"])

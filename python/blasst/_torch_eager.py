@@ -101,7 +101,7 @@ def attention(q, k, v, causal, scale, skip, cu_seqlens_q, cu_seqlens_k, max_seql
                 _export(q), _export(k), _export(v), _to_dlpack(out),
                 None if lse is None else _to_dlpack(lse), _opt_export(cu_seqlens_q),
                 _opt_export(cu_seqlens_k), max_seqlen_q or 0, max_seqlen_k or 0, bool(causal),
-                None if scale is None else float(scale), cfg, stream, None, False, False,
+                _calls.opt_scale(scale), cfg, stream, None, False, False,
                 _settings["num_threads"])
 
 
@@ -123,5 +123,5 @@ def decode(q, k_cache, v_cache, page_table, seqlens, max_seqlen_k, skip, scale, 
                 _export(q), _export(k_cache), _export(v_cache), _to_dlpack(out),
                 None if lse is None else _to_dlpack(lse), _opt_export(page_table),
                 _opt_export(seqlens), max_seqlen_k or 0, bool(causal),
-                None if scale is None else float(scale), cfg, stream, None, False, False,
+                _calls.opt_scale(scale), cfg, stream, None, False, False,
                 _settings["num_threads"])

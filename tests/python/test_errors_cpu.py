@@ -55,6 +55,11 @@ def test_bad_scale(qkv):
         blasst.attention(*qkv, scale=float("nan"))
     with pytest.raises(ValueError, match=r"^scale must be finite and > 0, got -1"):
         blasst.attention(*qkv, scale=-1.0)
+    # a string is refused, not parsed (float("0.25") would take it); so is a bool
+    with pytest.raises(TypeError, match=r"^scale: expected a number, got str '0.25'"):
+        blasst.attention(*qkv, scale="0.25")
+    with pytest.raises(TypeError, match=r"^scale: expected a number, got bool True"):
+        blasst.attention(*qkv, scale=True)
 
 
 def test_cu_seqlens_dtype(rng):

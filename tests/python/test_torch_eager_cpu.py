@@ -163,10 +163,23 @@ def test_calls_it_does_not_take_reach_the_generic_path(gen, generic):
     (lambda q, k, v: blasst.decode(q, k, v), r"q_len: blasst.decode takes 1 to 8"),
     (lambda q, k, v: blasst.decode(q[:, :1], k, v, max_seqlen_k=True),
      r"max_seqlen_k: expected an int"),
+    (lambda q, k, v: blasst.decode(q[:, :1], k, v, max_seqlen_k=64.0),
+     r"max_seqlen_k: expected an int, got 64.0"),
 ])
 def test_bad_calls_get_the_generic_messages(gen, generic, call, match):
     q, k, v = sink_inputs(gen, B=1, L=64)
     with pytest.raises(ValueError, match=match):
+        call(q, k, v)
+
+
+@pytest.mark.parametrize("call", [
+    lambda q, k, v: blasst.attention(q, k, v, scale="0.25"),
+    lambda q, k, v: blasst.decode(q[:, :1], k, v, scale="0.25"),
+    lambda q, k, v: blasst.DecodePlan(q[:, :1], k, v, scale="0.25"),
+])
+def test_a_string_scale_is_refused_on_the_fast_path(gen, call):
+    q, k, v = sink_inputs(gen, B=1, L=64)
+    with pytest.raises(TypeError, match=r"^scale: expected a number, got str '0.25'"):
         call(q, k, v)
     assert generic != []  # the message came from the generic path
 
