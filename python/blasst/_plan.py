@@ -74,20 +74,26 @@ class DecodePlan:
         """Attention of q against the planned caches: out (and lse with return_lse), as
         blasst.decode returns them. out / lse: tensors to write (the plan's shapes, dtypes and
         strides), else new ones."""
-        meta = _meta(q)
+        try:
+            meta = _meta(q)
+        except AttributeError:
+            raise TypeError(f"q: DecodePlan.run takes a torch tensor, got {type(q).__name__}") from None
+        if q.requires_grad and torch.is_grad_enabled():  # as blasst.decode: no silent lack of gradient
+            raise ValueError("DecodePlan.run is not differentiable: autograd is recording and q requires "
+                             "grad; run it under torch.no_grad() (or on a detached q)")
         if meta != self._q_meta:
             raise ValueError(f"q: the plan was made for shape {self._q_meta[0]}, strides "
                              f"{self._q_meta[1]}, {self._q_meta[2]} on {self._q_meta[3]}; got shape "
                              f"{meta[0]}, strides {meta[1]}, {meta[2]} on {meta[3]}")
         if out is None:
             out = _torch_eager._outputs(q, self._qs, self._vs, False, False)[0]
-        elif _meta(out) != self._out_meta:
+        elif not isinstance(out, torch.Tensor) or _meta(out) != self._out_meta:
             raise ValueError(f"out: expected shape {self._out_meta[0]}, strides {self._out_meta[1]}, "
                              f"{self._out_meta[2]} on {self._out_meta[3]}")
         if self._return_lse:
             if lse is None:
                 lse = q.new_empty(self._lse_meta[0], dtype=_f32)
-            elif _meta(lse) != self._lse_meta:
+            elif not isinstance(lse, torch.Tensor) or _meta(lse) != self._lse_meta:
                 raise ValueError(f"lse: expected shape {self._lse_meta[0]}, strides {self._lse_meta[1]}, "
                                  f"{self._lse_meta[2]} on {self._lse_meta[3]}")
         elif lse is not None:

@@ -113,6 +113,20 @@ def test_runs_that_do_not_match_the_plan_are_refused(gen, case, match):
         plan.run(qs, **kw)
 
 
+def test_run_refuses_what_it_cannot_take(gen):
+    q, k, v, extra, _ = caches(gen, False)
+    plan = blasst.DecodePlan(q, k, v, **extra)
+    with pytest.raises(TypeError, match=r"^q: DecodePlan.run takes a torch tensor, got ndarray"):
+        plan.run(q.numpy())
+    with pytest.raises(ValueError, match=r"^out: expected shape"):
+        plan.run(q, out=q.numpy())
+    # no gradient flows through a run: like blasst.decode, it refuses to record one silently
+    with pytest.raises(ValueError, match=r"^DecodePlan.run is not differentiable"):
+        plan.run(q.clone().requires_grad_())
+    with torch.no_grad():
+        assert_same(plan.run(q.clone().requires_grad_()), plan.run(q))
+
+
 def test_bad_plans_get_the_decode_messages(gen):
     q, k, v, extra, _ = caches(gen, False)
     with pytest.raises(ValueError, match="q_len"):
