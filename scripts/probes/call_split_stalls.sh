@@ -25,10 +25,6 @@ for n in $TREES; do
 done
 wait
 echo "built t=$(($(date +%s) - S))"; for n in $TREES; do tail -1 $W/build_$n.log; done
-for n in $TEST_TREES; do
-  BLASST_REQUIRE_GPU=1 timeout 120 build-ab-$n/tests/gpu_backward/test_gpu_backward > $W/test_$n.log 2>&1
-  echo "$n test_gpu_backward rc=$? $(grep -E '^\[  (PASSED|FAILED) ' $W/test_$n.log | tr '\n' ' ')"; grep -E '^\[  FAILED' $W/test_$n.log | head -5
-done
 args() { echo "--b 1 --h 32 --hk 8 --d 128 --causal 1 --l 8192 --kernel wgmma --set $1 --sparsity $2"; }
 for row in ${ROWS:-heavy:0.7 iid:0.9 iid:0 heavy:0.5 heavy:0.9 iid:0.5 iid:0.7}; do
   [ $(($(date +%s) - S)) -gt $((${LIMIT_S:-560} - 120)) ] && { echo "no time left for $row"; continue; }
@@ -36,6 +32,10 @@ for row in ${ROWS:-heavy:0.7 iid:0.9 iid:0 heavy:0.5 heavy:0.9 iid:0.5 iid:0.7};
   timeout 30 build-ab-$n/bench/backward/bench_backward $(args $set $sp) --iters 10 2>&1 | grep -E '^wgmma' | awk -v p="$n $set" '{print p, $7, $8, $9, $10}'
 done; done | tee $OUT/rows.txt
 echo "rows t=$(($(date +%s) - S))"
+for n in $TEST_TREES; do
+  BLASST_REQUIRE_GPU=1 timeout 120 build-ab-$n/tests/gpu_backward/test_gpu_backward > $W/test_$n.log 2>&1
+  echo "$n test_gpu_backward rc=$? $(grep -E '^\[  (PASSED|FAILED) ' $W/test_$n.log | tr '\n' ' ')"; grep -E '^\[  FAILED' $W/test_$n.log | head -5
+done
 for n in $NCU_TREES; do
   [ $(($(date +%s) - S)) -gt $((${LIMIT_S:-560} - 90)) ] && { echo "no time left for ncu $n"; continue; }
   timeout 150 ncu --clock-control none --kernel-name regex:backward_wgmma --launch-skip 2 --launch-count 1 \
