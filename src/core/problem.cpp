@@ -362,9 +362,9 @@ ResolvedDecode validate_decode(const DecodeProblem& p, DeviceKind device) {
       throw Error("page_table_cols = " + std::to_string(p.page_table_cols) + " must lie in [0, page_table_stride = " +
                   std::to_string(p.page_table_stride) + "] (0: the stride)");
     r.max_pages_per_seq = p.page_table_stride;  // the row stride the table is read with
-    const std::int64_t cols = p.page_table_cols > 0 ? p.page_table_cols : p.page_table_stride;
+    r.pages_per_seq = p.page_table_cols > 0 ? p.page_table_cols : p.page_table_stride;
     std::int64_t cap64, entries;
-    if (__builtin_mul_overflow(cols, r.page_size, &cap64) || cap64 > kI32Max)
+    if (__builtin_mul_overflow(r.pages_per_seq, r.page_size, &cap64) || cap64 > kI32Max)
       throw Error("page_table_cols * page_size = capacity per sequence exceeds the int32 range");
     if (__builtin_mul_overflow(r.batch, r.max_pages_per_seq, &entries) || entries > kI32Max)
       throw Error("page_table: batch * page_table_stride exceeds the int32 range");

@@ -30,10 +30,10 @@ struct ResolvedDecode {
   std::int64_t batch = 0, q_len = 0;
   std::int64_t hq = 0, hk = 0, d = 0, dv = 0, group = 1;
   bool paged = false;
-  std::int64_t page_size = 0, num_pages = 0, max_pages_per_seq = 0;
+  std::int64_t page_size = 0, num_pages = 0, max_pages_per_seq = 0, pages_per_seq = 0;
   // Per sequence (host copy); empty for device seqlens_k with max_seqlen_k given (not read).
-  // Paged: max_pages_per_seq = page_table_stride (the rows' stride), capacity = page_table_cols
-  // (or the stride) * page_size.
+  // Paged: max_pages_per_seq = page_table_stride (the rows' stride), pages_per_seq = the table's
+  // columns (page_table_cols, or the stride), capacity = pages_per_seq * page_size.
   std::vector<std::int64_t> k_len;
   std::int64_t max_k_len = 0;
   double scale = 0.0;

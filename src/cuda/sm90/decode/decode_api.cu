@@ -278,10 +278,9 @@ void run_staged(const DecodeProblem& p, const SkipConfig& skip, const RunOptions
   d.v_cache = staging.upload(p.v_cache);
   d.out = staging.upload(p.out);
   d.lse = staging.upload(p.lse);
-  if (p.page_table) {  // rows of page_table_stride entries; the last row's columns end the table
-    const std::int64_t cols = p.page_table_cols > 0 ? p.page_table_cols : p.page_table_stride;
-    d.page_table = staging.upload(p.page_table, static_cast<std::size_t>((r.batch - 1) * p.page_table_stride + cols));
-  }
+  if (p.page_table)  // rows of page_table_stride entries; the last row's columns end the table
+    d.page_table = staging.upload(p.page_table,
+                                  static_cast<std::size_t>((r.batch - 1) * p.page_table_stride + r.pages_per_seq));
   if (p.seqlens_k) {
     d.seqlens_k = staging.upload(p.seqlens_k, static_cast<std::size_t>(r.batch));
     d.max_seqlen_k = r.max_k_len;
