@@ -323,7 +323,9 @@ def _fit_layers(calib, H, fit_lens, n_layers, targets, phase, C, R):
             fits[l] = None
             C["layers"].append({"error": str(e)})
             C["errors"].append(f"layer {l}: {e}")
-            R["errors"].append(f"calibration {phase} layer {l}: {e} (falls to the pooled group)")
+            # not an error: the layer's rows use the pooled fit and say so ("pooled fit" in their
+            # layer_flags); the pooled fit failing below is one
+            R["notes"].append(f"calibration {phase} layer {l}: {e} (falls to the pooled group)")
     try:
         pooled = calib.fit_phase({L: [s for l in range(n_layers) for s in H[L][l]]
                                   for L in fit_lens}, targets)
@@ -570,7 +572,7 @@ def main(argv=None):
     R = {"tiny": tiny, "device": str(dev), "torch": torch.__version__, "seed": args.seed,
          "eval_only": bool(args.eval_only), "ckpt_dir": args.ckpt,
          "params": {k: v for k, v in P.items() if k != "cfg"}, "model": cfg.to_dict(),
-         "phases": {}, "rows": [], "errors": []}
+         "phases": {}, "rows": [], "errors": [], "notes": []}
     if dev.type == "cuda":
         R["gpu"] = torch.cuda.get_device_name(0)
     res_path = os.path.join(args.out, "results.json")

@@ -62,6 +62,8 @@ def markdown(R):
                     ", ".join(f"L{i} {l['bos_mass']:.3f}" for i, l in enumerate(a["layers"])) + "\n")
     if R["errors"]:
         o.write("\nErrors:\n" + "".join(f"- {e}\n" for e in R["errors"]))
+    if R.get("notes"):
+        o.write("\nNotes:\n" + "".join(f"- {e}\n" for e in R["notes"]))
     return o.getvalue()
 
 
