@@ -1,5 +1,5 @@
-// Internal CUDA helpers shared by the kernels' host code: checked calls, a device buffer and the
-// once-per-device kernel attribute.
+// Internal CUDA helpers shared by the kernels' host code: checked calls, a device buffer, the
+// once-per-device kernel attribute and the device's SM count.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -7,8 +7,10 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "blasst/blasst.hpp"
 
@@ -69,6 +71,16 @@ void set_max_dynamic_smem(int bytes, bool max_carveout = false) {
                                            cudaSharedmemCarveoutMaxShared));
   BLASST_CUDA_CHECK(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
   done.fetch_or(bit, std::memory_order_release);
+}
+
+// The SM count of device dev, cached per device (the attribute query is not free on the host).
+inline int multiprocessor_count(int dev) {
+  static std::mutex mu;
+  static std::vector<int> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  if (cache.size() <= static_cast<std::size_t>(dev)) cache.resize(dev + 1, 0);
+  if (cache[dev] == 0) BLASST_CUDA_CHECK(cudaDeviceGetAttribute(&cache[dev], cudaDevAttrMultiProcessorCount, dev));
+  return cache[dev];
 }
 
 }  // namespace blasst::detail

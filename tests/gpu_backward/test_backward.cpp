@@ -662,6 +662,40 @@ std::vector<SplitKey> expected_heavy(const Case& c, const SkipSet& set) {
   return out;
 }
 
+// The split rule from its text (backward_params.hpp): a heavy block splits, when the KV group has
+// several query heads, if its cost (kCtaFixedCost + kept groups) is above kSplitShareNum /
+// kSplitShareDen of an SM's share of the call: the kept groups of every sequence plus
+// kCtaFixedCost for each of batch x hk x (the longest sequence's key blocks), over num_sms.
+std::vector<SplitKey> expected_split(const Case& c, const SkipSet& set, i64 num_sms) {
+  std::vector<SplitKey> out;
+  const i64 group = c.hq / c.hk;
+  if (group <= 1) return out;
+  namespace bw = sm90::backward;
+  i64 call = 0, max_nb = 0;
+  std::vector<std::vector<i64>> total(std::size_t(c.nseq()));  // [b][kh * nb + n]
+  for (i64 b = 0; b < c.nseq(); ++b) {
+    const i64 nb = (c.len_k(b) + 127) / 128;
+    max_nb = std::max(max_nb, nb);
+    total[std::size_t(b)].assign(std::size_t(c.hk * nb), 0);
+    for (i64 h = 0; h < c.hq; ++h) {
+      const std::vector<i64> k = kept_groups(c, set, b, h);
+      for (i64 n = 0; n < nb; ++n) total[std::size_t(b)][std::size_t((h / group) * nb + n)] += k[std::size_t(n)];
+    }
+    for (i64 t : total[std::size_t(b)]) call += t;
+  }
+  call += bw::kCtaFixedCost * c.nseq() * c.hk * max_nb;
+  for (const SplitKey& k : expected_heavy(c, set)) {
+    const i64 nb = (c.len_k(k.b) + 127) / 128;
+    const i64 t = total[std::size_t(k.b)][std::size_t(k.kh * nb + k.n)];
+    if ((bw::kCtaFixedCost + t) * bw::kSplitShareDen * num_sms > bw::kSplitShareNum * call) out.push_back(k);
+  }
+  return out;
+}
+
+// Fewer SMs than any sm_90 part has (H20: 78): a block that splits at this count splits on the
+// device too (the rule's left side grows with the SMs).
+constexpr i64 kFewestSms = 64;
+
 // The work list's split blocks (a skip set and GQA: backward_work_list.hpp): the kernels' parts and
 // their sum against the reference, with the recorded set, with a set that skips key block 0 for
 // every vote group of one query head (that part keeps nothing: its slot must read as zeros) and
@@ -710,7 +744,7 @@ TEST(GpuBackward, WorkListSplitBlocksMatchReference) {
       for (const SkipSet* set : {&in.set, &heavy, &holed}) {
         SCOPED_TRACE(set == &holed ? "holed set" : set == &heavy ? "heavy-hitter set" : "recorded set");
         if (set != &in.set) {
-          const std::vector<SplitKey> h = expected_heavy(c, *set);
+          const std::vector<SplitKey> h = expected_split(c, *set, kFewestSms);
           ASSERT_NE(std::find(h.begin(), h.end(), SplitKey{0, 0, 0}), h.end())
               << "key block 0 of KV head 0 does not split: the case is not tested";
         }
@@ -777,6 +811,13 @@ TEST(GpuBackward, RefusesClearly) {
 #ifdef BLASST_TEST_CUDA_RUNTIME
 void check_cuda(cudaError_t e, const char* what) { ASSERT_EQ(e, cudaSuccess) << what << ": " << cudaGetErrorString(e); }
 
+int device_sms() {
+  int dev = 0, n = 0;
+  check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
+  check_cuda(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev), "SM count");
+  return n;
+}
+
 // Device buffers of the tests that call with device tensors, freed when it goes.
 struct DeviceBuffers {
   std::vector<void*> owned;
@@ -809,7 +850,9 @@ struct DeviceBuffers {
 // The work list itself (launch_work_list on the device, read back): every (KV head, key block) of
 // each sequence exactly once as a whole or, when split, as parts 0 .. group - 1 with its split
 // index; the heavy blocks those of the rule (expected_heavy, computed here from the bits), split
-// under GQA and whole under MHA; their items first, by section of the fixed launch order (causal:
+// as the split rule says (expected_split: under GQA, above an SM's share of the call; the list is
+// built for the device's SMs, where these small calls split heavy blocks, and for one SM, where
+// none splits) and whole otherwise; their items first, by section of the fixed launch order (causal:
 // its sections of KV heads; full mask: each KV head), longest first within one (costs
 // kCtaFixedCost + kept groups, non-increasing up to the width of one of its 4096 / sections
 // buckets); then every other block in the fixed order (launch_block_and_head); the counts in the
@@ -856,145 +899,156 @@ TEST(GpuBackward, WorkListCoversAndOrders) {
       const std::vector<SplitKey> want = expected_heavy(c, set);
       ASSERT_GT(want.size(), 0u) << "no heavy block: the case is not tested";
 
-      DeviceBuffers dev;
-      bw::BackwardParams p;
-      p.batch = int(c.nseq());
-      p.hq = int(c.hq);
-      p.hk = int(c.hk);
-      p.group = int(group);
-      p.causal = causal;
-      p.head_dim = 64;
-      p.num_n_blocks = int(tiles);
-      p.causal_section_heads = bw::causal_launch_section_heads(p.hk, p.group, p.num_n_blocks);
-      const std::vector<std::int32_t> cu_q = cu_seqlens(c, false), cu_k = cu_seqlens(c, true);
-      if (c.ragged()) {
-        p.cu_q = static_cast<const int*>(dev.alloc(cu_q.size() * 4));
-        p.cu_k = static_cast<const int*>(dev.alloc(cu_k.size() * 4));
-        check_cuda(cudaMemcpy(const_cast<int*>(p.cu_q), cu_q.data(), cu_q.size() * 4, cudaMemcpyHostToDevice), "cu_q");
-        check_cuda(cudaMemcpy(const_cast<int*>(p.cu_k), cu_k.data(), cu_k.size() * 4, cudaMemcpyHostToDevice), "cu_k");
-      } else {
-        p.len_q = int(c.Lq);
-        p.len_k = int(c.Lk);
+      for (const int num_sms : {device_sms(), 1}) {
+        SCOPED_TRACE("SMs " + std::to_string(num_sms));
+        const std::vector<SplitKey> want_split = expected_split(c, set, num_sms);
+        DeviceBuffers dev;
+        bw::BackwardParams p;
+        p.batch = int(c.nseq());
+        p.hq = int(c.hq);
+        p.hk = int(c.hk);
+        p.group = int(group);
+        p.causal = causal;
+        p.head_dim = 64;
+        p.num_n_blocks = int(tiles);
+        p.causal_section_heads = bw::causal_launch_section_heads(p.hk, p.group, p.num_n_blocks);
+        const std::vector<std::int32_t> cu_q = cu_seqlens(c, false), cu_k = cu_seqlens(c, true);
+        if (c.ragged()) {
+          p.cu_q = static_cast<const int*>(dev.alloc(cu_q.size() * 4));
+          p.cu_k = static_cast<const int*>(dev.alloc(cu_k.size() * 4));
+          check_cuda(cudaMemcpy(const_cast<int*>(p.cu_q), cu_q.data(), cu_q.size() * 4, cudaMemcpyHostToDevice), "cu_q");
+          check_cuda(cudaMemcpy(const_cast<int*>(p.cu_k), cu_k.data(), cu_k.size() * 4, cudaMemcpyHostToDevice), "cu_k");
+        } else {
+          p.len_q = int(c.Lq);
+          p.len_k = int(c.Lk);
+        }
+        void* bits = dev.alloc(set.bits.size());
+        check_cuda(cudaMemcpy(bits, set.bits.data(), set.bits.size(), cudaMemcpyHostToDevice), "bits");
+        p.skip_bits = static_cast<const std::uint8_t*>(bits);
+        p.skip_groups = groups;
+        p.skip_tiles = tiles;
+        p.split_cap = bw::split_capacity(p.batch, p.hk, p.group, p.num_n_blocks, p.head_dim);
+        p.work_items = bw::work_items_capacity(p.num_n_blocks, p.hk, p.group, p.split_cap);
+        std::size_t bytes[6];
+        bw::work_list_bytes(p, bytes);
+        bw::WorkListScratch scratch;
+        scratch.counts = static_cast<int*>(dev.alloc(bytes[0]));
+        scratch.split_of = static_cast<int*>(dev.alloc(bytes[1]));
+        scratch.items = static_cast<bw::WorkItem*>(dev.alloc(bytes[2]));
+        scratch.splits = static_cast<bw::SplitBlock*>(dev.alloc(bytes[3]));
+        scratch.counters = static_cast<int*>(dev.alloc(bytes[4]));
+        scratch.parts = nullptr;  // not touched by the list
+        check_cuda(cudaMemset(scratch.items, 0xff, bytes[2]), "poison items");
+        check_cuda(cudaMemset(scratch.counters, 0xff, bytes[4]), "poison counters");
+        bw::launch_work_list(p, scratch, int(max_q), num_sms, nullptr);
+        check_cuda(cudaDeviceSynchronize(), "launch_work_list");
+        std::vector<bw::WorkItem> items(bytes[2] / sizeof(bw::WorkItem));
+        std::vector<bw::SplitBlock> splits(bytes[3] / sizeof(bw::SplitBlock));
+        std::vector<int> counters(bytes[4] / 4);
+        check_cuda(cudaMemcpy(items.data(), scratch.items, bytes[2], cudaMemcpyDeviceToHost), "items");
+        if (bytes[3] > 0) check_cuda(cudaMemcpy(splits.data(), scratch.splits, bytes[3], cudaMemcpyDeviceToHost), "splits");
+        check_cuda(cudaMemcpy(counters.data(), scratch.counters, bytes[4], cudaMemcpyDeviceToHost), "counters");
+        std::vector<SplitKey> got_splits;
+        for (i64 b = 0; b < c.nseq(); ++b) {
+          SCOPED_TRACE("sequence " + std::to_string(b));
+          const i64 nb = (c.len_k(b) + 127) / 128;
+          const int nsplit = counters[std::size_t(p.batch + b)];
+          ASSERT_TRUE(nsplit >= 0 && nsplit <= p.split_cap) << nsplit;
+          std::vector<std::vector<i64>> kept(std::size_t(c.hq));
+          for (i64 h = 0; h < c.hq; ++h) kept[std::size_t(h)] = kept_groups(c, set, b, h);
+          i64 max_cost = 1;
+          for (i64 kh = 0; kh < c.hk; ++kh)
+            for (i64 n = 0; n < nb; ++n) {
+              i64 t = 0;
+              for (i64 hh = 0; hh < group; ++hh) t += kept[std::size_t(kh * group + hh)][std::size_t(n)];
+              max_cost = std::max(max_cost, bw::kCtaFixedCost + t);
+            }
+          std::vector<int> seen(std::size_t(c.hk * nb * (group + 1)), 0);  // [kh][n][part + 1]
+          std::vector<int> fixed_at(std::size_t(c.hk * nb), -1);  // (kh, n) -> its fixed launch index
+          for (int x = 0; x < int(c.hk * nb); ++x) {
+            int n = -1, kh = -1;
+            bw::launch_block_and_head(x, int(nb), p.hk, causal, p.causal_section_heads, false, n, kh);
+            fixed_at[std::size_t(kh * nb + n)] = x;
+          }
+          auto is_heavy = [&](i64 kh, i64 n) {
+            return std::find(want.begin(), want.end(), SplitKey{b, kh, n}) != want.end();
+          };
+          auto is_split = [&](i64 kh, i64 n) {
+            return std::find(want_split.begin(), want_split.end(), SplitKey{b, kh, n}) != want_split.end();
+          };
+          // Sections of the fixed order (causal: sections of KV heads; full mask: each KV head) order
+          // the heavy items; cost buckets per section: 4096 / sections.
+          auto section_of = [&](i64 kh) { return causal ? kh / p.causal_section_heads : kh; };
+          const i64 sections = causal ? (c.hk + p.causal_section_heads - 1) / p.causal_section_heads : c.hk;
+          const i64 bucket_width = (max_cost + 4096 / sections - 2) / (4096 / sections - 1);
+          i64 expect_items = 0, prev_cost = -1, prev_section = -1;
+          int prev_fixed = -1;
+          bool in_heavy = true;
+          const int count = counters[std::size_t(b)];
+          for (int i = 0; i < count; ++i) {
+            const bw::WorkItem it = items[std::size_t(b * p.work_items + i)];
+            ASSERT_TRUE(it.kh >= 0 && it.kh < c.hk && it.n_block >= 0 && it.n_block < nb && it.part >= -1 &&
+                        it.part < group) << "item " << i << " (" << it.n_block << ", " << it.kh << ", " << it.part << ")";
+            ++seen[std::size_t((it.kh * nb + it.n_block) * (group + 1) + it.part + 1)];
+            const bool heavy = is_heavy(it.kh, it.n_block);
+            if (!heavy) in_heavy = false;
+            ASSERT_TRUE(heavy == in_heavy) << "item " << i << ": a heavy block after the fixed-order ones";
+            if (heavy) {
+              const i64 sec = section_of(it.kh);
+              ASSERT_GE(sec, prev_section) << "item " << i << ": a heavy item of an earlier section after a later one";
+              if (sec != prev_section) prev_cost = -1;
+              prev_section = sec;
+            }
+            if (heavy) {
+              i64 k = 0;
+              for (i64 hh = (it.part < 0 ? 0 : it.part); hh < (it.part < 0 ? group : it.part + 1); ++hh)
+                k += kept[std::size_t(it.kh * group + hh)][std::size_t(it.n_block)];
+              const i64 cost = bw::kCtaFixedCost + k;
+              if (prev_cost >= 0)
+                ASSERT_LE(cost, prev_cost + bucket_width) << "item " << i << ": a longer one after a shorter";
+              prev_cost = cost;
+              ASSERT_EQ(it.part >= 0, is_split(it.kh, it.n_block)) << "item " << i << ": split as the rule says";
+            } else {
+              ASSERT_EQ(it.part, -1) << "item " << i;
+              const int fx = fixed_at[std::size_t(it.kh * nb + it.n_block)];
+              ASSERT_GT(fx, prev_fixed) << "item " << i << ": out of the fixed launch order";
+              prev_fixed = fx;
+            }
+            if (it.part >= 0) {
+              ASSERT_TRUE(it.split >= 0 && it.split < nsplit) << "item " << i << " split " << it.split;
+              const bw::SplitBlock sb = splits[std::size_t(b * p.split_cap + it.split)];
+              ASSERT_TRUE(sb.kh == it.kh && sb.n_block == it.n_block) << "item " << i << ": its split block differs";
+            }
+          }
+          for (int sp = 0; sp < nsplit; ++sp) {
+            const bw::SplitBlock sb = splits[std::size_t(b * p.split_cap + sp)];
+            got_splits.push_back({b, sb.kh, sb.n_block});
+          }
+          for (i64 kh = 0; kh < c.hk; ++kh)
+            for (i64 n = 0; n < nb; ++n) {
+              const bool split = is_split(kh, n);
+              const int* cnt = &seen[std::size_t((kh * nb + n) * (group + 1))];
+              ASSERT_EQ(cnt[0], split ? 0 : 1) << "(" << n << ", " << kh << ") as a whole";
+              for (i64 q = 0; q < group; ++q) ASSERT_EQ(cnt[q + 1], split ? 1 : 0) << "(" << n << ", " << kh << ") part " << q;
+              expect_items += split ? group : 1;
+            }
+          ASSERT_EQ(count, expect_items);
+        }
+        std::sort(got_splits.begin(), got_splits.end());
+        std::vector<SplitKey> want_sorted = want_split;
+        std::sort(want_sorted.begin(), want_sorted.end());
+        if (group > 1)
+          ASSERT_LE(want.size(), std::size_t(p.split_cap) * std::size_t(c.nseq())) << "the test's cap must hold every heavy block";
+        // both branches of the rule happen: on the device's SMs these small calls split heavy
+        // blocks (GQA), on one SM none (a block's cost is never above the whole call's)
+        if (group > 1 && num_sms > 1) ASSERT_GT(want_split.size(), 0u) << "no heavy block split: the case is not tested";
+        if (num_sms == 1) ASSERT_TRUE(want_split.empty()) << "one SM: no block is above its share";
+        ASSERT_EQ(got_splits.size(), want_sorted.size()) << "split blocks: device vs the rule";
+        for (std::size_t x = 0; x < want_sorted.size(); ++x)
+          ASSERT_TRUE(got_splits[x] == want_sorted[x]) << "split " << x << ": (" << got_splits[x].b << ", " << got_splits[x].kh
+                                                     << ", " << got_splits[x].n << ") vs (" << want_sorted[x].b << ", "
+                                                     << want_sorted[x].kh << ", " << want_sorted[x].n << ")";
       }
-      void* bits = dev.alloc(set.bits.size());
-      check_cuda(cudaMemcpy(bits, set.bits.data(), set.bits.size(), cudaMemcpyHostToDevice), "bits");
-      p.skip_bits = static_cast<const std::uint8_t*>(bits);
-      p.skip_groups = groups;
-      p.skip_tiles = tiles;
-      p.split_cap = bw::split_capacity(p.batch, p.hk, p.group, p.num_n_blocks, p.head_dim);
-      p.work_items = bw::work_items_capacity(p.num_n_blocks, p.hk, p.group, p.split_cap);
-      std::size_t bytes[6];
-      bw::work_list_bytes(p, bytes);
-      bw::WorkListScratch scratch;
-      scratch.counts = static_cast<int*>(dev.alloc(bytes[0]));
-      scratch.split_of = static_cast<int*>(dev.alloc(bytes[1]));
-      scratch.items = static_cast<bw::WorkItem*>(dev.alloc(bytes[2]));
-      scratch.splits = static_cast<bw::SplitBlock*>(dev.alloc(bytes[3]));
-      scratch.counters = static_cast<int*>(dev.alloc(bytes[4]));
-      scratch.parts = nullptr;  // not touched by the list
-      check_cuda(cudaMemset(scratch.items, 0xff, bytes[2]), "poison items");
-      check_cuda(cudaMemset(scratch.counters, 0xff, bytes[4]), "poison counters");
-      bw::launch_work_list(p, scratch, int(max_q), nullptr);
-      check_cuda(cudaDeviceSynchronize(), "launch_work_list");
-      std::vector<bw::WorkItem> items(bytes[2] / sizeof(bw::WorkItem));
-      std::vector<bw::SplitBlock> splits(bytes[3] / sizeof(bw::SplitBlock));
-      std::vector<int> counters(bytes[4] / 4);
-      check_cuda(cudaMemcpy(items.data(), scratch.items, bytes[2], cudaMemcpyDeviceToHost), "items");
-      if (bytes[3] > 0) check_cuda(cudaMemcpy(splits.data(), scratch.splits, bytes[3], cudaMemcpyDeviceToHost), "splits");
-      check_cuda(cudaMemcpy(counters.data(), scratch.counters, bytes[4], cudaMemcpyDeviceToHost), "counters");
-      std::vector<SplitKey> got_splits;
-      for (i64 b = 0; b < c.nseq(); ++b) {
-        SCOPED_TRACE("sequence " + std::to_string(b));
-        const i64 nb = (c.len_k(b) + 127) / 128;
-        const int nsplit = counters[std::size_t(p.batch + b)];
-        ASSERT_TRUE(nsplit >= 0 && nsplit <= p.split_cap) << nsplit;
-        std::vector<std::vector<i64>> kept(std::size_t(c.hq));
-        for (i64 h = 0; h < c.hq; ++h) kept[std::size_t(h)] = kept_groups(c, set, b, h);
-        i64 max_cost = 1;
-        for (i64 kh = 0; kh < c.hk; ++kh)
-          for (i64 n = 0; n < nb; ++n) {
-            i64 t = 0;
-            for (i64 hh = 0; hh < group; ++hh) t += kept[std::size_t(kh * group + hh)][std::size_t(n)];
-            max_cost = std::max(max_cost, bw::kCtaFixedCost + t);
-          }
-        std::vector<int> seen(std::size_t(c.hk * nb * (group + 1)), 0);  // [kh][n][part + 1]
-        std::vector<int> fixed_at(std::size_t(c.hk * nb), -1);  // (kh, n) -> its fixed launch index
-        for (int x = 0; x < int(c.hk * nb); ++x) {
-          int n = -1, kh = -1;
-          bw::launch_block_and_head(x, int(nb), p.hk, causal, p.causal_section_heads, false, n, kh);
-          fixed_at[std::size_t(kh * nb + n)] = x;
-        }
-        auto is_heavy = [&](i64 kh, i64 n) {
-          return std::find(want.begin(), want.end(), SplitKey{b, kh, n}) != want.end();
-        };
-        // Sections of the fixed order (causal: sections of KV heads; full mask: each KV head) order
-        // the heavy items; cost buckets per section: 4096 / sections.
-        auto section_of = [&](i64 kh) { return causal ? kh / p.causal_section_heads : kh; };
-        const i64 sections = causal ? (c.hk + p.causal_section_heads - 1) / p.causal_section_heads : c.hk;
-        const i64 bucket_width = (max_cost + 4096 / sections - 2) / (4096 / sections - 1);
-        i64 expect_items = 0, prev_cost = -1, prev_section = -1;
-        int prev_fixed = -1;
-        bool in_heavy = true;
-        const int count = counters[std::size_t(b)];
-        for (int i = 0; i < count; ++i) {
-          const bw::WorkItem it = items[std::size_t(b * p.work_items + i)];
-          ASSERT_TRUE(it.kh >= 0 && it.kh < c.hk && it.n_block >= 0 && it.n_block < nb && it.part >= -1 &&
-                      it.part < group) << "item " << i << " (" << it.n_block << ", " << it.kh << ", " << it.part << ")";
-          ++seen[std::size_t((it.kh * nb + it.n_block) * (group + 1) + it.part + 1)];
-          const bool heavy = is_heavy(it.kh, it.n_block);
-          if (!heavy) in_heavy = false;
-          ASSERT_TRUE(heavy == in_heavy) << "item " << i << ": a heavy block after the fixed-order ones";
-          if (heavy) {
-            const i64 sec = section_of(it.kh);
-            ASSERT_GE(sec, prev_section) << "item " << i << ": a heavy item of an earlier section after a later one";
-            if (sec != prev_section) prev_cost = -1;
-            prev_section = sec;
-          }
-          if (heavy) {
-            i64 k = 0;
-            for (i64 hh = (it.part < 0 ? 0 : it.part); hh < (it.part < 0 ? group : it.part + 1); ++hh)
-              k += kept[std::size_t(it.kh * group + hh)][std::size_t(it.n_block)];
-            const i64 cost = bw::kCtaFixedCost + k;
-            if (prev_cost >= 0)
-              ASSERT_LE(cost, prev_cost + bucket_width) << "item " << i << ": a longer one after a shorter";
-            prev_cost = cost;
-            ASSERT_EQ(it.part >= 0, group > 1) << "item " << i << ": heavy blocks split exactly under GQA";
-          } else {
-            ASSERT_EQ(it.part, -1) << "item " << i;
-            const int fx = fixed_at[std::size_t(it.kh * nb + it.n_block)];
-            ASSERT_GT(fx, prev_fixed) << "item " << i << ": out of the fixed launch order";
-            prev_fixed = fx;
-          }
-          if (it.part >= 0) {
-            ASSERT_TRUE(it.split >= 0 && it.split < nsplit) << "item " << i << " split " << it.split;
-            const bw::SplitBlock sb = splits[std::size_t(b * p.split_cap + it.split)];
-            ASSERT_TRUE(sb.kh == it.kh && sb.n_block == it.n_block) << "item " << i << ": its split block differs";
-          }
-        }
-        for (int sp = 0; sp < nsplit; ++sp) {
-          const bw::SplitBlock sb = splits[std::size_t(b * p.split_cap + sp)];
-          got_splits.push_back({b, sb.kh, sb.n_block});
-        }
-        for (i64 kh = 0; kh < c.hk; ++kh)
-          for (i64 n = 0; n < nb; ++n) {
-            const bool split = group > 1 && is_heavy(kh, n);
-            const int* cnt = &seen[std::size_t((kh * nb + n) * (group + 1))];
-            ASSERT_EQ(cnt[0], split ? 0 : 1) << "(" << n << ", " << kh << ") as a whole";
-            for (i64 q = 0; q < group; ++q) ASSERT_EQ(cnt[q + 1], split ? 1 : 0) << "(" << n << ", " << kh << ") part " << q;
-            expect_items += split ? group : 1;
-          }
-        ASSERT_EQ(count, expect_items);
-      }
-      std::sort(got_splits.begin(), got_splits.end());
-      std::vector<SplitKey> want_sorted = group > 1 ? want : std::vector<SplitKey>{};
-      std::sort(want_sorted.begin(), want_sorted.end());
-      if (group > 1)
-        ASSERT_LE(want.size(), std::size_t(p.split_cap) * std::size_t(c.nseq())) << "the test's cap must hold every heavy block";
-      ASSERT_EQ(got_splits.size(), want_sorted.size()) << "split blocks: device vs the rule";
-      for (std::size_t x = 0; x < want_sorted.size(); ++x)
-        ASSERT_TRUE(got_splits[x] == want_sorted[x]) << "split " << x << ": (" << got_splits[x].b << ", " << got_splits[x].kh
-                                                   << ", " << got_splits[x].n << ") vs (" << want_sorted[x].b << ", "
-                                                   << want_sorted[x].kh << ", " << want_sorted[x].n << ")";
     }
 }
 

@@ -325,7 +325,11 @@ void launch_attention_backward(const AttentionBackwardProblem& p, const SkipConf
   }
   launch_preprocess(prm, r.dtype, stream);  // also zeroes dq_accum
   if (prm.num_n_blocks > 0) {
-    if (pl.work_list) launch_work_list(prm, list, static_cast<int>(pl.max_q), stream);
+    if (pl.work_list) {
+      int dev = 0;
+      BLASST_CUDA_CHECK(cudaGetDevice(&dev));
+      launch_work_list(prm, list, static_cast<int>(pl.max_q), detail::multiprocessor_count(dev), stream);
+    }
     run(prm, stream);
     if (pl.work_list) launch_split_sum(prm, r.dtype, stream);
   }

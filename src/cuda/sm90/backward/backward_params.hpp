@@ -262,8 +262,14 @@ BLASST_HOST_DEVICE void launch_block_and_head(int x, int num_n_blocks, int hk, b
 // list sorted by kept work throughout ran the full-mask MHA rows 1.37-1.55x slower, H100,
 // 2026-12-07). A CTA's cost for that order is kCtaFixedCost + its kept vote groups (the fixed
 // part: loading K / V, writing dK / dV, ~2 steps). The split blocks' f32 parts take at most
-// kSplitPartBudget bytes over the call.
+// kSplitPartBudget bytes over the call. A heavy block is split only when its cost is above
+// kSplitShareNum / kSplitShareDen of an SM's share of the call (every sequence's kept vote groups
+// plus kCtaFixedCost a block, over the device's SMs): below that, longest first keeps it within
+// the list's bound whole, and a part costs more SM time per kept group than a whole block (H100 /
+// H200, 2026-12-07: +12.6 % SM cycles, long-scoreboard stalls on the Q / dO stages; the heavy set
+// at 50 % ran 10 % slower split than whole).
 inline constexpr int kHeavyNum = 3, kHeavyDen = 2;
+inline constexpr int kSplitShareNum = 1, kSplitShareDen = 1;
 inline constexpr int kCtaFixedCost = 2;
 inline constexpr std::int64_t kSplitPartBudget = std::int64_t(64) << 20;
 inline constexpr int kSplitKeys = 128;  // the key block (BackwardTraits::kBlockN)

@@ -39,9 +39,11 @@ __device__ __forceinline__ void sequence_lengths(const BackwardParams& p, int b,
 }
 
 // counts[(b hq + h) nb + n] += the kept vote groups of query head h among groups [g0, g0 + 16)
-// that key block n's CTA walks (BackwardScheduler::locate with vote-group rows). Grid (hq, group
-// chunks, batch); a thread per key block, so a warp reads 32 consecutive bits of a group's row.
-__global__ void __launch_bounds__(kCountThreads) count_kept_kernel(const BackwardParams p, int* counts) {
+// that key block n's CTA walks (BackwardScheduler::locate with vote-group rows), and *total += all
+// of them (one atomic a warp). Grid (hq, group chunks, batch); a thread per key block, so a warp
+// reads 32 consecutive bits of a group's row.
+__global__ void __launch_bounds__(kCountThreads) count_kept_kernel(const BackwardParams p, int* counts,
+                                                                   unsigned long long* total) {
   const int h = int(blockIdx.x), b = int(blockIdx.z);
   int len_q, len_k;
   sequence_lengths(p, b, len_q, len_k);
@@ -49,7 +51,11 @@ __global__ void __launch_bounds__(kCountThreads) count_kept_kernel(const Backwar
   const int g1 = min(vote_groups(len_q), g0 + kCountGroups);
   if (g0 >= g1) return;
   const int nb = (len_k + kSplitKeys - 1) / kSplitKeys;
-  for (int n = int(threadIdx.x); n < nb; n += kCountThreads) {
+  unsigned mine = 0;
+  // every thread of a warp takes the same number of trips (the warp sum below needs all 32)
+  for (int n0 = int(threadIdx.x) & ~31; n0 < nb; n0 += kCountThreads) {
+    const int n = n0 + int(threadIdx.x & 31);
+    if (n >= nb) continue;
     BackwardWork w;
     w.b = b;
     w.n_block = n;
@@ -57,7 +63,10 @@ __global__ void __launch_bounds__(kCountThreads) count_kept_kernel(const Backwar
     int kept = 0;
     for (int g = max(g0, w.m_begin); g < min(g1, w.m_end); ++g) kept += !BackwardScheduler::skipped(p, w, h, g);
     if (kept > 0) atomicAdd(&counts[(std::int64_t(b) * p.hq + h) * p.num_n_blocks + n], kept);
+    mine += unsigned(kept);
   }
+  mine = __reduce_add_sync(0xffffffffu, mine);
+  if ((threadIdx.x & 31) == 0 && mine > 0) atomicAdd(total, static_cast<unsigned long long>(mine));
 }
 
 // One CTA per sequence: the heavy blocks and their splits, then the list (see the header).
@@ -65,7 +74,9 @@ __global__ void __launch_bounds__(kCountThreads) count_kept_kernel(const Backwar
 // kFixed (not heavy: its place in the fixed order).
 constexpr int kWhole = -2, kFixed = -1;
 
-__global__ void __launch_bounds__(kBuildThreads) build_work_list_kernel(const BackwardParams p, WorkListScratch s) {
+__global__ void __launch_bounds__(kBuildThreads) build_work_list_kernel(const BackwardParams p, WorkListScratch s,
+                                                                        const unsigned long long* kept_total,
+                                                                        int num_sms) {
   using Scan = cub::BlockScan<int, kBuildThreads>;
   using SumReduce = cub::BlockReduce<unsigned long long, kBuildThreads>;
   using MaxReduce = cub::BlockReduce<int, kBuildThreads>;
@@ -109,13 +120,20 @@ __global__ void __launch_bounds__(kBuildThreads) build_work_list_kernel(const Ba
   }
   __syncthreads();
   // 2. heavy blocks (kDen t blocks >= kNum sum: t >= kNum / kDen x the mean), split where the KV
-  //    group has several query heads and a split slot is left
+  //    group has several query heads, the block costs more than kSplitShareNum / kSplitShareDen of
+  //    an SM's share of the call (its blocks counted at the padded size: an upper bound for
+  //    varlen), and a split slot is left
+  //    (integers: (kCtaFixedCost + t) kDen SMs > kNum (total + kCtaFixedCost blocks))
+  const unsigned long long call_cost =
+      *kept_total + static_cast<unsigned long long>(kCtaFixedCost) * unsigned(p.batch) * unsigned(p.hk) * unsigned(p.num_n_blocks);
+  const unsigned long long sms = static_cast<unsigned long long>(num_sms > 0 ? num_sms : 1);
   for (int x = tid; x < blocks; x += kBuildThreads) {
     const int kh = x / nb, n = x % nb, t = total(kh, n);
     int state = kFixed;
     if (t > 0 && static_cast<unsigned long long>(t) * unsigned(blocks) * kHeavyDen >= kHeavyNum * kept_sum) {
       state = kWhole;
-      if (p.split_cap > 0) {
+      if (p.split_cap > 0 && static_cast<unsigned long long>(kCtaFixedCost + t) * kSplitShareDen * sms >
+                                 kSplitShareNum * call_cost) {
         const int at = atomicAdd(&nsplit, 1);
         if (at < p.split_cap) {
           state = at;
@@ -228,9 +246,14 @@ __global__ void __launch_bounds__(kSumThreads) split_sum_kernel(const BackwardPa
 
 }  // namespace
 
+// The counts' bytes rounded up to 8: the call's total follows them.
+std::size_t counts_bytes(const BackwardParams& p) {
+  return (std::size_t(p.batch) * std::size_t(p.hq) * std::size_t(p.num_n_blocks) * sizeof(int) + 7) / 8 * 8;
+}
+
 void work_list_bytes(const BackwardParams& p, std::size_t (&bytes)[6]) {
   const std::size_t B = std::size_t(p.batch), nb = std::size_t(p.num_n_blocks);
-  bytes[0] = B * std::size_t(p.hq) * nb * sizeof(int);
+  bytes[0] = counts_bytes(p) + sizeof(unsigned long long);
   bytes[1] = B * std::size_t(p.hk) * nb * sizeof(int);
   bytes[2] = B * std::size_t(p.work_items) * sizeof(WorkItem);
   bytes[3] = B * std::size_t(p.split_cap) * sizeof(SplitBlock);
@@ -238,15 +261,16 @@ void work_list_bytes(const BackwardParams& p, std::size_t (&bytes)[6]) {
   bytes[5] = B * std::size_t(p.split_cap) * std::size_t(p.group) * 2 * kSplitKeys * std::size_t(p.head_dim) * sizeof(float);
 }
 
-void launch_work_list(BackwardParams& p, const WorkListScratch& s, int max_len_q, cudaStream_t stream) {
+void launch_work_list(BackwardParams& p, const WorkListScratch& s, int max_len_q, int num_sms, cudaStream_t stream) {
   std::size_t bytes[6];
   work_list_bytes(p, bytes);
-  BLASST_CUDA_CHECK(cudaMemsetAsync(s.counts, 0, bytes[0], stream));
+  BLASST_CUDA_CHECK(cudaMemsetAsync(s.counts, 0, bytes[0], stream));  // the counts and the total
+  auto* kept_total = reinterpret_cast<unsigned long long*>(reinterpret_cast<char*>(s.counts) + counts_bytes(p));
   const int max_groups = vote_groups(max_len_q);
   const dim3 count_grid(unsigned(p.hq), unsigned((max_groups + kCountGroups - 1) / kCountGroups), unsigned(p.batch));
-  if (count_grid.y > 0) count_kept_kernel<<<count_grid, kCountThreads, 0, stream>>>(p, s.counts);
+  if (count_grid.y > 0) count_kept_kernel<<<count_grid, kCountThreads, 0, stream>>>(p, s.counts, kept_total);
   BLASST_CUDA_CHECK(cudaGetLastError());
-  build_work_list_kernel<<<dim3(unsigned(p.batch)), kBuildThreads, 0, stream>>>(p, s);
+  build_work_list_kernel<<<dim3(unsigned(p.batch)), kBuildThreads, 0, stream>>>(p, s, kept_total, num_sms);
   BLASST_CUDA_CHECK(cudaGetLastError());
   p.work_list = s.items;
   p.work_count = s.counters;

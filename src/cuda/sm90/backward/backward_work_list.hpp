@@ -16,7 +16,8 @@
 //   1. count_kept_kernel: the kept vote groups of every (sequence, query head, key block), over
 //      the groups the CTA would walk (BackwardScheduler::locate);
 //   2. build_work_list_kernel, one CTA per sequence: the heavy blocks (>= kHeavyNum / kHeavyDen x
-//      the sequence's mean), split by query head (at most split_cap a sequence), first: by the
+//      the sequence's mean), split by query head when above kSplitShareNum / kSplitShareDen of an
+//      SM's share of the call's work (at most split_cap a sequence), first: by the
 //      fixed order's section (causal: its sections of KV heads; full mask: each KV head), longest
 //      first within one (a counting sort of section and cost, kCtaFixedCost + kept groups, in 4096
 //      keys); then every other block in the fixed launch order (launch_block_and_head);
@@ -36,7 +37,8 @@ namespace blasst::sm90::backward {
 
 // Device scratch of a work list, carved from the call's workspace (work_list_bytes).
 struct WorkListScratch {
-  int* counts = nullptr;    // [batch][hq][num_n_blocks] kept vote groups
+  int* counts = nullptr;    // [batch][hq][num_n_blocks] kept vote groups, then (8-byte aligned)
+                            // the call's total (unsigned long long), zeroed with them
   int* split_of = nullptr;  // [batch][hk * num_n_blocks] the block's split index or -1
   WorkItem* items = nullptr;  // [batch][work_items]
   SplitBlock* splits = nullptr;  // [batch][split_cap]
@@ -48,9 +50,9 @@ struct WorkListScratch {
 void work_list_bytes(const BackwardParams& p, std::size_t (&bytes)[6]);
 
 // Counts, splits and orders the work of p (p.skip_bits set; max_len_q: the longest sequence's
-// query rows), and points p's work-list fields at the scratch. Stream-ordered: the main kernel
-// launched after it reads the list.
-void launch_work_list(BackwardParams& p, const WorkListScratch& s, int max_len_q, cudaStream_t stream);
+// query rows; num_sms: the device's SMs, for the split rule), and points p's work-list fields at
+// the scratch. Stream-ordered: the main kernel launched after it reads the list.
+void launch_work_list(BackwardParams& p, const WorkListScratch& s, int max_len_q, int num_sms, cudaStream_t stream);
 
 // dk / dv of the split blocks: the sum of each one's parts (p.split_cap > 0). dtype: q's.
 void launch_split_sum(const BackwardParams& p, DType dtype, cudaStream_t stream);

@@ -35,15 +35,6 @@ namespace {
 using detail::ResolvedDecode;
 constexpr const char* kKernel = "the CUDA decode kernel";
 
-int sm_count(int dev) {
-  static std::mutex mu;
-  static std::vector<int> cache;
-  std::lock_guard<std::mutex> lock(mu);
-  if (cache.size() <= static_cast<std::size_t>(dev)) cache.resize(dev + 1, 0);
-  if (cache[dev] == 0) BLASST_CUDA_CHECK(cudaDeviceGetAttribute(&cache[dev], cudaDevAttrMultiProcessorCount, dev));
-  return cache[dev];
-}
-
 // CTAs per SM of an instance, cached per device (the occupancy query is not free on the host).
 int ctas_per_sm(const DecodeKernel& k, int dev) {
   static std::mutex mu;
@@ -127,7 +118,7 @@ Plan plan(const ResolvedDecode& r, const SkipConfig& skip, Warps warps) {
   if (four.launch != nullptr) {
     if (warps == Warps::four) use_four = true;
     else if (warps == Warps::automatic)
-      use_four = r.batch * r.hk * max_tiles >= std::int64_t{2} * sm_count(dev) * kFourWarpMinTilesPerCta;
+      use_four = r.batch * r.hk * max_tiles >= std::int64_t{2} * detail::multiprocessor_count(dev) * kFourWarpMinTilesPerCta;
   }
   pl.kernel = use_four ? four : find_decode_kernel(r.dtype, static_cast<int>(r.d), v, pl.mtiles, 8);
   if (pl.kernel.launch == nullptr)
@@ -136,7 +127,7 @@ Plan plan(const ResolvedDecode& r, const SkipConfig& skip, Warps warps) {
                 " m-tiles (src/cuda/sm90/kernel_table.inc)");
   pl.split_tiles = skip.vote.split_tiles;
   if (pl.split_tiles == 0)
-    pl.split_tiles = detail::decode_split_tiles(r.batch, r.hk, max_tiles, sm_count(dev), ctas_per_sm(pl.kernel, dev));
+    pl.split_tiles = detail::decode_split_tiles(r.batch, r.hk, max_tiles, detail::multiprocessor_count(dev), ctas_per_sm(pl.kernel, dev));
   pl.split_tiles = std::max<std::int64_t>(pl.split_tiles, 1);
   pl.num_splits = std::max<std::int64_t>((max_tiles + pl.split_tiles - 1) / pl.split_tiles, 1);
   if (pl.num_splits > 65535)
