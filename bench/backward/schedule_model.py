@@ -10,8 +10,9 @@ first, then causal sections of SEC KV heads, key block outer) and the work list 
 order (backward_work_list.cu: heavy blocks, >= 1.5x the mean, split by query head, by section then
 longest first; the rest in the fixed order). The sets are bench_backward.cu's make_set, rebuilt here.
 
-Usage: schedule_model.py [--fix 2,4,8] [--part-factor 1,1.7] ; prints model vs the H100 figures of
-2026-12-07 15:04.
+Usage: schedule_model.py [--fix 2,4,8] [--part-factor 1,1.7] [--share 1]; prints model vs the H100
+figures of 2026-12-07 15:04 (every heavy block split then; the share rule's own figures: bench/results/
+backward_split_share_2026-12-07_90d8d70_h100.md).
 """
 import argparse
 import heapq
@@ -76,19 +77,29 @@ def makespan(costs):
     return max(free)
 
 
-def orders(kept, fix, part_factor=1.0):
-    """(main order's CTA costs, the work list's, heavy blocks). part_factor: a split part's cost per
-    kept group relative to a whole block's (the list is still ordered by its own cost model)."""
+def orders(kept, fix, part_factor=1.0, share=None):
+    """(main order's CTA costs, the work list's, heavy blocks, split blocks). part_factor: a split
+    part's cost per kept group relative to a whole block's (the list is still ordered by its own
+    cost model). share: a heavy block splits only when its cost is above share x an SM's share of
+    the call (backward_params.hpp's kSplitShareNum / kSplitShareDen, 1 since 90d8d70); None: every
+    heavy block splits (the rule before)."""
     def cost(n, kh, heads):
         return fix + sum(int(kept[kh * GRP + h, :, n].sum()) for h in heads)
     main = [cost(n, kh, range(GRP)) for n, kh in fixed_order(True)]
     total = {(n, kh): int(kept[kh * GRP:(kh + 1) * GRP, :, n].sum()) for n in range(T) for kh in range(HK)}
     mean = sum(total.values()) / len(total)
     heavy = {b for b, v in total.items() if v > 0 and v >= 1.5 * mean}
-    parts = sorted(((kh // SEC, -cost(n, kh, [h]), fix + part_factor * (cost(n, kh, [h]) - fix))
-                    for n, kh in heavy for h in range(GRP)))
-    listed = [c for _, _, c in parts] + [cost(n, kh, range(GRP)) for n, kh in fixed_order(False) if (n, kh) not in heavy]
-    return main, listed, len(heavy)
+    per_sm = (sum(total.values()) + fix * len(total)) / SM
+    split = {b for b in heavy if share is None or fix + total[b] > share * per_sm}
+    items = []
+    for n, kh in heavy:
+        if (n, kh) in split:
+            items += [(kh // SEC, -cost(n, kh, [h]), fix + part_factor * (cost(n, kh, [h]) - fix)) for h in range(GRP)]
+        else:
+            items.append((kh // SEC, -cost(n, kh, range(GRP)), cost(n, kh, range(GRP))))
+    listed = [c for _, _, c in sorted(items)] + [cost(n, kh, range(GRP)) for n, kh in fixed_order(False)
+                                                 if (n, kh) not in heavy]
+    return main, listed, len(heavy), len(split)
 
 
 def main():
@@ -96,14 +107,17 @@ def main():
     ap.add_argument("--fix", default="2", help="fixed cost of a CTA in vote-group steps, comma-separated")
     ap.add_argument("--part-factor", default="1", help="a split part's cost per kept group over a whole "
                     "block's, comma-separated (e.g. 1,1.7: the iid 90 %% arithmetic of 2026-12-07)")
+    ap.add_argument("--share", default=None, type=float, help="split only heavy blocks above this many SM "
+                    "shares of the call (the code's rule since 90d8d70: 1); default: every heavy block (the "
+                    "rule of the MEASURED figures)")
     a = ap.parse_args()
     for fix, pf in ((float(x), float(y)) for x in a.fix.split(",") for y in a.part_factor.split(",")):
         d = makespan([fix + GRP * sum(g >= 2 * n for g in range(GROUPS)) for n, _ in fixed_order(False)])  # dense: no list
         for (kind, s), (m_main, m_list) in MEASURED.items():
-            fixed, listed, nh = orders(make_set(kind, s), fix, pf)
+            fixed, listed, nh, nsplit = orders(make_set(kind, s), fix, pf, a.share)
             t_main = makespan(fixed) / d * DENSE_MAIN_MS + FIXED_MS
             t_list = makespan(listed) / d * DENSE_MAIN_MS + FIXED_MS + LIST_MS
-            print(f"fix {fix:g} parts x{pf:g} {kind} {s:.0%}: heavy blocks {nh}; main order model {t_main:.3f} ms / measured "
+            print(f"fix {fix:g} parts x{pf:g} {kind} {s:.0%}: heavy blocks {nh} ({nsplit} split); main order model {t_main:.3f} ms / measured "
                   f"{m_main:.3f} ({m_main / t_main - 1:+.0%}); work list model {t_list:.3f} / measured {m_list:.3f} "
                   f"({m_list / t_list - 1:+.0%})")
 
