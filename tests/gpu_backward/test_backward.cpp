@@ -642,17 +642,23 @@ std::vector<i64> kept_groups(const Case& c, const SkipSet& set, i64 b, i64 h) { 
     }
   return kept;
 }
+// Kept vote groups of each (KV head kh, key block n) of sequence b, summed over the KV group's
+// query heads: [kh * nb + n].
+std::vector<i64> block_totals(const Case& c, const SkipSet& set, i64 b) {
+  const i64 group = c.hq / c.hk, nb = (c.len_k(b) + 127) / 128;
+  std::vector<i64> total(std::size_t(c.hk * nb), 0);
+  for (i64 h = 0; h < c.hq; ++h) {
+    const std::vector<i64> k = kept_groups(c, set, b, h);
+    for (i64 n = 0; n < nb; ++n) total[std::size_t((h / group) * nb + n)] += k[std::size_t(n)];
+  }
+  return total;
+}
 std::vector<SplitKey> expected_heavy(const Case& c, const SkipSet& set) {
   std::vector<SplitKey> out;
-  const i64 group = c.hq / c.hk;
   for (i64 b = 0; b < c.nseq(); ++b) {
     const i64 nb = (c.len_k(b) + 127) / 128;
-    std::vector<i64> total(std::size_t(c.hk * nb), 0);
+    const std::vector<i64> total = block_totals(c, set, b);
     i64 sum = 0;
-    for (i64 h = 0; h < c.hq; ++h) {
-      const std::vector<i64> k = kept_groups(c, set, b, h);
-      for (i64 n = 0; n < nb; ++n) total[std::size_t((h / group) * nb + n)] += k[std::size_t(n)];
-    }
     for (i64 t : total) sum += t;
     for (i64 x = 0; x < c.hk * nb; ++x)
       if (total[std::size_t(x)] > 0 &&
@@ -674,13 +680,8 @@ std::vector<SplitKey> expected_split(const Case& c, const SkipSet& set, i64 num_
   i64 call = 0, max_nb = 0;
   std::vector<std::vector<i64>> total(std::size_t(c.nseq()));  // [b][kh * nb + n]
   for (i64 b = 0; b < c.nseq(); ++b) {
-    const i64 nb = (c.len_k(b) + 127) / 128;
-    max_nb = std::max(max_nb, nb);
-    total[std::size_t(b)].assign(std::size_t(c.hk * nb), 0);
-    for (i64 h = 0; h < c.hq; ++h) {
-      const std::vector<i64> k = kept_groups(c, set, b, h);
-      for (i64 n = 0; n < nb; ++n) total[std::size_t(b)][std::size_t((h / group) * nb + n)] += k[std::size_t(n)];
-    }
+    max_nb = std::max(max_nb, (c.len_k(b) + 127) / 128);
+    total[std::size_t(b)] = block_totals(c, set, b);
     for (i64 t : total[std::size_t(b)]) call += t;
   }
   call += bw::kCtaFixedCost * c.nseq() * c.hk * max_nb;

@@ -244,12 +244,12 @@ __global__ void __launch_bounds__(kSumThreads) split_sum_kernel(const BackwardPa
   }
 }
 
-}  // namespace
-
 // The counts' bytes rounded up to 8: the call's total follows them.
 std::size_t counts_bytes(const BackwardParams& p) {
   return (std::size_t(p.batch) * std::size_t(p.hq) * std::size_t(p.num_n_blocks) * sizeof(int) + 7) / 8 * 8;
 }
+
+}  // namespace
 
 void work_list_bytes(const BackwardParams& p, std::size_t (&bytes)[6]) {
   const std::size_t B = std::size_t(p.batch), nb = std::size_t(p.num_n_blocks);
